@@ -1,0 +1,1 @@
+"""Launcher, sweeps, experiment configs and benchmark scripts."""

@@ -1,0 +1,1 @@
+"""Plain-Python reward functions on model text, safe on untrusted output."""

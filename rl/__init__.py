@@ -1,0 +1,1 @@
+"""Algorithms: jitted RL kernels, the functional train step, tasks and the trainer loop."""
