@@ -1,0 +1,215 @@
+"""The problem record, split assignment by question hash, and the two source shapes every task source uses.
+
+A `Problem` is what every stage consumes: a question, a gold answer string that `rewards.verify.is_equiv`
+accepts, optional gold steps (for the cold-start SFT target), a difficulty level and the source name.
+
+Splits. A problem's split is a pure function of its normalised question (`split_of`): a SHA-256 of the
+normalised text is mapped to train (80%), validation (10%) or test (10%). Two problems with the same normalised
+question therefore always land in the same split, whichever source, seed or difficulty produced them, so the
+splits can never share a problem.
+
+Sources. Two shapes cover everything under rl/tasks/:
+  * `GeneratedSource` wraps a function `make(rng, difficulty) -> (question, answer, steps[, source])`, draws
+    problems from a seeded `random.Random` and keeps those whose hash falls in the requested split.
+  * `FixedSource` wraps a finite list of problems (JSONL, TFDS, catalog datasets) and serves a deterministic,
+    seeded selection of the ones in the requested split.
+Both implement `sample(n, seed, split, difficulty=None, unique=None) -> list[Problem]`.
+
+`unique`: None (default) means "distinct problems for validation/test, i.i.d. draws (repeats allowed) for
+train", matching how RL samples training problems but keeping evaluation sets free of duplicates. When
+distinct problems are required and the split holds fewer than n, `sample` raises a ValueError that says how
+many exist (no silent truncation or padding).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import random
+import re
+import unicodedata
+from typing import Callable, Iterable
+
+SPLITS = ("train", "validation", "test")
+# Fractions of the 2**64 hash range given to each split, in SPLITS order.
+SPLIT_FRACTIONS = (0.8, 0.1, 0.1)
+LEVELS = (1, 2, 3, 4, 5)
+
+_WS = re.compile(r"\s+")
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """One problem. `steps` is None when the source has no worked solution (outcome-reward only)."""
+
+    id: str
+    question: str
+    answer: str
+    steps: tuple[str, ...] | None
+    difficulty: int
+    source: str
+
+    def __post_init__(self):
+        for name in ("id", "question", "answer", "source"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value.strip():
+                raise ValueError(f"Problem.{name} must be a non-empty string, got {value!r}")
+        if self.steps is not None:
+            if not isinstance(self.steps, tuple) or not all(isinstance(s, str) and s.strip() for s in self.steps):
+                raise ValueError(f"Problem.steps must be None or a tuple of non-empty strings, got {self.steps!r}")
+        if not isinstance(self.difficulty, int) or isinstance(self.difficulty, bool) or self.difficulty < 1:
+            raise ValueError(f"Problem.difficulty must be an int >= 1, got {self.difficulty!r}")
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["steps"] = None if self.steps is None else list(self.steps)
+        return d
+
+
+def normalise_question(question: str) -> str:
+    """The text used for dedup and split assignment: NFKC (full-width -> ASCII), case-folded, all whitespace
+    removed (so "3 + 4" and "3+4" are the same problem), and a trailing question mark / period dropped."""
+    text = unicodedata.normalize("NFKC", question).casefold()
+    text = _WS.sub("", text)
+    return text.rstrip("?？.。")
+
+
+def question_hash(question: str) -> str:
+    """Hex SHA-256 of the normalised question (stable across processes, unlike Python's hash())."""
+    return hashlib.sha256(normalise_question(question).encode("utf-8")).hexdigest()
+
+
+def split_of(question: str) -> str:
+    """The split a question belongs to, from the first 64 bits of its hash."""
+    u = int(question_hash(question)[:16], 16) / 2.0**64
+    acc = 0.0
+    for name, frac in zip(SPLITS, SPLIT_FRACTIONS):
+        acc += frac
+        if u < acc:
+            return name
+    return SPLITS[-1]
+
+
+def make_id(source: str, question: str) -> str:
+    """Deterministic id: the source name and 16 hex digits of the question hash."""
+    return f"{source}-{question_hash(question)[:16]}"
+
+
+def check_split(split: str) -> str:
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    return split
+
+
+def _want_unique(unique: bool | None, split: str) -> bool:
+    return split != "train" if unique is None else bool(unique)
+
+
+def _check_n(n) -> int:
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        raise ValueError(f"n must be an int >= 0, got {n!r}")
+    return n
+
+
+MakeFn = Callable[[random.Random, int], tuple]
+
+
+@dataclasses.dataclass(frozen=True)
+class GeneratedSource:
+    """A procedural source: `make(rng, difficulty)` returns (question, answer, steps or None[, source]).
+
+    `max_tries_per_problem` bounds the rejection loop (split filter and dedup): when no new problem turns up
+    within that many consecutive draws the space is considered exhausted and, if distinct problems were asked
+    for, a ValueError is raised."""
+
+    name: str
+    make: MakeFn
+    levels: tuple[int, ...] = LEVELS
+    description: str = ""
+    max_tries_per_problem: int = 2000
+
+    def check_difficulty(self, difficulty: int | None) -> None:
+        if difficulty is not None and difficulty not in self.levels:
+            raise ValueError(f"difficulty for source {self.name!r} must be one of {self.levels} or None, got {difficulty!r}")
+
+    def problem(self, rng: random.Random, difficulty: int) -> Problem:
+        made = self.make(rng, difficulty)
+        # A 4th element names a sub-source (e.g. "mathdataset/numbers__gcd"); it defaults to the source name.
+        question, answer, steps = made[:3]
+        source = made[3] if len(made) > 3 else self.name
+        return Problem(id=make_id(source, question), question=question, answer=answer,
+                       steps=None if steps is None else tuple(steps), difficulty=difficulty, source=source)
+
+    def sample(self, n: int, seed: int, split: str, difficulty: int | None = None,
+               unique: bool | None = None) -> list[Problem]:
+        n = _check_n(n)
+        check_split(split)
+        self.check_difficulty(difficulty)
+        want_unique = _want_unique(unique, split)
+        # A string seed is hashed with SHA-512 by random.Random: deterministic across processes and platforms.
+        rng = random.Random(f"{self.name}|{seed}|{split}|{difficulty}")
+        out: list[Problem] = []
+        seen: set[str] = set()
+        misses = 0
+        while len(out) < n:
+            level = difficulty if difficulty is not None else rng.choice(self.levels)
+            p = self.problem(rng, level)
+            key = question_hash(p.question)
+            if split_of(p.question) != split or (want_unique and key in seen):
+                misses += 1
+                if misses > self.max_tries_per_problem:
+                    raise ValueError(
+                        f"source {self.name!r} (difficulty={difficulty}) has only {len(out)} distinct problems in split "
+                        f"{split!r} (asked for {n}); ask for fewer, use another difficulty, or pass unique=False")
+                continue
+            misses = 0
+            seen.add(key)
+            out.append(p)
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class FixedSource:
+    """A finite problem set (JSONL file, TFDS dataset). Problems are deduplicated by question hash on
+    construction (first occurrence wins) and served in a seeded order; each keeps its stored difficulty."""
+
+    name: str
+    problems: tuple[Problem, ...]
+    description: str = ""
+
+    @staticmethod
+    def build(name: str, problems: Iterable[Problem], description: str = "") -> "FixedSource":
+        seen, kept = set(), []
+        for p in problems:
+            key = question_hash(p.question)
+            if key not in seen:
+                seen.add(key)
+                kept.append(p)
+        return FixedSource(name=name, problems=tuple(kept), description=description)
+
+    @property
+    def levels(self) -> tuple[int, ...]:
+        return tuple(sorted({p.difficulty for p in self.problems}))
+
+    def in_split(self, split: str, difficulty: int | None = None) -> list[Problem]:
+        check_split(split)
+        return [p for p in self.problems
+                if split_of(p.question) == split and (difficulty is None or p.difficulty == difficulty)]
+
+    def sample(self, n: int, seed: int, split: str, difficulty: int | None = None,
+               unique: bool | None = None) -> list[Problem]:
+        n = _check_n(n)
+        pool = self.in_split(split, difficulty)
+        rng = random.Random(f"{self.name}|{seed}|{split}|{difficulty}")
+        if _want_unique(unique, split):
+            if len(pool) < n:
+                raise ValueError(
+                    f"source {self.name!r} has {len(pool)} problems in split {split!r}"
+                    f"{'' if difficulty is None else f' at difficulty {difficulty}'} (asked for {n}); "
+                    "ask for fewer or pass unique=False")
+            order = list(pool)
+            rng.shuffle(order)
+            return order[:n]
+        if not pool and n:
+            raise ValueError(f"source {self.name!r} has no problems in split {split!r}"
+                             f"{'' if difficulty is None else f' at difficulty {difficulty}'}")
+        return [rng.choice(pool) for _ in range(n)]

@@ -1,0 +1,142 @@
+"""JSONL import / export of problem sets, validated line by line.
+
+One JSON object per line:
+    {"question": "3+4", "answer": "7", "steps": ["3+4=7"], "difficulty": 1, "id": "my-1"}
+    question    required, non-empty string
+    answer      required, non-empty string (an int is accepted and written as its decimal string)
+    steps       optional, list of non-empty strings (or null: no worked solution)
+    difficulty  optional, int >= 1 (default 1)
+    id          optional, non-empty string (default: source name + question hash)
+    source      optional, non-empty string (default: the `source` argument)
+Any other key is an error (it catches typos such as "anwser"). Blank lines are skipped.
+
+Error policy: reading never drops a malformed line silently. `validate_jsonl(path)` returns
+(problems, errors) where each `LineError` names the 1-based line number, the field and the reason;
+`read_jsonl(path)` raises a single `JsonlError` listing EVERY bad line (its `.errors` holds them) when there is
+at least one, otherwise returns the problems.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Iterable
+
+from rl.tasks.base import Problem, make_id
+
+REQUIRED = ("question", "answer")
+OPTIONAL = ("steps", "difficulty", "id", "source")
+
+
+@dataclasses.dataclass(frozen=True)
+class LineError:
+    line: int
+    field: str | None
+    message: str
+
+    def __str__(self) -> str:
+        where = f"line {self.line}" + (f", field {self.field!r}" if self.field else "")
+        return f"{where}: {self.message}"
+
+
+class JsonlError(ValueError):
+    """Raised by read_jsonl with every malformed line; `.errors` is the list of LineError."""
+
+    def __init__(self, path: str, errors: list[LineError]):
+        self.path, self.errors = path, errors
+        lines = "\n  ".join(str(e) for e in errors)
+        super().__init__(f"{path}: {len(errors)} malformed line(s):\n  {lines}")
+
+
+def _nonempty_str(value) -> bool:
+    return isinstance(value, str) and bool(value.strip())
+
+
+def parse_record(obj, line_no: int, source: str) -> tuple[Problem | None, list[LineError]]:
+    """One decoded JSON value -> (Problem, []) or (None, errors naming the fields)."""
+    if not isinstance(obj, dict):
+        return None, [LineError(line_no, None, f"expected a JSON object, got {type(obj).__name__}")]
+    errors = []
+    for key in obj:
+        if key not in REQUIRED + OPTIONAL:
+            errors.append(LineError(line_no, key, f"unknown field (allowed: {', '.join(REQUIRED + OPTIONAL)})"))
+    for key in REQUIRED:
+        if key not in obj:
+            errors.append(LineError(line_no, key, "missing required field"))
+    question, answer = obj.get("question"), obj.get("answer")
+    if "question" in obj and not _nonempty_str(question):
+        errors.append(LineError(line_no, "question", f"must be a non-empty string, got {question!r}"))
+    if isinstance(answer, int) and not isinstance(answer, bool):
+        answer = str(answer)
+    if "answer" in obj and not _nonempty_str(answer):
+        errors.append(LineError(line_no, "answer", f"must be a non-empty string or an int, got {obj['answer']!r}"))
+    steps = obj.get("steps")
+    if steps is not None and not (isinstance(steps, list) and all(_nonempty_str(s) for s in steps)):
+        errors.append(LineError(line_no, "steps", f"must be a list of non-empty strings or null, got {steps!r}"))
+    difficulty = obj.get("difficulty", 1)
+    if not isinstance(difficulty, int) or isinstance(difficulty, bool) or difficulty < 1:
+        errors.append(LineError(line_no, "difficulty", f"must be an int >= 1, got {difficulty!r}"))
+    for key in ("id", "source"):
+        if key in obj and not _nonempty_str(obj[key]):
+            errors.append(LineError(line_no, key, f"must be a non-empty string, got {obj[key]!r}"))
+    if errors:
+        return None, errors
+    src = obj.get("source", source)
+    return Problem(id=obj.get("id") or make_id(src, question), question=question, answer=answer,
+                   steps=None if steps is None else tuple(steps), difficulty=difficulty, source=src), []
+
+
+def validate_jsonl(path: str, source: str = "jsonl") -> tuple[list[Problem], list[LineError]]:
+    """All good problems and all errors (line numbers are 1-based; blank lines are skipped)."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"JSONL file not found: {path}")
+    problems, errors = [], []
+    with open(path, "rb") as f:
+        for line_no, raw in enumerate(f, start=1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                errors.append(LineError(line_no, None, f"not valid UTF-8 ({e.reason} at byte {e.start})"))
+                continue
+            if not text.strip():
+                continue
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as e:
+                errors.append(LineError(line_no, None, f"invalid JSON: {e.msg} (column {e.colno})"))
+                continue
+            problem, errs = parse_record(obj, line_no, source)
+            errors.extend(errs)
+            if problem is not None:
+                problems.append(problem)
+    return problems, errors
+
+
+def read_jsonl(path: str, source: str = "jsonl") -> list[Problem]:
+    """The problems in the file; raises JsonlError listing every malformed line if there is any."""
+    problems, errors = validate_jsonl(path, source)
+    if errors:
+        raise JsonlError(path, errors)
+    return problems
+
+
+def problem_record(p: Problem) -> dict:
+    """The JSONL object written for a problem (steps omitted when there are none)."""
+    rec = {"id": p.id, "question": p.question, "answer": p.answer}
+    if p.steps is not None:
+        rec["steps"] = list(p.steps)
+    rec["difficulty"] = p.difficulty
+    rec["source"] = p.source
+    return rec
+
+
+def write_jsonl(problems: Iterable[Problem], path: str) -> int:
+    """Write one JSON object per problem (UTF-8, Chinese kept readable); returns the number written."""
+    count = 0
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for p in problems:
+            f.write(json.dumps(problem_record(p), ensure_ascii=False) + "\n")
+            count += 1
+    return count

@@ -1,0 +1,78 @@
+"""Rendering problems as model text: the prompt and the gold solution, in Chinese or English.
+
+The format is the team contract's (and what `rewards.parse` reads):
+    prompt   zh "问题：{question}\\n解答：\\n"          en "Question: {question}\\nSolution:\\n"
+    solution zh "步骤一：...\\n步骤二：...\\n答案：{answer}"  en "Step 1: ...\\nStep 2: ...\\nAnswer: {answer}"
+Step numbers are Chinese numerals in zh (一 … 十, 十一, 二十三, 一百零一). The answer line is always the last
+line and nothing follows it (the model emits EOS right after). A problem without gold steps renders as the
+answer line alone.
+
+Used by the SFT / rejection-sampling stages (prompt + solution as the training target) and by the samplers
+(prompt only).
+"""
+from __future__ import annotations
+
+from rl.tasks.base import Problem
+
+LANGS = ("zh", "en")
+_CN_DIGITS = "零一二三四五六七八九"
+
+
+def int_to_cn(n: int) -> str:
+    """Chinese numeral for 1 <= n <= 9999 in the usual reading form: 10 -> 十, 12 -> 十二, 20 -> 二十,
+    105 -> 一百零五, 1010 -> 一千零一十."""
+    if not isinstance(n, int) or not 1 <= n <= 9999:
+        raise ValueError(f"step number must be an int in [1, 9999], got {n!r}")
+    if 10 <= n < 20:
+        return "十" + (_CN_DIGITS[n % 10] if n % 10 else "")
+    out, zero_pending = [], False
+    for unit_value, unit in ((1000, "千"), (100, "百"), (10, "十"), (1, "")):
+        d = (n // unit_value) % 10
+        if d == 0:
+            zero_pending = bool(out)
+            continue
+        if zero_pending:
+            out.append("零")
+            zero_pending = False
+        out.append(_CN_DIGITS[d] + unit)
+    return "".join(out)
+
+
+def _check_lang(lang: str) -> str:
+    if lang not in LANGS:
+        raise ValueError(f"lang must be one of {LANGS}, got {lang!r}")
+    return lang
+
+
+def render_prompt(problem: Problem, lang: str = "zh") -> str:
+    """The prompt the model continues with its solution."""
+    if _check_lang(lang) == "zh":
+        return f"问题：{problem.question}\n解答：\n"
+    return f"Question: {problem.question}\nSolution:\n"
+
+
+def step_marker(i: int, lang: str = "zh") -> str:
+    """The marker that opens step i (1-based): 步骤一： / Step 1: ."""
+    return f"步骤{int_to_cn(i)}：" if _check_lang(lang) == "zh" else f"Step {i}: "
+
+
+def answer_marker(lang: str = "zh") -> str:
+    return "答案：" if _check_lang(lang) == "zh" else "Answer: "
+
+
+def render_steps(steps, answer: str, lang: str = "zh") -> str:
+    """Solution text from a list of step contents and an answer string."""
+    _check_lang(lang)
+    lines = [step_marker(i, lang) + s for i, s in enumerate(steps or (), start=1)]
+    lines.append(answer_marker(lang) + answer)
+    return "\n".join(lines)
+
+
+def render_solution(problem: Problem, lang: str = "zh") -> str:
+    """The gold solution: numbered steps, then the answer line last."""
+    return render_steps(problem.steps, problem.answer, lang)
+
+
+def render_example(problem: Problem, lang: str = "zh") -> tuple[str, str]:
+    """(prompt, gold solution): the SFT pair; the trainer appends EOS after the solution."""
+    return render_prompt(problem, lang), render_solution(problem, lang)

@@ -1,0 +1,335 @@
+"""TFDS: materialise any project source as an array_record TFDS dataset, read it back offline, and adapt
+catalog math datasets (math_dataset, huggingface:gsm8k/main, huggingface:competition_math).
+
+No TensorFlow is needed anywhere here: TFDS writes array_record files and `tfds.data_source` reads them with
+NumPy only (tests/test_tasks_tfds.py asserts that `tensorflow` is never imported).
+
+Project datasets (`MathrlTasks`, TFDS name `mathrl_tasks`):
+    path = build_dataset("arith:0.5,linear:0.5", data_dir="data/tfds", n_train=5000, n_validation=500,
+                         n_test=500, seed=0)                      # -> data/tfds/mathrl_tasks/<config>/1.0.0
+    ds = tfds.data_source("mathrl_tasks/<config>", split="train", data_dir="data/tfds")   # random access
+    problems = read_split(path, "train")                          # back to Problem objects, original order
+    load_mix("tfds@mathrl_tasks/<config>@data/tfds:1", ...)       # as a mix source
+The config name is derived from the spec and counts (`config_name_for`) unless given. Each split holds the
+problems of `load_mix(spec, n_split, seed, split, difficulty)`, so splits stay disjoint by question hash.
+Command line: python -m rl.tasks.tfds_builder build --spec arith:1 --data_dir data/tfds --n_train 1000
+
+Catalog datasets: `load_catalog(name, split, data_dir)` reads a dataset that was PREPARED BEFOREHAND in
+array_record format under data_dir (default $TFDS_DATA_DIR or ~/tensorflow_datasets). It looks for the
+prepared directory on disk first and never touches the network: when it is absent it raises
+`CatalogNotPrepared` at once, with the command that prepares it on a machine with network access:
+    python -m rl.tasks.tfds_builder prepare huggingface:gsm8k/main --data_dir DIR
+(`prepare_catalog`, which calls `tfds.builder(name, file_format="array_record").download_and_prepare()`;
+huggingface: names also need the `datasets` package). Field mapping:
+    math_dataset/<module>         question, answer                                   (no steps, difficulty 1)
+    huggingface:gsm8k/main        question; answer after "####"; steps = the reasoning lines, <<calc>> removed
+    huggingface:competition_math  problem; answer = last \\boxed{...} of the solution; difficulty = "Level k"
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import socket
+
+import numpy as np
+import tensorflow_datasets as tfds
+
+from rl.tasks.base import SPLITS, Problem, make_id
+
+VERSION = "1.0.0"
+DATASET_NAME = "mathrl_tasks"
+
+
+@dataclasses.dataclass(eq=False)
+class TasksConfig(tfds.core.BuilderConfig):
+    """Which project mix to materialise and how many problems per split."""
+
+    spec: str = "arith:1"
+    n_train: int = 1000
+    n_validation: int = 100
+    n_test: int = 100
+    seed: int = 0
+    difficulty: int | None = None
+
+
+def config_name_for(spec: str, n_train: int, n_validation: int, n_test: int, seed: int,
+                    difficulty: int | None) -> str:
+    """A readable, valid TFDS config name, e.g. `arith-0.5_linear-0.5_n1000-100-100_s0_dall`."""
+    body = re.sub(r"[^a-z0-9]+", "_", spec.lower().replace(":", "-").replace(".", "p")).strip("_")
+    return f"{body}_n{n_train}-{n_validation}-{n_test}_s{seed}_d{'all' if difficulty is None else difficulty}"
+
+
+class MathrlTasks(tfds.core.GeneratorBasedBuilder):
+    """A project task mix as a TFDS dataset (built locally; nothing is downloaded)."""
+
+    name = DATASET_NAME
+    RELEASE_NOTES = {VERSION: "Project task sources rendered as problems (question, answer, steps)."}
+    VERSION = tfds.core.Version(VERSION)  # after RELEASE_NOTES: its key must stay the module-level str
+
+    @tfds.core.utils.classproperty
+    @classmethod
+    def code_path(cls):
+        # TFDS locates a builder's source file to look for download checksums next to it; for a builder
+        # inside a regular package that lookup imports the `importlib_resources` backport, which is not a
+        # dependency here. This builder downloads nothing, so there is no checksum file to find.
+        return None
+
+    def _info(self) -> tfds.core.DatasetInfo:
+        return tfds.core.DatasetInfo(
+            builder=self,
+            description="Math problems from the project's task sources (rl/tasks).",
+            features=tfds.features.FeaturesDict({
+                "index": np.int64,  # position in load_mix's output, to restore the order on reading
+                "id": tfds.features.Text(),
+                "question": tfds.features.Text(),
+                "answer": tfds.features.Text(),
+                "has_steps": np.bool_,  # distinguishes "no worked solution" from an empty list
+                "steps": tfds.features.Sequence(tfds.features.Text()),
+                "difficulty": np.int32,
+                "source": tfds.features.Text(),
+            }),
+        )
+
+    def _split_generators(self, dl_manager):
+        cfg = self.builder_config
+        counts = {"train": cfg.n_train, "validation": cfg.n_validation, "test": cfg.n_test}
+        return {split: self._generate_examples(split, counts[split]) for split in SPLITS if counts[split] > 0}
+
+    def _generate_examples(self, split: str, n: int):
+        from rl.tasks import load_mix
+
+        cfg = self.builder_config
+        for i, p in enumerate(load_mix(cfg.spec, n, cfg.seed, split, cfg.difficulty)):
+            yield f"{i:09d}", {
+                "index": i, "id": p.id, "question": p.question, "answer": p.answer,
+                "has_steps": p.steps is not None, "steps": list(p.steps or ()), "difficulty": p.difficulty,
+                "source": p.source,
+            }
+
+
+def build_dataset(spec: str, data_dir: str, n_train: int = 1000, n_validation: int = 100, n_test: int = 100,
+                  seed: int = 0, difficulty: int | None = None, config_name: str | None = None) -> str:
+    """Materialise a mix as `mathrl_tasks/<config>` in array_record format; returns the prepared directory.
+    Re-running with the same arguments reuses the prepared files."""
+    from rl.tasks import parse_mix
+
+    parse_mix(spec)  # fail on a bad spec before TFDS creates any directory
+    name = config_name or config_name_for(spec, n_train, n_validation, n_test, seed, difficulty)
+    config = TasksConfig(name=name, version=VERSION, release_notes={}, spec=spec, n_train=n_train, n_validation=n_validation,
+                         n_test=n_test, seed=seed, difficulty=difficulty,
+                         description=f"load_mix({spec!r}, seed={seed}, difficulty={difficulty})")
+    builder = MathrlTasks(config=config, data_dir=data_dir, file_format="array_record")
+    builder.download_and_prepare()
+    return str(builder.data_path)
+
+
+def _text(value) -> str:
+    return value.decode("utf-8") if isinstance(value, (bytes, np.bytes_)) else str(value)
+
+
+def record_to_problem(rec: dict) -> Problem:
+    """A `mathrl_tasks` record (as tfds.data_source returns it) -> Problem."""
+    steps = tuple(_text(s) for s in rec["steps"]) if bool(rec["has_steps"]) else None
+    return Problem(id=_text(rec["id"]), question=_text(rec["question"]), answer=_text(rec["answer"]), steps=steps,
+                   difficulty=int(rec["difficulty"]), source=_text(rec["source"]))
+
+
+def read_split(path: str, split: str) -> list[Problem]:
+    """All problems of one split of a prepared `mathrl_tasks` directory, in their original order."""
+    source = tfds.builder_from_directory(path).as_data_source(split=split)
+    records = [source[i] for i in range(len(source))]
+    records.sort(key=lambda r: int(r["index"]))
+    return [record_to_problem(r) for r in records]
+
+
+# ---------------------------------------------------------------------------------------------- catalog
+
+
+class CatalogNotPrepared(FileNotFoundError):
+    """A catalog dataset is not prepared on this machine (and nothing is downloaded to fix that)."""
+
+
+def default_data_dir() -> str:
+    return os.environ.get("TFDS_DATA_DIR") or os.path.join(os.path.expanduser("~"), "tensorflow_datasets")
+
+
+def _split_name(name: str) -> tuple[str, str | None]:
+    """"huggingface:gsm8k/main" -> ("gsm8k", "main"); "math_dataset/algebra__linear_1d" -> (..., ...).
+    Hugging Face names are converted the way TFDS names their directories (lower case, "-" -> "_")."""
+    hf = name.startswith("huggingface:")
+    bare = name.split(":", 1)[1] if ":" in name else name
+    dataset, _, config = bare.partition("/")
+    if hf:
+        dataset, config = dataset.lower().replace("-", "_"), config.lower().replace("-", "_")
+    return dataset, (config or None)
+
+
+def find_prepared(name: str, data_dir: str | None = None) -> str | None:
+    """The newest prepared version directory of a TFDS dataset under data_dir (None when absent). Looks at
+    <data_dir>/<dataset>[/<config>]/<version>/dataset_info.json, also under a `huggingface/` namespace dir."""
+    data_dir = data_dir or default_data_dir()
+    dataset, config = _split_name(name)
+    found = []
+    for root in (data_dir, os.path.join(data_dir, "huggingface")):
+        base = os.path.join(root, dataset, config) if config else os.path.join(root, dataset)
+        if not os.path.isdir(base):
+            continue
+        for version in os.listdir(base):
+            if os.path.isfile(os.path.join(base, version, "dataset_info.json")) and re.fullmatch(r"\d+\.\d+\.\d+", version):
+                found.append((tuple(int(x) for x in version.split(".")), os.path.join(base, version)))
+    return max(found)[1] if found else None
+
+
+def _not_prepared_message(name: str, data_dir: str) -> str:
+    if _split_name(name)[0] == DATASET_NAME:
+        return (f"TFDS dataset {name!r} is not built under {data_dir!r}. Build it with\n"
+                f"    python -m rl.tasks.tfds_builder build --spec SPEC --data_dir {data_dir} [--n_train N ...]\n"
+                f"(or rl.tasks.tfds_builder.build_dataset) and use the config name it prints.")
+    return (f"TFDS dataset {name!r} is not prepared under {data_dir!r} (no <dataset>/<config>/<version>/"
+            f"dataset_info.json there), and this code never downloads data. On a machine with network access run\n"
+            f"    python -m rl.tasks.tfds_builder prepare {name} --data_dir DIR\n"
+            f"(huggingface: datasets also need `pip install datasets`), then copy DIR to this machine and pass "
+            f"data_dir=DIR or set TFDS_DATA_DIR=DIR. The data must be in array_record format (the prepare "
+            f"command does that) because it is read with tfds.data_source, without TensorFlow.")
+
+
+_GSM8K_CALC = re.compile(r"<<[^<>]*>>")
+
+
+def gsm8k_to_fields(question: str, answer_text: str) -> tuple[str, str, tuple[str, ...] | None]:
+    """GSM8K's answer field is reasoning lines, calculator notes <<48/2=24>> and a final "#### 72"."""
+    reasoning, sep, final = answer_text.rpartition("####")
+    if not sep:
+        raise ValueError(f"GSM8K answer has no '####' final answer: {answer_text[-80:]!r}")
+    answer = final.strip().replace(",", "")
+    steps = tuple(line.strip() for line in _GSM8K_CALC.sub("", reasoning).splitlines() if line.strip())
+    return question.strip(), answer, steps or None
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last \\boxed{...} (balanced braces), or None."""
+    start = text.rfind("\\boxed")
+    while start != -1:
+        i = start + len("\\boxed")
+        while i < len(text) and text[i] == " ":
+            i += 1
+        if i < len(text) and text[i] == "{":
+            depth, j = 0, i
+            while j < len(text):
+                depth += {"{": 1, "}": -1}.get(text[j], 0)
+                if depth == 0:
+                    return text[i + 1:j].strip()
+                j += 1
+        start = text.rfind("\\boxed", 0, start)
+    return None
+
+
+def competition_math_to_fields(problem: str, solution: str, level: str) -> tuple[str, str, int]:
+    answer = last_boxed(solution)
+    if not answer:
+        raise ValueError(f"competition_math solution has no \\boxed{{}} answer: {solution[-80:]!r}")
+    m = re.search(r"(\d+)", level or "")
+    difficulty = min(5, max(1, int(m.group(1)))) if m else 1
+    return problem.strip(), answer, difficulty
+
+
+def catalog_record_to_problem(name: str, rec: dict) -> Problem:
+    """Map one catalog record to a Problem (field mapping in the module docstring)."""
+    dataset, _ = _split_name(name)
+    source = f"tfds:{name}"
+    if dataset == "gsm8k":
+        q, a, steps = gsm8k_to_fields(_text(rec["question"]), _text(rec["answer"]))
+        return Problem(id=make_id(source, q), question=q, answer=a, steps=steps, difficulty=1, source=source)
+    if dataset == "competition_math":
+        q, a, d = competition_math_to_fields(_text(rec["problem"]), _text(rec["solution"]), _text(rec.get("level", "")))
+        return Problem(id=make_id(source, q), question=q, answer=a, steps=None, difficulty=d, source=source)
+    if dataset == DATASET_NAME:
+        return record_to_problem(rec)
+    # math_dataset/<module> and any other dataset with question / answer text fields.
+    if "question" not in rec or "answer" not in rec:
+        raise ValueError(f"TFDS dataset {name!r} has no question/answer fields (has {sorted(rec)})")
+    q, a = _text(rec["question"]).strip(), _text(rec["answer"]).strip()
+    return Problem(id=make_id(source, q), question=q, answer=a, steps=None, difficulty=1, source=source)
+
+
+def load_catalog(name: str, split: str, data_dir: str | None = None, limit: int | None = None) -> list[Problem]:
+    """Problems of one split of a prepared catalog (or project) TFDS dataset, in the dataset's own split.
+    Raises CatalogNotPrepared immediately (no network access) when it is not on disk."""
+    data_dir = data_dir or default_data_dir()
+    path = find_prepared(name, data_dir)
+    if path is None:
+        raise CatalogNotPrepared(_not_prepared_message(name, data_dir))
+    builder = tfds.builder_from_directory(path)
+    if split not in builder.info.splits:
+        raise ValueError(f"TFDS dataset {name!r} at {path} has splits {sorted(builder.info.splits)}, not {split!r}")
+    source = builder.as_data_source(split=split)
+    n = len(source) if limit is None else min(limit, len(source))
+    return [catalog_record_to_problem(name, source[i]) for i in range(n)]
+
+
+def load_problems(name: str, data_dir: str | None = None) -> list[Problem]:
+    """Every split of a prepared TFDS dataset pooled (the `tfds@...` mix source re-splits them by question
+    hash, which keeps the project's split guarantee; use load_catalog for a dataset's own official split)."""
+    data_dir = data_dir or default_data_dir()
+    path = find_prepared(name, data_dir)
+    if path is None:
+        raise CatalogNotPrepared(_not_prepared_message(name, data_dir))
+    problems = []
+    for split in tfds.builder_from_directory(path).info.splits:
+        problems += load_catalog(name, split, data_dir)
+    return problems
+
+
+def _reachable(host: str, port: int = 443, timeout: float = 3.0) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def prepare_catalog(name: str, data_dir: str) -> str:
+    """Download and prepare a catalog dataset in array_record format (needs network access; fails fast and
+    clearly without it). Returns the prepared directory."""
+    host = "huggingface.co" if name.startswith("huggingface:") else "storage.googleapis.com"
+    if name.startswith("huggingface:"):
+        try:
+            import datasets  # noqa: F401
+        except ImportError as e:
+            raise RuntimeError(f"preparing {name!r} needs the Hugging Face `datasets` package: pip install datasets") from e
+    if not _reachable(host):
+        raise RuntimeError(f"cannot prepare {name!r}: {host} is not reachable from this machine. "
+                           f"Prepare it where the network is available and copy {data_dir} here.")
+    builder = tfds.builder(name, data_dir=data_dir, file_format="array_record")
+    builder.download_and_prepare()
+    return str(builder.data_path)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="materialise a project mix as mathrl_tasks/<config>")
+    b.add_argument("--spec", required=True)
+    b.add_argument("--data_dir", required=True)
+    b.add_argument("--n_train", type=int, default=1000)
+    b.add_argument("--n_validation", type=int, default=100)
+    b.add_argument("--n_test", type=int, default=100)
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--difficulty", type=int, default=None)
+    b.add_argument("--config_name", default=None)
+    p = sub.add_parser("prepare", help="download + prepare a catalog dataset (needs network)")
+    p.add_argument("name")
+    p.add_argument("--data_dir", default=default_data_dir())
+    args = parser.parse_args(argv)
+    if args.cmd == "build":
+        path = build_dataset(args.spec, args.data_dir, args.n_train, args.n_validation, args.n_test, args.seed,
+                             args.difficulty, args.config_name)
+    else:
+        path = prepare_catalog(args.name, args.data_dir)
+    print(path)
+
+
+if __name__ == "__main__":
+    main()
