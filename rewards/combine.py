@@ -1,0 +1,150 @@
+"""The combined reward of one solution, with every component returned for logging.
+
+    from rewards.combine import RewardConfig, score
+    r = score("步骤一：3+4=7\\n答案：7", "7", RewardConfig(w_process=0.2))
+    r["total"], r["outcome"], r["process"], r["format"], r["error"]
+
+    total = w_outcome   * outcome            outcome: 1.0 if is_equiv(extract_answer(text), gold) else 0.0
+                                             (0.0 without an answer, and 0.0 without reasoning steps when
+                                             requires_reasoning is on)
+          + w_process   * process            mean of the non-None step scores of rewards.steps.check_steps
+                                             (process_default when no step has a checkable claim)
+          + w_format    * format             rewards.format.format_reward(text, lang) in [0, 1]
+          - w_overlong  * overlong           DAPO soft overlong magnitude in [0, 1] (off when overlong_max_len=0)
+          - w_repetition* repetition         repeated n-gram share above repetition_threshold, in [0, 1]
+          - w_language  * language           1 - share of the expected script in the reasoning, in [0, 1]
+
+Every penalty is stored as a non-negative magnitude and subtracted. score() never raises: any internal
+error gives total 0.0 with error=1 (and error_kind) in the returned dict. The length for the overlong penalty
+is n_tokens when the caller passes it (the sampler's response length), else the UTF-8 byte length of the
+text (the byte tokenizer's count).
+
+Returned keys (all numbers except step_scores, answer and error_kind):
+    total outcome correct process format overlong repetition language has_reasoning n_steps n_checked
+    step_scores answer length error error_kind
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+
+from rewards import penalties
+from rewards.format import LANGS, FormatConfig, format_reward
+from rewards.parse import as_text, extract_answer
+from rewards.steps import check_steps, step_score
+from rewards.verify import is_equiv
+
+__all__ = ["RewardConfig", "RewardWeights", "score", "error_result", "gold_text", "RESULT_KEYS"]
+
+MAX_ANSWER_LOG_CHARS = 200  # the answer is returned for logging only; hostile answers are cut
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RewardConfig:
+    """Weights and switches of the combined reward (seed practice: w_process 0.1-0.3 when on, w_format 0.05-0.1)."""
+
+    w_outcome: float = 1.0  # weight of the verified final answer (0/1)
+    w_process: float = 0.0  # weight of the mean step score (rule-checked arithmetic); 0 = off
+    w_format: float = 0.1  # weight of the format reward in [0, 1]
+    lang: str = "zh"  # expected solution language: "zh" (步骤一：/答案：) or "en" (Step 1:/Answer:)
+    accept_boxed: bool = True  # a \boxed{} answer satisfies the format's final-answer marker
+    overlong_max_len: int = 0  # DAPO overlong: hard length (tokens); 0 = penalty off
+    overlong_buffer: int = 0  # DAPO overlong: soft buffer before overlong_max_len (tokens)
+    w_overlong: float = 1.0  # weight of the overlong magnitude (only used when overlong_max_len > 0)
+    w_repetition: float = 0.0  # weight of the repetition magnitude; 0 = off
+    repetition_n: int = 4  # n-gram size for the repetition share
+    repetition_threshold: float = 0.3  # repeated share tolerated before the penalty starts
+    w_language: float = 0.0  # weight of the language-mixing penalty (1 - expected-script share); 0 = off
+    requires_reasoning: bool = False  # outcome reward only when the solution has >= min_reasoning_steps steps
+    min_reasoning_steps: int = 1  # steps needed to count as a reasoning process
+    process_default: float = 0.0  # process score when no step has a checkable claim
+    verify_timeout: float = 1.0  # seconds per is_equiv call
+
+    def __post_init__(self):
+        for name in ("w_outcome", "w_process", "w_format", "w_overlong", "w_repetition", "w_language"):
+            _check_number(self, name, lo=0.0, hi=100.0)
+        _check_number(self, "repetition_threshold", lo=0.0, hi=0.99)
+        _check_number(self, "process_default", lo=0.0, hi=1.0)
+        _check_number(self, "verify_timeout", lo=1e-3, hi=600.0)
+        for name, lo in (("overlong_max_len", 0), ("overlong_buffer", 0), ("repetition_n", 1), ("min_reasoning_steps", 1)):
+            v = getattr(self, name)
+            if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < lo:
+                raise ValueError(f"RewardConfig.{name} must be an int >= {lo}, got {v!r}")
+        if self.overlong_buffer > self.overlong_max_len:
+            raise ValueError(f"RewardConfig.overlong_buffer ({self.overlong_buffer}) must be <= overlong_max_len "
+                             f"({self.overlong_max_len})")
+        if self.lang not in LANGS:
+            raise ValueError(f"RewardConfig.lang must be one of {LANGS}, got {self.lang!r}")
+        for name in ("accept_boxed", "requires_reasoning"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"RewardConfig.{name} must be a bool, got {getattr(self, name)!r}")
+
+
+RewardWeights = RewardConfig  # the name the team contract also uses
+
+
+def _check_number(cfg, name: str, lo: float, hi: float) -> None:
+    v = getattr(cfg, name)
+    if not isinstance(v, numbers.Real) or isinstance(v, bool) or not math.isfinite(v) or not lo <= v <= hi:
+        raise ValueError(f"RewardConfig.{name} must be a number in [{lo}, {hi}], got {v!r}")
+
+
+RESULT_KEYS = ("total", "outcome", "correct", "process", "format", "overlong", "repetition", "language",
+               "has_reasoning", "n_steps", "n_checked", "step_scores", "answer", "length", "error", "error_kind")
+
+
+def error_result(kind: str = "error") -> dict:
+    """The result of an item that could not be scored: every number 0, error=1."""
+    return {"total": 0.0, "outcome": 0.0, "correct": 0.0, "process": 0.0, "format": 0.0, "overlong": 0.0,
+            "repetition": 0.0, "language": 0.0, "has_reasoning": 0.0, "n_steps": 0, "n_checked": 0,
+            "step_scores": [], "answer": None, "length": 0, "error": 1, "error_kind": str(kind)}
+
+
+_DEFAULT = RewardConfig()
+
+
+def gold_text(gold) -> str:
+    """The gold answer as text: numbers (7, 0.5, Fraction(1, 2)) via str, bytes decoded, anything else ""."""
+    if isinstance(gold, numbers.Number) and not isinstance(gold, bool):
+        return str(gold)
+    return as_text(gold)
+
+
+def score(text, gold, cfg: RewardConfig | None = None, *, n_tokens=None) -> dict:
+    """All reward components of one (solution text, gold answer) pair; see the module docstring."""
+    try:
+        cfg = _DEFAULT if cfg is None else cfg
+        text = as_text(text)
+        gold = gold_text(gold)
+        answer = extract_answer(text)
+        correct = bool(answer is not None and gold and is_equiv(answer, gold, timeout=cfg.verify_timeout))
+        reasoning = penalties.has_reasoning(text, cfg.min_reasoning_steps)
+        outcome = 1.0 if correct and (reasoning or not cfg.requires_reasoning) else 0.0
+
+        step_scores = check_steps(text)
+        mean_step = step_score(step_scores)
+        process = cfg.process_default if mean_step is None else float(mean_step)
+
+        fmt = format_reward(text, cfg.lang, FormatConfig(accept_boxed=cfg.accept_boxed))
+        length = penalties.text_length(text) if n_tokens is None else int(n_tokens)
+        overlong = (penalties.overlong_penalty(length, cfg.overlong_max_len, cfg.overlong_buffer)
+                    if cfg.overlong_max_len > 0 else 0.0)
+        repetition = (penalties.repetition_penalty(text, cfg.repetition_n, cfg.repetition_threshold)
+                      if cfg.w_repetition > 0 else 0.0)
+        language = penalties.language_penalty(text, cfg.lang) if cfg.w_language > 0 else 0.0
+
+        total = (cfg.w_outcome * outcome + cfg.w_process * process + cfg.w_format * fmt
+                 - cfg.w_overlong * overlong - cfg.w_repetition * repetition - cfg.w_language * language)
+        if not math.isfinite(total):
+            return error_result("non-finite total")
+        return {
+            "total": float(total), "outcome": outcome, "correct": float(correct), "process": process,
+            "format": float(fmt), "overlong": float(overlong), "repetition": float(repetition),
+            "language": float(language), "has_reasoning": float(reasoning), "n_steps": len(step_scores),
+            "n_checked": sum(1 for s in step_scores if s is not None), "step_scores": list(step_scores),
+            "answer": None if answer is None else answer[:MAX_ANSWER_LOG_CHARS], "length": length,
+            "error": 0, "error_kind": "",
+        }
+    except Exception as e:  # noqa: BLE001 - a reward never crashes the training loop
+        return error_result(f"{type(e).__name__}")

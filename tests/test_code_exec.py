@@ -1,0 +1,261 @@
+"""Tests for rewards.code_exec: rewards for correct / partial code, and containment of hostile code."""
+import glob
+import os
+import socket
+import time
+
+import pytest
+
+from rewards.code_exec import ExecConfig, netns_available, run_tests, run_tests_detailed
+
+ADD_TESTS = ["assert add(1, 2) == 3", "assert add(0, 0) == 0", "assert add(-1, 1) == 0", "assert add(2, 2) == 4"]
+FAST = ExecConfig(timeout_s=4.0, per_test_timeout_s=0.5)
+IS_ROOT = os.geteuid() == 0
+
+
+def _sandbox_uid_processes():
+    """Pids of processes running under one of this test process's sandbox uids (other test workers have theirs)."""
+    lo = (1 << 28) + ((os.getpid() & 0x3FFFFF) << 6)
+    out = []
+    for status in glob.glob("/proc/[0-9]*/status"):
+        try:
+            with open(status) as f:
+                for line in f:
+                    if line.startswith("Uid:"):
+                        if lo <= int(line.split()[1]) < lo + 64:
+                            out.append(status.split("/")[2])
+                        break
+        except OSError:
+            continue
+    return out
+
+
+def test_correct_solution_scores_one():
+    assert run_tests("def add(a, b):\n    return a + b", ADD_TESTS, FAST) == 1.0
+
+
+def test_partial_solution_scores_share():
+    # Wrong whenever a == b: passes add(1,2), add(-1,1); fails add(0,0), add(2,2).
+    code = "def add(a, b):\n    return a + b if a != b else -1"
+    r = run_tests_detailed(code, ADD_TESTS, FAST)
+    assert r.passed == [True, False, True, False] and r.fraction == 0.5 and r.loaded
+
+
+def test_single_test_string_and_helpers():
+    code = "import math\nfrom collections import Counter\ndef f(xs):\n    return Counter(xs).most_common(1)[0][0]"
+    assert run_tests(code, "assert f([1, 2, 2]) == 2", FAST) == 1.0
+
+
+@pytest.mark.parametrize("code,error", [
+    ("def add(a, b) return a + b", "SyntaxError"),
+    ("raise ValueError('at load')", "ValueError"),
+    ("import sys\nsys.exit(0)", "SystemExit"),
+])
+def test_solution_that_does_not_load(code, error):
+    r = run_tests_detailed(code, ADD_TESTS, FAST)
+    assert r.fraction == 0.0 and not r.loaded and r.error == error
+
+
+def test_exit_codes_are_not_trusted():
+    assert run_tests("import os\nos._exit(0)", ADD_TESTS, FAST) == 0.0
+    # Exiting inside a test ends the run: that test and the later ones do not pass.
+    code = "import os\ndef add(a, b):\n    os._exit(0)"
+    assert run_tests(code, ADD_TESTS, FAST) == 0.0
+
+
+def test_forged_reports_are_ignored():
+    code = ("import os\nfor fd in range(3, 30):\n    try:\n        os.write(fd, b'x T 0 1\\nx T 1 1\\n')\n"
+            "    except OSError:\n        pass\ndef add(a, b):\n    return 0")
+    r = run_tests_detailed(code, ADD_TESTS, FAST)
+    assert r.passed == [False, True, True, False]  # only add(0, 0) and add(-1, 1) are really 0
+
+
+def test_forked_children_do_not_report():
+    code = "import os\nif os.fork() == 0:\n    pass\ndef add(a, b):\n    return 0"
+    cfg = ExecConfig(timeout_s=4.0, per_test_timeout_s=0.5, allow_processes=True)
+    assert run_tests_detailed(code, ADD_TESTS, cfg).passed == [False, True, True, False]
+
+
+@pytest.mark.parametrize("bad", [None, 12, b"def add(a,b): return a+b"])
+def test_bad_inputs_never_raise(bad):
+    assert run_tests(bad, ADD_TESTS, FAST) == 0.0
+    assert run_tests("x = 1", bad, FAST) == 0.0 if bad is not None else True
+
+
+def test_no_tests_and_too_long():
+    assert run_tests_detailed("x = 1", [], FAST).error == "no tests"
+    r = run_tests_detailed("x = 1" + " " * 300_000, ADD_TESTS, FAST)
+    assert r.fraction == 0.0 and r.error == "too long"
+
+
+def test_infinite_loop_in_function_times_out_per_test():
+    code = "def add(a, b):\n    while True:\n        pass"
+    t0 = time.monotonic()
+    r = run_tests_detailed(code, ADD_TESTS[:2], FAST)
+    assert r.fraction == 0.0 and r.loaded
+    assert time.monotonic() - t0 < 4.0
+
+
+def test_loop_that_swallows_the_alarm_hits_wall_timeout():
+    code = "while True:\n    try:\n        while True:\n            pass\n    except BaseException:\n        pass"
+    cfg = ExecConfig(timeout_s=1.5, per_test_timeout_s=0.3)
+    t0 = time.monotonic()
+    r = run_tests_detailed(code, ADD_TESTS, cfg)
+    assert r.fraction == 0.0 and r.timed_out and r.error == "timeout"
+    assert time.monotonic() - t0 < 6.0
+
+
+def test_gil_holding_c_loop_is_killed():
+    t0 = time.monotonic()
+    r = run_tests_detailed("x = pow(3, 10**9)", ADD_TESTS, ExecConfig(timeout_s=1.5, per_test_timeout_s=0.5))
+    assert r.fraction == 0.0 and time.monotonic() - t0 < 6.0
+
+
+def test_fork_bomb_blocked_by_default():
+    t0 = time.monotonic()
+    r = run_tests_detailed("import os\nwhile True:\n    os.fork()", ADD_TESTS, FAST)
+    assert r.fraction == 0.0 and r.error == "PermissionError" and time.monotonic() - t0 < 4.0
+
+
+def test_fork_bomb_contained_when_processes_allowed():
+    code = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
+    cfg = ExecConfig(timeout_s=1.5, per_test_timeout_s=0.5, allow_processes=True, max_procs=8)
+    t0 = time.monotonic()
+    r = run_tests_detailed(code, ADD_TESTS, cfg)
+    assert r.fraction == 0.0 and time.monotonic() - t0 < 8.0
+    if IS_ROOT:
+        deadline = time.monotonic() + 5
+        while _sandbox_uid_processes() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _sandbox_uid_processes() == []
+
+
+@pytest.mark.parametrize("code", [
+    "x = bytearray(10**10)",
+    "x = []\nwhile True:\n    x.append(' ' * 10**7)",
+])
+def test_memory_bomb(code):
+    t0 = time.monotonic()
+    r = run_tests_detailed(code + "\ndef add(a, b):\n    return a + b", ADD_TESTS, FAST)
+    # The growing loop may meet the per-test alarm before the memory limit on a loaded machine.
+    assert r.fraction == 0.0 and r.error in ("MemoryError", "SandboxTimeout") and time.monotonic() - t0 < 4.0
+
+
+def test_limits_are_set_inside():
+    cfg = ExecConfig(timeout_s=4.0, memory_mb=256, file_size_mb=1, cpu_s=3)
+    tests = [
+        "import resource\nassert resource.getrlimit(resource.RLIMIT_AS)[0] == 256 << 20",
+        "import resource\nassert resource.getrlimit(resource.RLIMIT_FSIZE)[0] == 1 << 20",
+        "import resource\nassert resource.getrlimit(resource.RLIMIT_CPU)[0] == 3",
+        "assert set(os.environ) <= {'PATH', 'LANG', 'LC_CTYPE'}, dict(os.environ)",
+        "assert os.path.basename(os.getcwd()).startswith('codeexec-')",
+        "assert sys.flags.isolated == 1 and sys.flags.no_site == 1",
+        "assert big_write() == 'EFBIG'",
+    ]
+    code = ("import os, sys, errno\ndef big_write():\n    try:\n        with open('big.bin', 'wb') as f:\n"
+            "            f.write(b'0' * (2 << 20))\n    except OSError as e:\n        return errno.errorcode[e.errno]\n"
+            "    return 'wrote'")
+    r = run_tests_detailed(code, tests, cfg)
+    assert r.passed == [True] * len(tests), (r.passed, r.stderr_tail)
+
+
+def test_workdir_removed_after_run():
+    code = ("import os, sys\nopen('inside.txt', 'w').write('ok')\nsys.stderr.write('CWD=' + os.getcwd() + '\\n')\n"
+            "def add(a, b):\n    return a + b")
+    r = run_tests_detailed(code, ADD_TESTS, FAST)
+    assert r.fraction == 1.0
+    cwd = r.stderr_tail.split("CWD=")[1].split()[0]
+    assert os.path.basename(cwd).startswith("codeexec-")
+    assert not os.path.exists(cwd)
+
+
+@pytest.mark.parametrize("cfg", [
+    FAST,
+    ExecConfig(timeout_s=4.0, drop_privileges=False),  # only the audit hook guards (as root)
+    ExecConfig(timeout_s=4.0, audit_hook=False),  # only the private uid guards (as root)
+])
+def test_write_outside_is_contained(tmp_path, cfg):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    victim = outside / "victim.txt"
+    victim.write_text("keep")
+    target = outside / "pwned.txt"
+    out, tgt, vic = str(outside), str(target), str(victim)
+    code = (f"import os\nhere = os.getcwd()\nfor op in (lambda: open({tgt!r}, 'w').write('x'),\n"
+            f"           lambda: os.close(os.open({tgt!r}, os.O_WRONLY | os.O_CREAT)),\n"
+            f"           lambda: os.remove({vic!r}),\n"
+            f"           lambda: os.rename({vic!r}, {tgt!r}),\n"
+            f"           lambda: (os.symlink({tgt!r}, 'link'), open('link', 'w').write('x')),\n"
+            f"           lambda: os.open('pwned.txt', os.O_WRONLY | os.O_CREAT, dir_fd=os.open({out!r}, os.O_RDONLY)),\n"
+            f"           lambda: (os.chdir({out!r}), open('pwned.txt', 'w').write('x')),\n"
+            f"           lambda: (os.fchdir(os.open({out!r}, os.O_RDONLY)), open('pwned.txt', 'w').write('x'))):\n"
+            "    try:\n        op()\n    except OSError:\n        pass\n    os.chdir(here)\n"
+            "open('inside.txt', 'w').write('fine')\ndef add(a, b):\n    return a + b")
+    if not cfg.audit_hook and not (IS_ROOT and cfg.drop_privileges):
+        return  # no layer left to test in this configuration (not root)
+    r = run_tests_detailed(code, ADD_TESTS, cfg)
+    assert sorted(p.name for p in outside.iterdir()) == ["victim.txt"]
+    assert victim.read_text() == "keep"
+    assert r.loaded and r.fraction == 1.0  # writing inside its own directory works
+
+
+@pytest.fixture
+def listener():
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    srv.settimeout(0.3)
+    yield srv
+    srv.close()
+
+
+def _connect_code(port):
+    return (f"try:\n    import socket\n    socket.create_connection(('127.0.0.1', {port}), timeout=1).sendall(b'hi')\n"
+            "except Exception:\n    pass\ndef add(a, b):\n    return a + b")
+
+
+def _no_connection(srv):
+    try:
+        conn, _ = srv.accept()
+    except (socket.timeout, TimeoutError):
+        return True
+    conn.close()
+    return False
+
+
+@pytest.mark.parametrize("cfg", [
+    FAST,
+    ExecConfig(timeout_s=4.0, drop_privileges=False, network_namespace=False),  # the audit hook alone
+])
+def test_network_blocked(listener, cfg):
+    r = run_tests_detailed(_connect_code(listener.getsockname()[1]), ADD_TESTS, cfg)
+    assert r.fraction == 1.0
+    assert _no_connection(listener)
+
+
+def test_network_namespace_alone(listener):
+    cfg = ExecConfig(timeout_s=4.0, drop_privileges=False, audit_hook=False)
+    r = run_tests_detailed(_connect_code(listener.getsockname()[1]), ADD_TESTS, cfg)
+    assert r.sandbox["netns"] == netns_available()
+    if r.sandbox["netns"]:
+        assert _no_connection(listener)
+
+
+def test_broken_interpreter_reports_error():
+    r = run_tests_detailed("def add(a, b):\n    return a + b", ADD_TESTS, ExecConfig(python="/nonexistent/python3"))
+    assert r.fraction == 0.0 and r.error and not r.loaded
+
+
+def test_ctypes_blocked():
+    r = run_tests_detailed("import ctypes\ndef add(a, b):\n    return a + b", ADD_TESTS, ExecConfig(drop_privileges=False))
+    assert r.fraction == 0.0 and r.error == "ImportError"
+
+
+@pytest.mark.parametrize("kwargs,field", [
+    ({"timeout_s": 0}, "timeout_s"), ({"per_test_timeout_s": -1}, "per_test_timeout_s"), ({"cpu_s": 0}, "cpu_s"),
+    ({"memory_mb": 10}, "memory_mb"), ({"max_procs": 1.5}, "max_procs"), ({"allow_processes": "yes"}, "allow_processes"),
+    ({"python": 3}, "python"),
+])
+def test_config_validation(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        ExecConfig(**kwargs)

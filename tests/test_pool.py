@@ -1,0 +1,201 @@
+"""Tests for rewards.pool: parallel scoring equals in-process scoring; hangs and crashes are contained."""
+import os
+import signal
+import sys
+import time
+import types
+
+import pytest
+
+from rewards.combine import RESULT_KEYS, RewardConfig, score
+from rewards.pool import RewardPool
+
+TEXTS = [
+    "步骤一：3+4=7\n步骤二：7×2=14\n答案：14",
+    "步骤一：3+4=8\n答案：8",
+    "Step 1: 2 * 3 = 6\nAnswer: 6",
+    "答案：\\boxed{\\frac{1}{2}}",
+    "",
+    "\\boxed{" * 1000,
+    "the answer is " * 50,
+]
+GOLDS = ["14", "7", "6", "0.5", "1", "1", "3"]
+
+
+# Score functions the workers import by name (module-level, picklable). The gold string carries the command.
+def hostile_score(text, gold, cfg, n_tokens=None):
+    if text == "HANG":
+        time.sleep(3600)
+    if text == "SPIN":  # holds the GIL in C code: only SIGKILL stops it
+        pow(3, 10**9)
+    if text == "EXIT":
+        os._exit(3)
+    if text == "SEGV":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if text == "RAISE":
+        raise RuntimeError("boom")
+    if text == "PID":
+        with open(gold, "w") as f:
+            f.write(str(os.getpid()))
+        time.sleep(3600)
+    return score(text, gold, cfg, n_tokens=n_tokens)
+
+
+@pytest.fixture(scope="module")
+def pool():
+    cfg = RewardConfig(w_process=0.2, verify_timeout=0.5)
+    with RewardPool(n_workers=2, timeout=1.0, cfg=cfg, score_fn=hostile_score) as p:
+        yield p
+
+
+def test_matches_in_process(pool):
+    cfg = pool.cfg
+    texts, golds = TEXTS * 5, GOLDS * 5
+    got = pool.score_batch(texts, golds)
+    assert got == [score(t, g, cfg) for t, g in zip(texts, golds)]
+    assert all(set(r) == set(RESULT_KEYS) for r in got)
+
+
+def test_n_tokens_passed_through():
+    cfg = RewardConfig(overlong_max_len=100, overlong_buffer=50)
+    with RewardPool(n_workers=1, timeout=5.0, cfg=cfg) as p:
+        r = p.score_batch([TEXTS[0]] * 3, ["14"] * 3, n_tokens=[10, 75, 500])
+    assert [x["overlong"] for x in r] == [0.0, 0.5, 1.0]
+
+
+@pytest.mark.parametrize("bad,kind", [("HANG", "timeout"), ("SPIN", "timeout"), ("EXIT", "crash"),
+                                      ("SEGV", "crash"), ("RAISE", "RuntimeError")])
+def test_bad_item_is_contained(pool, bad, kind):
+    before = pool.stats()
+    texts = TEXTS[:3] + [bad] + TEXTS[:3]
+    golds = GOLDS[:3] + ["0"] + GOLDS[:3]
+    t0 = time.monotonic()
+    got = pool.score_batch(texts, golds)
+    assert time.monotonic() - t0 < 15.0
+    assert got[3]["error"] == 1 and got[3]["total"] == 0.0 and got[3]["error_kind"] == kind
+    ok = [r for i, r in enumerate(got) if i != 3]
+    assert all(r["error"] == 0 for r in ok)
+    assert [r["total"] for r in ok] == [score(t, g, pool.cfg)["total"] for t, g in zip(TEXTS[:3] * 2, GOLDS[:3] * 2)]
+    after = pool.stats()
+    assert after["errors"] == before["errors"] + 1
+    if kind in ("timeout", "crash"):
+        assert after["restarts"] > before["restarts"]
+    # The pool keeps working at full strength afterwards.
+    assert [r["error"] for r in pool.score_batch(TEXTS, GOLDS)] == [0] * len(TEXTS)
+
+
+def _group_gone(pgid, wait_s=5.0):
+    """Whether no process (worker or its sympy child) is left in the group, allowing time for reaping."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_killed_worker_group_is_gone(pool, tmp_path):
+    pid_file = tmp_path / "pid"
+    got = pool.score_batch(["PID"], [str(pid_file)])
+    assert got[0]["error_kind"] == "timeout"
+    assert _group_gone(int(pid_file.read_text()))
+
+
+def test_async_batches_overlap_and_keep_order(pool):
+    h1 = pool.submit_batch(TEXTS, GOLDS)
+    h2 = pool.submit_batch(list(reversed(TEXTS)), list(reversed(GOLDS)))
+    r2, r1 = h2.result(timeout=30), h1.result(timeout=30)
+    assert h1.done() and h2.done()
+    assert [r["total"] for r in r1] == [r["total"] for r in reversed(r2)]
+
+
+def test_empty_batch(pool):
+    assert pool.score_batch([], []) == []
+
+
+def test_stats(pool):
+    pool.score_batch(TEXTS * 10, GOLDS * 10)
+    s = pool.stats()
+    assert s["items"] >= 70 and s["pairs_per_s"] > 0 and s["last_batch_pairs_per_s"] > 0
+    assert s["workers_alive"] == 2
+
+
+def test_hostile_inputs_through_pool(pool):
+    texts = [None, b"\xff\xfe", 12345, "答案：" + "9" * 10_000, "\x00" * 1000, "答案：7"]
+    got = pool.score_batch(texts, ["1", None, b"1", "9", "0", 7])
+    assert len(got) == 6 and all(set(r) == set(RESULT_KEYS) for r in got)
+    assert got[5]["outcome"] == 1.0  # a numeric gold is compared as its text
+
+
+def test_too_long_text():
+    with RewardPool(n_workers=1, timeout=5.0, max_text_chars=100) as p:
+        got = p.score_batch(["x" * 101, "答案：1"], ["1", "1"])
+    assert got[0]["error_kind"] == "too_long" and got[1]["outcome"] == 1.0
+
+
+def test_inline_mode_matches():
+    with RewardPool(n_workers=0, timeout=2.0) as p:
+        got = p.score_batch(TEXTS, GOLDS)
+        assert p.stats()["items"] == len(TEXTS)
+    assert got == [score(t, g) for t, g in zip(TEXTS, GOLDS)]
+
+
+def test_close_stops_workers():
+    p = RewardPool(n_workers=2, timeout=2.0)
+    p.score_batch(TEXTS, GOLDS)
+    pids = p.worker_pids()
+    assert len(pids) == 2
+    p.close()
+    assert all(_group_gone(pid) for pid in pids)
+    with pytest.raises(RuntimeError, match="closed"):
+        p.submit_batch(["a"], ["b"])
+    p.close()  # idempotent
+
+
+def test_spawn_start_method():
+    with RewardPool(n_workers=1, timeout=5.0, start_method="spawn") as p:
+        assert p.score_batch(TEXTS[:2], GOLDS[:2])[0]["outcome"] == 1.0
+
+
+@pytest.mark.parametrize("kwargs,field", [
+    ({"start_method": "fork"}, "start_method"), ({"timeout": 0}, "timeout"), ({"timeout": float("inf")}, "timeout"),
+    ({"n_workers": -1}, "n_workers"), ({"max_chunk": 0}, "max_chunk"), ({"cfg": {"w_outcome": 1}}, "cfg"),
+    ({"timeout": 1.0, "timeout_per_item": 2.0}, "timeout_per_item"), ({"score_fn": 3}, "score_fn"),
+    ({"timeout": 1.0, "cfg": RewardConfig(verify_timeout=1.0)}, "verify_timeout"),
+])
+def test_validation(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        RewardPool(**kwargs)
+
+
+def test_mismatched_lengths():
+    with RewardPool(n_workers=0) as p:
+        with pytest.raises(ValueError, match="golds"):
+            p.score_batch(["a", "b"], ["1"])
+        with pytest.raises(ValueError, match="n_tokens"):
+            p.score_batch(["a"], ["1"], n_tokens=[1, 2])
+
+
+def test_timeout_per_item_alias():
+    with RewardPool(n_workers=0, timeout_per_item=2.5) as p:
+        assert p.timeout == 2.5
+
+
+def test_workers_that_cannot_start_fail_items_instead_of_hanging(monkeypatch):
+    # A score function the workers cannot import: every worker dies while starting.
+    fake = types.ModuleType("only_in_parent_for_test")
+
+    def unreachable(text, gold, cfg, n_tokens=None):
+        return score(text, gold, cfg, n_tokens=n_tokens)
+
+    unreachable.__module__, unreachable.__qualname__ = fake.__name__, "unreachable"
+    fake.unreachable = unreachable
+    monkeypatch.setitem(sys.modules, fake.__name__, fake)
+    t0 = time.monotonic()
+    with RewardPool(n_workers=2, timeout=2.0, score_fn=unreachable) as p:
+        got = p.score_batch(TEXTS, GOLDS)
+        assert p.stats()["no_worker"] == len(TEXTS)
+    assert [r["error_kind"] for r in got] == ["no_worker"] * len(TEXTS)
+    assert time.monotonic() - t0 < 30.0
