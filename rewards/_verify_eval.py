@@ -1,0 +1,329 @@
+"""Evaluation of `rewards.mathparse` node trees: exact rationals, complex floats, sympy objects.
+
+Three evaluators walk the same tuples, none of them ever executes text:
+  exact(node)          -> Fraction, or NotExact when the value is not a (small) rational
+  numeric(node, env)   -> complex, at a point env {symbol name: complex}; EvalError outside the
+                          domain, Bomb when a value overflows a float (answers such as 10**10**10)
+  to_sympy(node)       -> a sympy expression built with sympy constructors (used only inside the
+                          killable worker process, see rewards._verify_worker); Bomb for huge powers
+Used by rewards.verify (exact, numeric) and rewards._verify_worker (to_sympy).
+"""
+from __future__ import annotations
+
+import cmath
+import math
+import zlib
+from fractions import Fraction
+
+MAX_EXACT_BITS = 20_000     # exact rational arithmetic stops here (then floats decide)
+MAX_SYMPY_POW = 10_000      # |integer exponent| the sympy builder accepts on a numeric base
+MAX_SYMPY_FACT = 1_000      # largest factorial argument the sympy builder accepts
+HUGE = 1e250                # a float beyond this is a bomb, not an answer
+
+
+class EvalError(ValueError):
+    """The node cannot be evaluated this way (or at this point)."""
+
+
+class NotExact(EvalError):
+    """The value is not a rational number of reasonable size."""
+
+
+class Bomb(ValueError):
+    """The value is absurdly large: the answer is rejected."""
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers over trees
+
+def walk(node):
+    """Yields every node of the tree (iteratively, so deep trees are safe)."""
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if not isinstance(item, tuple) or not item:
+            continue
+        if isinstance(item[0], str):  # a node: (kind, ...)
+            yield item
+            stack.extend(c for c in item[1:] if isinstance(c, tuple))
+        else:  # a tuple of nodes (args, items) or of rows
+            stack.extend(c for c in item if isinstance(c, tuple))
+
+
+def symbols(node) -> set[str]:
+    return {nd[1] for nd in walk(node) if nd[0] == "sym"} | {
+        "call:" + nd[1] for nd in walk(node) if nd[0] == "call"}
+
+
+# ---------------------------------------------------------------------------------------------
+# exact rationals
+
+def exact(node) -> Fraction:
+    kind = node[0]
+    if kind == "num":
+        return node[1]
+    if kind == "neg":
+        return -exact(node[1])
+    if kind in ("+", "-", "*", "/"):
+        a, b = exact(node[1]), exact(node[2])
+        if kind == "+":
+            return a + b
+        if kind == "-":
+            return a - b
+        if kind == "*":
+            return a * b
+        if b == 0:
+            raise NotExact("division by zero")
+        return a / b
+    if kind == "^":
+        base, ex = exact(node[1]), exact(node[2])
+        if ex.denominator != 1:
+            raise NotExact("fractional power")
+        e = ex.numerator
+        bits = max(base.numerator.bit_length(), base.denominator.bit_length(), 1)
+        if abs(e) * bits > MAX_EXACT_BITS:
+            raise NotExact("power too large for exact arithmetic")
+        if base == 0 and e < 0:
+            raise NotExact("division by zero")
+        return base ** e
+    if kind == "fact":
+        v = exact(node[1])
+        if v.denominator != 1 or not 0 <= v <= 300:
+            raise NotExact("factorial argument")
+        return Fraction(math.factorial(int(v)))
+    if kind == "pct":
+        return exact(node[1]) / 100
+    raise NotExact(kind)
+
+
+# ---------------------------------------------------------------------------------------------
+# complex floats
+
+def _check(z: complex) -> complex:
+    if not (math.isfinite(z.real) and math.isfinite(z.imag)):
+        if math.isnan(z.real) or math.isnan(z.imag):
+            raise EvalError("nan")
+        raise Bomb("overflow")
+    if abs(z) > HUGE:
+        raise Bomb("overflow")
+    return z
+
+
+def _pow(a: complex, b: complex) -> complex:
+    if a == 0:
+        if b.real > 0:
+            return 0j
+        raise EvalError("0 to a non-positive power")
+    try:
+        if a.imag == 0 and b.imag == 0 and a.real > 0:
+            if b.real * math.log(a.real) > 700:
+                raise Bomb("overflow")
+            return complex(a.real ** b.real)
+        if b.imag == 0 and b.real == int(b.real) and abs(b.real) <= 1e6:
+            if abs(a) > 1 and abs(b.real) * math.log(abs(a)) > 700:
+                raise Bomb("overflow")
+            return complex(a ** int(b.real))
+        lg = cmath.log(a) * b
+        if lg.real > 700:
+            raise Bomb("overflow")
+        return cmath.exp(lg)
+    except OverflowError as exc:
+        raise Bomb("overflow") from exc
+    except ZeroDivisionError as exc:
+        raise EvalError("division by zero") from exc
+
+
+def _real(z: complex) -> float:
+    if abs(z.imag) > 1e-12 * max(1.0, abs(z.real)):
+        raise EvalError("not real")
+    return z.real
+
+
+def _factorial(z: complex) -> complex:
+    x = _real(z)
+    if x > 170:
+        raise Bomb("factorial overflow")
+    if x == int(x):
+        if x < 0:
+            raise EvalError("factorial of a negative integer")
+        return complex(math.factorial(int(x)))
+    return complex(math.gamma(x + 1))
+
+
+def _binomial(n: complex, k: complex) -> complex:
+    nn, kk = _real(n), _real(k)
+    if nn > 170 and nn == int(nn) and kk == int(kk) and 0 <= kk <= nn:
+        kk = min(kk, nn - kk)
+        if kk * math.log2(nn) > 1000:
+            raise Bomb("binomial overflow")
+        return complex(math.comb(int(nn), int(kk)))
+    return _factorial(n) / (_factorial(k) * _factorial(n - k))
+
+
+def _undefined_function(name: str, args: list[complex]) -> complex:
+    """A fixed smooth function per name, so f(x) == f(x) but f(x) != g(x) and != f(y)."""
+    seed = zlib.crc32(name.encode())
+    total = complex(0.1 + (seed % 97) / 50.0)
+    for i, a in enumerate(args):
+        c = 0.3 + ((seed >> (3 * i)) % 13) / 7.0
+        total += c * a + cmath.sin(a * (0.7 + i * 0.31))
+    return total
+
+
+_UNARY = {
+    "sqrt": cmath.sqrt, "sin": cmath.sin, "cos": cmath.cos, "tan": cmath.tan,
+    "cot": lambda z: 1 / cmath.tan(z), "sec": lambda z: 1 / cmath.cos(z),
+    "csc": lambda z: 1 / cmath.sin(z), "asin": cmath.asin, "acos": cmath.acos, "atan": cmath.atan,
+    "sinh": cmath.sinh, "cosh": cmath.cosh, "tanh": cmath.tanh, "ln": cmath.log,
+    "log10": cmath.log10, "exp": cmath.exp, "abs": lambda z: complex(abs(z)),
+    "floor": lambda z: complex(math.floor(_real(z))), "ceiling": lambda z: complex(math.ceil(_real(z))),
+    "factorial": _factorial,
+}
+
+
+def numeric(node, env: dict[str, complex]) -> complex:
+    kind = node[0]
+    if kind == "num":
+        return complex(float(node[1]))
+    if kind == "sym":
+        if node[1] not in env:
+            raise EvalError(f"unbound symbol {node[1]}")
+        return env[node[1]]
+    if kind == "const":
+        if node[1] == "pi":
+            return complex(math.pi)
+        if node[1] == "E":
+            return complex(math.e)
+        raise EvalError("infinity")
+    if kind == "neg":
+        return -numeric(node[1], env)
+    if kind in ("+", "-", "*", "/"):
+        a, b = numeric(node[1], env), numeric(node[2], env)
+        try:
+            if kind == "+":
+                return _check(a + b)
+            if kind == "-":
+                return _check(a - b)
+            if kind == "*":
+                return _check(a * b)
+            if b == 0:
+                raise EvalError("division by zero")
+            return _check(a / b)
+        except OverflowError as exc:
+            raise Bomb("overflow") from exc
+    if kind == "^":
+        return _check(_pow(numeric(node[1], env), numeric(node[2], env)))
+    if kind == "fact":
+        return _check(_factorial(numeric(node[1], env)))
+    if kind == "pct":
+        return numeric(node[1], env) / 100
+    if kind == "fn":
+        name, args = node[1], [numeric(a, env) for a in node[2]]
+        try:
+            if name == "log":
+                if any(a == 0 for a in args):
+                    raise EvalError("log of zero")
+                val = cmath.log(args[0]) if len(args) == 1 else cmath.log(args[0]) / cmath.log(args[1])
+                return _check(val)
+            if name == "binomial" and len(args) == 2:
+                return _check(_binomial(*args))
+            fn = _UNARY.get(name)
+            if fn is None or len(args) != 1:
+                raise EvalError(f"function {name}")
+            return _check(fn(args[0]))
+        except (ValueError, ZeroDivisionError) as exc:
+            if isinstance(exc, (Bomb, EvalError)):
+                raise
+            raise EvalError(str(exc)) from exc
+        except OverflowError as exc:
+            raise Bomb("overflow") from exc
+    if kind == "call":
+        return _check(_undefined_function(node[1], [numeric(a, env) for a in node[2]]))
+    raise EvalError(kind)
+
+
+def sample_points(names: set[str], n_real: int = 3, n_complex: int = 2) -> list[dict[str, complex]]:
+    """Deterministic random points: positive reals, then complex values with positive real part
+    (so principal branches of roots and logs agree with the positive-real identities)."""
+    points = []
+    for k in range(n_real + n_complex):
+        env = {}
+        for name in names:
+            h = zlib.crc32(f"{name}/{k}".encode())
+            re_part = 0.35 + (h % 10007) / 10007 * 2.2
+            im_part = ((h >> 14) % 9973) / 9973 * 1.6 - 0.8 if k >= n_real else 0.0
+            env[name] = complex(re_part, im_part)
+        points.append(env)
+    return points
+
+
+# ---------------------------------------------------------------------------------------------
+# sympy (worker process only)
+
+def to_sympy(node):
+    import sympy
+
+    kind = node[0]
+    if kind == "num":
+        return sympy.Rational(node[1].numerator, node[1].denominator)
+    if kind == "sym":
+        return sympy.Symbol(node[1])
+    if kind == "const":
+        return {"pi": sympy.pi, "E": sympy.E, "oo": sympy.oo}[node[1]]
+    if kind == "neg":
+        return -to_sympy(node[1])
+    if kind in ("+", "-", "*", "/"):
+        a, b = to_sympy(node[1]), to_sympy(node[2])
+        if kind == "+":
+            return a + b
+        if kind == "-":
+            return a - b
+        if kind == "*":
+            return a * b
+        if b == 0:
+            raise EvalError("division by zero")
+        return a / b
+    if kind == "^":
+        base, ex = to_sympy(node[1]), to_sympy(node[2])
+        if ex.is_Integer and base.is_number:
+            if abs(int(ex)) > MAX_SYMPY_POW:
+                raise Bomb("exponent too large")
+        elif ex.is_number and not ex.is_Rational and base.is_number:
+            if abs(complex(ex.evalf(15))) > MAX_SYMPY_POW:
+                raise Bomb("exponent too large")
+        elif ex.is_Rational and abs(ex) > MAX_SYMPY_POW:
+            raise Bomb("exponent too large")
+        return sympy.Pow(base, ex)
+    if kind == "fact":
+        arg = to_sympy(node[1])
+        if arg.is_number and (not arg.is_Integer or int(arg) > MAX_SYMPY_FACT):
+            raise Bomb("factorial argument")
+        return sympy.factorial(arg)
+    if kind == "pct":
+        return to_sympy(node[1]) / 100
+    if kind == "fn":
+        args = [to_sympy(a) for a in node[2]]
+        name = node[1]
+        table = {"sqrt": sympy.sqrt, "sin": sympy.sin, "cos": sympy.cos, "tan": sympy.tan,
+                 "cot": sympy.cot, "sec": sympy.sec, "csc": sympy.csc, "asin": sympy.asin,
+                 "acos": sympy.acos, "atan": sympy.atan, "sinh": sympy.sinh, "cosh": sympy.cosh,
+                 "tanh": sympy.tanh, "ln": sympy.log, "exp": sympy.exp, "abs": sympy.Abs,
+                 "floor": sympy.floor, "ceiling": sympy.ceiling, "factorial": sympy.factorial}
+        if name == "log":
+            return sympy.log(*args) if len(args) <= 2 else _bad(name)
+        if name == "log10":
+            return sympy.log(args[0], 10)
+        if name == "binomial" and len(args) == 2:
+            return sympy.binomial(*args)
+        if name in table and len(args) == 1:
+            if name == "exp" and args[0].is_number and abs(complex(args[0].evalf(15))) > MAX_SYMPY_POW:
+                raise Bomb("exp argument")
+            return table[name](args[0])
+        return _bad(name)
+    if kind == "call":
+        return sympy.Function(node[1])(*[to_sympy(a) for a in node[2]])
+    raise EvalError(kind)
+
+
+def _bad(name):
+    raise EvalError(f"function {name}")
