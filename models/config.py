@@ -1,0 +1,167 @@
+"""ModelConfig: the policy's architecture as a frozen, validated dataclass, plus size/FLOP helpers.
+
+Build one with keywords (every field has a default giving a tiny byte-level model), derive variants with
+`dataclasses.replace(cfg, d_model=512)` or `cfg.replace(...)`, and load one from an experiment config with
+`ModelConfig.from_dict(d)`. Invalid values raise ValueError naming the field on construction.
+
+`num_params`, `active_params_per_token` and `flops_per_token` are computed from the config alone (no arrays), so
+benchmarks and logs can report model size and MFU without building the model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """Decoder-only transformer with optional Mixture-of-Experts feed-forward blocks."""
+
+    vocab_size: int = 259  # 256 bytes + pad/bos/eos (models/tokenizer.py)
+    d_model: int = 64  # residual stream width
+    n_layers: int = 2  # decoder blocks
+    n_heads: int = 4  # query heads
+    n_kv_heads: int = 2  # key/value heads (grouped-query attention); must divide n_heads
+    head_dim: int = 16  # width of each attention head
+    d_ff: int = 128  # hidden width of the dense SwiGLU blocks
+    n_experts: int = 4  # routed experts per MoE block (0 = all-dense model)
+    experts_per_token: int = 2  # top-k routing
+    moe_every: int = 2  # block i is MoE iff (i + 1) % moe_every == 0 (0 = all-dense model)
+    expert_d_ff: int | None = None  # hidden width of each expert (None = d_ff); small for fine-grained experts
+    n_shared_experts: int = 0  # always-on experts (DeepSeekMoE), each of width expert_d_ff
+    capacity_factor: float | None = None  # None = dropless; else capacity = ceil(cf * tokens * k / n_experts)
+    router_aux_coef: float = 0.01  # weight of the load-balancing loss E * sum_e f_e p_e (used by the train step)
+    router_z_coef: float = 1e-3  # weight of the router z-loss mean(logsumexp(logits)^2) (used by the train step)
+    max_seq_len: int = 512  # longest sequence (prompt + response) the model is used with
+    rope_theta: float = 10_000.0  # rotary embedding base
+    norm_eps: float = 1e-6  # RMSNorm epsilon
+    dtype: str = "float32"  # compute dtype of activations and matmuls (logits and router are always float32)
+    param_dtype: str = "float32"  # storage dtype of parameters
+    tie_embeddings: bool = True  # unembedding = embedding table (scaled by d_model**-0.5)
+    remat: bool = False  # rematerialise each block in the backward pass (saves activation memory)
+
+    def __post_init__(self):
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff", "max_seq_len"):
+            _check_int(name, getattr(self, name), minimum=1)
+        for name in ("n_experts", "moe_every", "n_shared_experts"):
+            _check_int(name, getattr(self, name), minimum=0)
+        _check_int("experts_per_token", self.experts_per_token, minimum=1)
+        if self.expert_d_ff is not None:
+            _check_int("expert_d_ff", self.expert_d_ff, minimum=1)
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.n_kv_heads})")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim ({self.head_dim}) must be even for rotary embeddings")
+        if self.n_experts > 0 and self.experts_per_token > self.n_experts:
+            raise ValueError(
+                f"experts_per_token ({self.experts_per_token}) must be <= n_experts ({self.n_experts})")
+        if self.capacity_factor is not None and not (
+                isinstance(self.capacity_factor, (int, float)) and self.capacity_factor > 0):
+            raise ValueError(f"capacity_factor must be None (dropless) or > 0, got {self.capacity_factor!r}")
+        for name in ("router_aux_coef", "router_z_coef"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+        for name in ("rope_theta", "norm_eps"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or value <= 0:
+                raise ValueError(f"{name} must be a number > 0, got {value!r}")
+        for name in ("dtype", "param_dtype"):
+            if getattr(self, name) not in _DTYPES:
+                raise ValueError(f"{name} must be one of {_DTYPES}, got {getattr(self, name)!r}")
+        for name in ("tie_embeddings", "remat"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+
+    # ---- derived quantities -------------------------------------------------------------------------------------
+    @property
+    def is_moe_model(self) -> bool:
+        return self.n_experts > 0 and self.moe_every > 0
+
+    def is_moe_layer(self, i: int) -> bool:
+        return self.is_moe_model and (i + 1) % self.moe_every == 0
+
+    @property
+    def moe_layers(self) -> tuple[int, ...]:
+        return tuple(i for i in range(self.n_layers) if self.is_moe_layer(i))
+
+    @property
+    def expert_ff(self) -> int:
+        return self.d_ff if self.expert_d_ff is None else self.expert_d_ff
+
+    # ---- construction helpers -----------------------------------------------------------------------------------
+    def replace(self, **changes) -> "ModelConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "ModelConfig":
+        """Builds a config from a mapping (e.g. an ml_collections ConfigDict); unknown keys are an error."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        d = dict(d)
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown ModelConfig field(s) {unknown}; known fields: {sorted(known)}")
+        return cls(**d)
+
+
+def _check_int(name: str, value: Any, *, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+# ---- sizes and FLOPs ----------------------------------------------------------------------------------------------
+def _attn_params(cfg: ModelConfig) -> int:
+    q_and_o = 2 * cfg.d_model * cfg.n_heads * cfg.head_dim
+    k_and_v = 2 * cfg.d_model * cfg.n_kv_heads * cfg.head_dim
+    return q_and_o + k_and_v + 2 * cfg.d_model  # + the two RMSNorm scales of the block
+
+
+def _ffn_params(cfg: ModelConfig, layer: int, *, active: bool) -> int:
+    swiglu = 3 * cfg.d_model
+    if not cfg.is_moe_layer(layer):
+        return swiglu * cfg.d_ff
+    n_routed = cfg.experts_per_token if active else cfg.n_experts
+    router = cfg.d_model * cfg.n_experts
+    return router + swiglu * cfg.expert_ff * (n_routed + cfg.n_shared_experts)
+
+
+def _embedding_params(cfg: ModelConfig) -> int:
+    return cfg.vocab_size * cfg.d_model * (1 if cfg.tie_embeddings else 2) + cfg.d_model  # + final norm
+
+
+def num_params(cfg: ModelConfig) -> int:
+    """Total parameter count (matches the arrays created by models.transformer.init)."""
+    blocks = sum(_attn_params(cfg) + _ffn_params(cfg, i, active=False) for i in range(cfg.n_layers))
+    return _embedding_params(cfg) + blocks
+
+
+def active_params_per_token(cfg: ModelConfig) -> int:
+    """Parameters a token touches: all but the routed experts it is not sent to (embeddings included)."""
+    blocks = sum(_attn_params(cfg) + _ffn_params(cfg, i, active=True) for i in range(cfg.n_layers))
+    return _embedding_params(cfg) + blocks
+
+
+def matmul_params_per_token(cfg: ModelConfig) -> int:
+    """Active parameters used in matmuls: the input embedding is a lookup, the (tied or not) unembedding is a matmul."""
+    lookup_only = cfg.vocab_size * cfg.d_model if not cfg.tie_embeddings else 0
+    return active_params_per_token(cfg) - lookup_only
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int, *, training: bool = True) -> float:
+    """Model FLOPs per token (PaLM-style MFU accounting).
+
+    training: 6 * N_matmul + 12 * n_layers * n_heads * head_dim * seq_len (forward + backward);
+    inference: a third of that (2 * N + 4 * L * H * d_head * T). Attention is counted over the full sequence length,
+    without halving for causality, as is conventional for MFU.
+    """
+    n = matmul_params_per_token(cfg)
+    attn = 2 * cfg.n_layers * cfg.n_heads * cfg.head_dim * seq_len
+    per_pass = 2 * n + 2 * attn  # QK^T and AV each cost 2 * T * d_attn per token per layer
+    return float(3 * per_pass if training else per_pass)

@@ -1,0 +1,93 @@
+"""Building blocks of the decoder: RMSNorm, rotary embeddings, grouped-query attention with a KV cache, SwiGLU MLP.
+
+Pure functions over small parameter dicts; models/transformer.py composes them. Shape suffixes name the axes:
+B batch, T query length, S key length (cache slots), D d_model, N query heads, K kv heads, G query heads per kv head,
+H head_dim, F feed-forward width. Normalisation, softmax and rotary maths run in float32 whatever the compute dtype.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+# A large finite negative instead of -inf: a query whose keys are all masked (a padding row) gets a uniform
+# distribution rather than NaNs, and NaN-free rows keep gradients finite.
+_MASK_VALUE = -1e30
+
+
+def rms_norm(x_BTD, scale_D, eps: float = 1e-6):
+    x32 = x_BTD.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (normed * scale_D.astype(jnp.float32)).astype(x_BTD.dtype)
+
+
+def apply_rope(x_BTNH, positions_BT, theta: float):
+    """Rotary embedding, 'half split' convention: dims i and i + H/2 form the rotated pair i."""
+    half = x_BTNH.shape[-1] // 2
+    inv_freq_h = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    angle_BTh = positions_BT.astype(jnp.float32)[..., None] * inv_freq_h
+    cos, sin = jnp.cos(angle_BTh)[:, :, None, :], jnp.sin(angle_BTh)[:, :, None, :]
+    x32 = x_BTNH.astype(jnp.float32)
+    x1, x2 = x32[..., :half], x32[..., half:]
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x_BTNH.dtype)
+
+
+def causal_mask(positions_T, key_slots_S):
+    """[T, S] bool: query at slot t may see key slot s iff s <= t."""
+    return key_slots_S[None, :] <= positions_T[:, None]
+
+
+def dot_product_attention(q_BTNH, k_BKSH, v_BKSH, mask_BTS):
+    """Grouped-query softmax attention; mask_BTS True = may attend. Scores and softmax in float32.
+
+    Keys/values are laid out [B, K, S, H] (as in the cache) and the G*T query rows of each kv head are batched
+    together as M, so both matmuls are plain batched [S, H] x [H, M] / [M, S] x [S, H] products: on CPU a
+    head-minor layout such as [B, S, K, H] costs a transpose of the whole cache per layer and decode step.
+    """
+    B, T, N, H = q_BTNH.shape
+    K, S = k_BKSH.shape[1], k_BKSH.shape[2]
+    G = N // K
+    q_BKMH = (q_BTNH * jnp.asarray(H ** -0.5, q_BTNH.dtype)).reshape(B, T, K, G, H).transpose(0, 2, 3, 1, 4)
+    q_BKMH = q_BKMH.reshape(B, K, G * T, H)
+    scores_BKMS = jnp.einsum("BKSH,BKMH->BKMS", k_BKSH, q_BKMH, preferred_element_type=jnp.float32)
+    scores_BKGTS = jnp.where(mask_BTS[:, None, None], scores_BKMS.reshape(B, K, G, T, S), _MASK_VALUE)
+    probs_BKMS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(v_BKSH.dtype).reshape(B, K, G * T, S)
+    out_BKMH = jnp.einsum("BKMS,BKSH->BKMH", probs_BKMS, v_BKSH)
+    return out_BKMH.reshape(B, K, G, T, H).transpose(0, 3, 1, 2, 4).reshape(B, T, N, H)
+
+
+def attention(p, x_BTD, positions_BT, mask_BTS, *, rope_theta: float, cache=None, layer: int = 0, cache_index=None):
+    """Self-attention block (without its norm). p: wq [D,N,H], wk/wv [D,K,H], wo [N,H,D].
+
+    Without a cache, keys are this call's tokens. With a cache {"k","v": [L, B, K, S, H]} the new keys/values are
+    written into layer `layer` at slots cache_index .. cache_index + T - 1 (cache_index may be traced) and the queries
+    attend over all S slots under mask_BTS. Returns (out_BTD, cache).
+    """
+    dtype = x_BTD.dtype
+    q_BTNH = jnp.einsum("BTD,DNH->BTNH", x_BTD, p["wq"].astype(dtype))
+    k_BTKH = jnp.einsum("BTD,DKH->BTKH", x_BTD, p["wk"].astype(dtype))
+    v_BTKH = jnp.einsum("BTD,DKH->BTKH", x_BTD, p["wv"].astype(dtype))
+    q_BTNH = apply_rope(q_BTNH, positions_BT, rope_theta)
+    k_BKTH = apply_rope(k_BTKH, positions_BT, rope_theta).transpose(0, 2, 1, 3)
+    v_BKTH = v_BTKH.transpose(0, 2, 1, 3)
+    if cache is None:
+        k_BKSH, v_BKSH = k_BKTH, v_BKTH
+    else:
+        # Write straight into the stacked [L, ...] buffer so XLA updates it in place inside a decode loop.
+        zero = jnp.int32(0)
+        start = (jnp.int32(layer), zero, zero, jnp.asarray(cache_index, jnp.int32), zero)
+        cache_k = jax.lax.dynamic_update_slice(cache["k"], k_BKTH[None].astype(cache["k"].dtype), start)
+        cache_v = jax.lax.dynamic_update_slice(cache["v"], v_BKTH[None].astype(cache["v"].dtype), start)
+        cache = {**cache, "k": cache_k, "v": cache_v}
+        k_BKSH, v_BKSH = cache_k[layer].astype(dtype), cache_v[layer].astype(dtype)
+    out_BTNH = dot_product_attention(q_BTNH, k_BKSH, v_BKSH, mask_BTS)
+    return jnp.einsum("BTNH,NHD->BTD", out_BTNH, p["wo"].astype(dtype)), cache
+
+
+def swiglu(p, x_BTD):
+    """SwiGLU feed-forward: (silu(x W_gate) * x W_up) W_down. p: w_gate/w_up [D,F], w_down [F,D]."""
+    dtype = x_BTD.dtype
+    gate_BTF = jnp.einsum("BTD,DF->BTF", x_BTD, p["w_gate"].astype(dtype))
+    up_BTF = jnp.einsum("BTD,DF->BTF", x_BTD, p["w_up"].astype(dtype))
+    return jnp.einsum("BTF,FD->BTD", jax.nn.silu(gate_BTF) * up_BTF, p["w_down"].astype(dtype))

@@ -1,0 +1,208 @@
+"""Mixture-of-Experts feed-forward block: float32 top-k router, dispatch to SwiGLU experts, combine, router losses.
+
+`moe_layer(p, x_BTD, cfg, token_mask_BT=None)` is what models/transformer.py calls. Two dispatch paths:
+
+* dropless (cfg.capacity_factor is None): every routed assignment is computed. Assignments are grouped by expert and
+  multiplied with their expert's weights only, so the cost is that of the active parameters, not all experts:
+  - "ragged_dot": sort assignments by expert and call jax.lax.ragged_dot with the group sizes (GPU/TPU kernels).
+  - "blocked": place each expert's assignments in fixed-size row blocks (each expert's rows padded to a multiple of
+    the block) and run one matmul per block against its expert's weights in a lax.scan, with a custom VJP whose
+    backward accumulates the expert-weight gradients in place. XLA's CPU ragged_dot lowers to a dense masked matmul
+    over all groups (every expert on every token), which this path avoids. "auto" picks blocked on CPU.
+* capacity (cfg.capacity_factor = cf): each expert takes at most ceil(cf * tokens * k / E) assignments in priority
+  order (every token's first choice before any second choice, then token order); the rest are dropped (contribute 0)
+  and counted. Dispatch is a scatter into an [E, capacity, D] buffer and one batched einsum per weight.
+
+Tokens with token_mask 0 (padding) are not dispatched at all (they take no capacity and cost nothing) and are excluded
+from the router statistics. Statistics: load-balancing loss E * sum_e f_e p_e (f_e fraction of routed assignments to
+expert e, p_e mean router probability), z-loss mean(logsumexp(logits)^2), expert load f_e, dropped fraction.
+Suffixes: N tokens, A = N*k assignments, E experts, D d_model, F expert width, G row blocks, b rows per block,
+C capacity.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from models.layers import swiglu
+
+
+# ---- router --------------------------------------------------------------------------------------------------------
+def route(w_router_DE, x_ND, k: int):
+    """float32 router: logits [N,E], renormalised top-k weights [N,k] (f32) and expert ids [N,k] (int32)."""
+    logits_NE = jnp.einsum("ND,DE->NE", x_ND.astype(jnp.float32), w_router_DE.astype(jnp.float32))
+    probs_NE = jax.nn.softmax(logits_NE, axis=-1)
+    top_p_NK, experts_NK = jax.lax.top_k(probs_NE, k)
+    weights_NK = top_p_NK / jnp.sum(top_p_NK, axis=-1, keepdims=True)
+    return logits_NE, weights_NK, experts_NK.astype(jnp.int32)
+
+
+def router_stats(logits_NE, experts_NK, mask_N):
+    """Load-balancing loss, z-loss and expert load over the tokens with mask_N = 1."""
+    n_experts, k = logits_NE.shape[1], experts_NK.shape[1]
+    m_N = mask_N.astype(jnp.float32)
+    n_real = jnp.maximum(jnp.sum(m_N), 1.0)
+    counts_NE = jnp.sum(jax.nn.one_hot(experts_NK, n_experts, dtype=jnp.float32), axis=1)
+    load_E = jnp.einsum("N,NE->E", m_N, counts_NE) / (n_real * k)
+    mean_prob_E = jnp.einsum("N,NE->E", m_N, jax.nn.softmax(logits_NE, axis=-1)) / n_real
+    z_N = jax.nn.logsumexp(logits_NE, axis=-1) ** 2
+    return {
+        "router_aux_loss": n_experts * jnp.sum(load_E * mean_prob_E),
+        "router_z_loss": jnp.sum(m_N * z_N) / n_real,
+        "expert_load": load_E,
+    }
+
+
+def _rank_within_expert(experts_A, valid_A, n_experts: int):
+    """For each assignment, how many earlier valid assignments chose the same expert; and per-expert counts."""
+    onehot_AE = jax.nn.one_hot(experts_A, n_experts, dtype=jnp.int32) * valid_A[:, None].astype(jnp.int32)
+    rank_A = jnp.sum((jnp.cumsum(onehot_AE, axis=0) - 1) * onehot_AE, axis=1)
+    return rank_A, jnp.sum(onehot_AE, axis=0)
+
+
+# ---- blocked grouped matmul (dropless, CPU) --------------------------------------------------------------------------
+def _gmm_forward(x_GbI, w_EIO, expert_G, n_used):
+    def block(_, inputs):
+        g, xb_bI, e = inputs
+        yb_bO = jax.lax.cond(g < n_used, lambda: xb_bI @ w_EIO[e],
+                             lambda: jnp.zeros((xb_bI.shape[0], w_EIO.shape[2]), xb_bI.dtype))
+        return None, yb_bO
+    return jax.lax.scan(block, None, (jnp.arange(x_GbI.shape[0]), x_GbI, expert_G))[1]
+
+
+@jax.custom_vjp
+def grouped_matmul(x_GbI, w_EIO, expert_G, n_used):
+    """y[g] = x[g] @ w[expert[g]] for the first n_used blocks, 0 for the rest (unused padding blocks)."""
+    return _gmm_forward(x_GbI, w_EIO, expert_G, n_used)
+
+
+def _gmm_fwd(x_GbI, w_EIO, expert_G, n_used):
+    return _gmm_forward(x_GbI, w_EIO, expert_G, n_used), (x_GbI, w_EIO, expert_G, n_used)
+
+
+def _gmm_bwd(residuals, dy_GbO):
+    x_GbI, w_EIO, expert_G, n_used = residuals
+
+    def block(dw_EIO, inputs):
+        g, xb_bI, dyb_bO, e = inputs
+
+        def used(dw_EIO):
+            # In-place accumulation into the carried (float32) gradient: no [E, I, O] temporary per block.
+            dw_e = dw_EIO[e] + jnp.matmul(xb_bI.T, dyb_bO, preferred_element_type=jnp.float32)
+            return jax.lax.dynamic_update_index_in_dim(dw_EIO, dw_e, e, 0), dyb_bO @ w_EIO[e].T
+
+        return jax.lax.cond(g < n_used, used, lambda dw: (dw, jnp.zeros_like(xb_bI)), dw_EIO)
+
+    dw_EIO, dx_GbI = jax.lax.scan(block, jnp.zeros(w_EIO.shape, jnp.float32),
+                                  (jnp.arange(x_GbI.shape[0]), x_GbI, dy_GbO, expert_G))
+    return dx_GbI, dw_EIO.astype(w_EIO.dtype), None, None
+
+
+grouped_matmul.defvjp(_gmm_fwd, _gmm_bwd)
+
+
+def _default_block_size(n_assignments: int, n_experts: int) -> int:
+    # About one block per expert when loads are even, within [32, 128] rows (large enough for efficient matmuls,
+    # small enough that padding each expert to a whole block wastes little).
+    per_expert = max(1, n_assignments // n_experts)
+    return min(128, max(32, 1 << (per_expert - 1).bit_length()))
+
+
+def _experts_blocked(p, x_ND, experts_NK, valid_NK, block_size: int | None):
+    N, D = x_ND.shape
+    E, k = p["w_gate"].shape[0], experts_NK.shape[1]
+    A = N * k
+    b = block_size or _default_block_size(A, E)
+    experts_A, valid_A = experts_NK.reshape(A), valid_NK.reshape(A)
+    rank_A, sizes_E = _rank_within_expert(experts_A, valid_A, E)
+    blocks_E = (sizes_E + b - 1) // b
+    block_end_E = jnp.cumsum(blocks_E)
+    G = (A + E * (b - 1)) // b  # most blocks any routing can need
+    dummy_row = G * b
+    row_A = jnp.where(valid_A, (block_end_E - blocks_E)[experts_A] * b + rank_A, dummy_row)
+    token_of_row = jnp.full((G * b,), N, jnp.int32).at[row_A].set(jnp.arange(A, dtype=jnp.int32) // k, mode="drop")
+    x_padded = jnp.concatenate([x_ND, jnp.zeros((1, D), x_ND.dtype)])
+    x_GbD = x_padded[token_of_row].reshape(G, b, D)
+    expert_G = jnp.minimum(jnp.searchsorted(block_end_E, jnp.arange(G), side="right"), E - 1)
+    n_used = block_end_E[-1]
+    dtype = x_ND.dtype
+    gate_GbF = grouped_matmul(x_GbD, p["w_gate"].astype(dtype), expert_G, n_used)
+    up_GbF = grouped_matmul(x_GbD, p["w_up"].astype(dtype), expert_G, n_used)
+    y_GbD = grouped_matmul(jax.nn.silu(gate_GbF) * up_GbF, p["w_down"].astype(dtype), expert_G, n_used)
+    y_rows = jnp.concatenate([y_GbD.reshape(G * b, D), jnp.zeros((1, D), dtype)])
+    return y_rows[row_A].reshape(N, k, D)
+
+
+def _experts_ragged(p, x_ND, experts_NK, valid_NK):
+    N, D = x_ND.shape
+    E, k = p["w_gate"].shape[0], experts_NK.shape[1]
+    A = N * k
+    expert_A = jnp.where(valid_NK.reshape(A), experts_NK.reshape(A), E)  # padding sorts last, outside every group
+    order_A = jnp.argsort(expert_A, stable=True)
+    sizes_E = jnp.bincount(expert_A, length=E + 1)[:E].astype(jnp.int32)
+    x_AD = x_ND[order_A // k]
+    dtype = x_ND.dtype
+    gate_AF = jax.lax.ragged_dot(x_AD, p["w_gate"].astype(dtype), sizes_E)
+    up_AF = jax.lax.ragged_dot(x_AD, p["w_up"].astype(dtype), sizes_E)
+    y_AD = jax.lax.ragged_dot(jax.nn.silu(gate_AF) * up_AF, p["w_down"].astype(dtype), sizes_E)
+    y_AD = jnp.where((jnp.arange(A) < jnp.sum(sizes_E))[:, None], y_AD, 0)
+    return jnp.zeros_like(y_AD).at[order_A].set(y_AD).reshape(N, k, D)
+
+
+def capacity(n_tokens: int, k: int, n_experts: int, capacity_factor: float) -> int:
+    """Assignments each expert accepts: ceil(cf * tokens * k / E), at least 1, at most the number of tokens."""
+    return max(1, min(n_tokens, math.ceil(capacity_factor * n_tokens * k / n_experts)))
+
+
+def _experts_capacity(p, x_ND, experts_NK, valid_NK, capacity_factor: float):
+    N, D = x_ND.shape
+    E, k = p["w_gate"].shape[0], experts_NK.shape[1]
+    C = capacity(N, k, E, capacity_factor)
+    # Slot-major priority: every token's first choice is placed before any token's second choice.
+    experts_A, valid_A = experts_NK.T.reshape(N * k), valid_NK.T.reshape(N * k)
+    token_A = jnp.tile(jnp.arange(N), k)
+    pos_A, _ = _rank_within_expert(experts_A, valid_A, E)
+    keep_A = valid_A & (pos_A < C)
+    dtype = x_ND.dtype
+    buffer_ECD = jnp.zeros((E, C, D), dtype).at[jnp.where(keep_A, experts_A, E), pos_A].set(
+        x_ND[token_A], mode="drop")
+    gate_ECF = jnp.einsum("ECD,EDF->ECF", buffer_ECD, p["w_gate"].astype(dtype))
+    up_ECF = jnp.einsum("ECD,EDF->ECF", buffer_ECD, p["w_up"].astype(dtype))
+    y_ECD = jnp.einsum("ECF,EFD->ECD", jax.nn.silu(gate_ECF) * up_ECF, p["w_down"].astype(dtype))
+    y_AD = y_ECD[experts_A, jnp.minimum(pos_A, C - 1)] * keep_A[:, None].astype(dtype)
+    dropped = jnp.sum(valid_A & ~keep_A) / jnp.maximum(jnp.sum(valid_A), 1)
+    return y_AD.reshape(k, N, D).transpose(1, 0, 2), dropped.astype(jnp.float32)
+
+
+# ---- the layer -------------------------------------------------------------------------------------------------------
+def moe_layer(p, x_BTD, cfg, *, token_mask_BT=None, impl: str = "auto", block_size: int | None = None):
+    """Routed (+ shared) SwiGLU experts. p: router [D,E], w_gate/w_up [E,D,F], w_down [E,F,D], optional "shared".
+
+    impl: "auto" | "blocked" | "ragged_dot" for the dropless path (ignored when cfg.capacity_factor is set).
+    Returns (y_BTD, stats) with stats router_aux_loss, router_z_loss, expert_load [E], dropped_fraction (f32).
+    """
+    B, T, D = x_BTD.shape
+    x_ND = x_BTD.reshape(B * T, D)
+    mask_N = jnp.ones((B * T,), bool) if token_mask_BT is None else token_mask_BT.reshape(B * T).astype(bool)
+    logits_NE, weights_NK, experts_NK = route(p["router"], x_ND, cfg.experts_per_token)
+    stats = router_stats(logits_NE, experts_NK, mask_N)
+    valid_NK = jnp.broadcast_to(mask_N[:, None], experts_NK.shape)
+    if cfg.capacity_factor is not None:
+        y_NKD, stats["dropped_fraction"] = _experts_capacity(p, x_ND, experts_NK, valid_NK, cfg.capacity_factor)
+    else:
+        if impl == "auto":
+            impl = "blocked" if jax.default_backend() == "cpu" else "ragged_dot"
+        if impl == "blocked":
+            y_NKD = _experts_blocked(p, x_ND, experts_NK, valid_NK, block_size)
+        elif impl == "ragged_dot":
+            y_NKD = _experts_ragged(p, x_ND, experts_NK, valid_NK)
+        else:
+            raise ValueError(f"impl must be 'auto', 'blocked' or 'ragged_dot', got {impl!r}")
+        stats["dropped_fraction"] = jnp.zeros((), jnp.float32)
+    y_ND = jnp.einsum("NKD,NK->ND", y_NKD, weights_NK.astype(x_ND.dtype))
+    if "shared" in p:
+        y_ND = y_ND + swiglu(p["shared"], x_ND[None])[0]
+    return y_ND.reshape(B, T, D), stats

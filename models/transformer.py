@@ -1,0 +1,208 @@
+"""The policy: a decoder-only (MoE) transformer as pure functions over a plain dict of arrays.
+
+    params = init(cfg, key)                        # {"embed", "block_0", ..., "final_norm"[, "unembed"]}
+    logits_BTV, aux = forward(params, tokens_BT, cfg)
+    cache = init_cache(cfg, batch, max_len)        # {"k","v": [L, B, kv_heads, max_len, head_dim]}; then
+                                                   # forward(..., cache=cache, cache_index=i, kv_valid=...)
+
+Block i: x += attention(rms_norm(x)); x += ffn(rms_norm(x)), where ffn is a MoE layer iff cfg.is_moe_layer(i)
+(n_experts > 0, moe_every > 0 and (i + 1) % moe_every == 0), else a dense SwiGLU. A final RMSNorm precedes the
+(tied or untied) unembedding; logits are float32. `param_axes(cfg)` mirrors the params tree with logical axis names
+that models/sharding.py maps onto a device mesh; given mesh and rules, forward also pins the residual stream's layout.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+
+from models import sharding
+from models.config import ModelConfig
+from models.layers import attention, causal_mask, rms_norm, swiglu
+from models.moe import moe_layer
+
+
+# ---- parameters ------------------------------------------------------------------------------------------------------
+def _swiglu_shapes(d_model: int, d_ff: int, lead=()):
+    return {"w_gate": (*lead, d_model, d_ff), "w_up": (*lead, d_model, d_ff), "w_down": (*lead, d_ff, d_model)}
+
+
+def _block_shapes(cfg: ModelConfig, i: int):
+    D, N, K, H = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    block = {"attn_norm": (D,), "mlp_norm": (D,),
+             "attn": {"wq": (D, N, H), "wk": (D, K, H), "wv": (D, K, H), "wo": (N, H, D)}}
+    if cfg.is_moe_layer(i):
+        block["moe"] = {"router": (D, cfg.n_experts), **_swiglu_shapes(D, cfg.expert_ff, (cfg.n_experts,))}
+        if cfg.n_shared_experts:
+            block["moe"]["shared"] = _swiglu_shapes(D, cfg.n_shared_experts * cfg.expert_ff)
+    else:
+        block["mlp"] = _swiglu_shapes(D, cfg.d_ff)
+    return block
+
+
+def _block_axes(cfg: ModelConfig, i: int):
+    mlp = {"w_gate": ("embed", "mlp"), "w_up": ("embed", "mlp"), "w_down": ("mlp", "embed")}
+    block = {"attn_norm": (None,), "mlp_norm": (None,),
+             "attn": {"wq": ("embed", "heads", "head_dim"), "wk": ("embed", "kv_heads", "head_dim"),
+                      "wv": ("embed", "kv_heads", "head_dim"), "wo": ("heads", "head_dim", "embed")}}
+    if cfg.is_moe_layer(i):
+        block["moe"] = {"router": ("embed", None), **{n: ("expert", *a) for n, a in mlp.items()}}
+        if cfg.n_shared_experts:
+            block["moe"]["shared"] = dict(mlp)
+    else:
+        block["mlp"] = dict(mlp)
+    return block
+
+
+def param_axes(cfg: ModelConfig):
+    """Same tree as init(cfg, key), with a tuple of logical axis names (or None) per array dimension."""
+    axes = {"embed": ("vocab", "embed"), "final_norm": (None,)}
+    axes.update({f"block_{i}": _block_axes(cfg, i) for i in range(cfg.n_layers)})
+    if not cfg.tie_embeddings:
+        axes["unembed"] = ("embed", "vocab")
+    return axes
+
+
+def _init_scale(name: str, shape) -> float | None:
+    """Standard deviation of a parameter's normal init; None for RMSNorm scales (initialised to one)."""
+    if name.endswith("norm"):
+        return None
+    if name == "embed":
+        return 1.0  # unit scale; the first RMSNorm sees O(1) inputs
+    if name in ("wq", "wk", "wv"):
+        fan_in = shape[0]  # [D, heads, head_dim]
+    elif name == "wo":
+        fan_in = shape[0] * shape[1]  # contracts over (heads, head_dim)
+    else:
+        fan_in = shape[-2]  # [(E,) in, out]
+    return fan_in ** -0.5
+
+
+def _init_group(key, shapes, dtype):
+    """Initialises one group (a block, or the embeddings) from a single normal draw sliced into its arrays:
+    one RNG kernel per group instead of one per array keeps compilation of init fast."""
+    paths_and_shapes, treedef = jax.tree_util.tree_flatten_with_path(shapes, is_leaf=lambda x: isinstance(x, tuple))
+    scales = [_init_scale(str(path[-1].key), shape) for path, shape in paths_and_shapes]
+    total = sum(math.prod(shape) for (_, shape), scale in zip(paths_and_shapes, scales) if scale is not None)
+    noise = jax.random.normal(key, (total,), jnp.float32)
+    leaves, offset = [], 0
+    for (_, shape), scale in zip(paths_and_shapes, scales):
+        if scale is None:
+            leaves.append(jnp.ones(shape, dtype))
+            continue
+        size = math.prod(shape)
+        leaves.append((noise[offset:offset + size].reshape(shape) * scale).astype(dtype))
+        offset += size
+    return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+@partial(jax.jit, static_argnums=0)  # one compiled program instead of one dispatch per parameter
+def init(cfg: ModelConfig, key):
+    """Random parameters: normal(0, 1/fan_in) weights, unit embeddings, unit norm scales."""
+    top = {"embed": (cfg.vocab_size, cfg.d_model), "final_norm": (cfg.d_model,)}
+    if not cfg.tie_embeddings:
+        top["unembed"] = (cfg.d_model, cfg.vocab_size)
+    keys = jax.random.split(key, cfg.n_layers + 1)
+    dtype = jnp.dtype(cfg.param_dtype)
+    params = _init_group(keys[0], top, dtype)
+    for i in range(cfg.n_layers):
+        params[f"block_{i}"] = _init_group(keys[i + 1], _block_shapes(cfg, i), dtype)
+    return params
+
+
+def init_cache(cfg: ModelConfig, batch_size: int, max_len: int, dtype=None):
+    """Zeroed KV cache {"k", "v": [n_layers, batch, n_kv_heads, max_len, head_dim]} (dtype defaults to cfg.dtype).
+
+    Heads before slots so attention reads each (batch, head) block of the cache contiguously (see layers.py)."""
+    shape = (cfg.n_layers, batch_size, cfg.n_kv_heads, max_len, cfg.head_dim)
+    dtype = jnp.dtype(cfg.dtype if dtype is None else dtype)
+    return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+
+
+# ---- forward ---------------------------------------------------------------------------------------------------------
+def _block(p, x_BTD, positions_BT, mask_BTS, token_mask_BT, cache, cache_index, *, cfg: ModelConfig, layer: int,
+           constrain):
+    h_BTD = rms_norm(x_BTD, p["attn_norm"], cfg.norm_eps)
+    a_BTD, cache = attention(p["attn"], h_BTD, positions_BT, mask_BTS, rope_theta=cfg.rope_theta, cache=cache,
+                             layer=layer, cache_index=cache_index)
+    x_BTD = constrain(x_BTD + a_BTD)
+    h_BTD = rms_norm(x_BTD, p["mlp_norm"], cfg.norm_eps)
+    if "moe" in p:
+        y_BTD, stats = moe_layer(p["moe"], h_BTD, cfg, token_mask_BT=token_mask_BT)
+    else:
+        y_BTD, stats = swiglu(p["mlp"], h_BTD), None
+    return constrain(x_BTD + y_BTD), cache, stats
+
+
+def _stack_stats(stats, n_experts: int):
+    if not stats:
+        return {"router_aux_loss": jnp.zeros((0,), jnp.float32), "router_z_loss": jnp.zeros((0,), jnp.float32),
+                "expert_load": jnp.zeros((0, n_experts), jnp.float32),
+                "dropped_fraction": jnp.zeros((0,), jnp.float32)}
+    return {name: jnp.stack([s[name] for s in stats]) for name in stats[0]}
+
+
+def forward(params, tokens, cfg: ModelConfig, *, positions=None, attn_mask=None, cache=None, cache_index=None,
+            kv_valid=None, return_hidden=False, mesh=None, rules=None):
+    """Logits [B, T, vocab] (float32) and aux (router statistics per MoE layer, "hidden", "cache").
+
+    Without cache: causal self-attention over `tokens`; attn_mask [B, T] (1 = real) masks padded keys and keeps
+    padding out of the experts and router statistics; positions default to arange(T).
+    With cache: the tokens fill slots cache_index .. cache_index + T - 1 (cache_index may be traced); the query in slot
+    s sees slot j iff j <= s and kv_valid[b, j] (default: all slots valid); positions default to the slot numbers;
+    attn_mask, if given, only marks which new tokens are real for the router statistics.
+    """
+    B, T = tokens.shape
+    dtype = jnp.dtype(cfg.dtype)
+    if mesh is not None:
+        rules = sharding.DEFAULT_RULES if rules is None else rules
+        constrain = partial(sharding.constrain, axes=("batch", "length", None), mesh=mesh, rules=rules)
+    else:
+        constrain = lambda x: x
+    if cache is None:
+        slots_T = jnp.arange(T, dtype=jnp.int32)
+        mask_BTS = causal_mask(slots_T, slots_T)[None]
+        if attn_mask is not None:
+            mask_BTS = mask_BTS & attn_mask.astype(bool)[:, None, :]
+        cache_index = None
+    else:
+        cache_index = jnp.asarray(0 if cache_index is None else cache_index, jnp.int32)
+        slots_T = cache_index + jnp.arange(T, dtype=jnp.int32)
+        mask_BTS = causal_mask(slots_T, jnp.arange(cache["k"].shape[3], dtype=jnp.int32))[None]
+        if kv_valid is not None:
+            mask_BTS = mask_BTS & kv_valid.astype(bool)[:, None, :]
+    if positions is None:
+        positions = jnp.broadcast_to(slots_T, (B, T))
+    token_mask_BT = None if attn_mask is None else attn_mask.astype(bool)
+
+    x_BTD = constrain(jnp.take(params["embed"], tokens, axis=0).astype(dtype))
+    stats = []
+    for i in range(cfg.n_layers):
+        block = partial(_block, cfg=cfg, layer=i, constrain=constrain)
+        if cfg.remat and cache is None:
+            block = jax.checkpoint(block)
+        x_BTD, cache, layer_stats = block(params[f"block_{i}"], x_BTD, positions, mask_BTS, token_mask_BT, cache,
+                                          cache_index)
+        if layer_stats is not None:
+            stats.append(layer_stats)
+    h_BTD = rms_norm(x_BTD, params["final_norm"], cfg.norm_eps)
+
+    if cfg.tie_embeddings:
+        # Unit-scale embeddings used as the output matrix: scale so initial logits are O(1).
+        w_VD = params["embed"].astype(dtype) * jnp.asarray(cfg.d_model ** -0.5, dtype)
+        logits_BTV = jnp.einsum("BTD,VD->BTV", h_BTD, w_VD, preferred_element_type=jnp.float32)
+    else:
+        logits_BTV = jnp.einsum("BTD,DV->BTV", h_BTD, params["unembed"].astype(dtype),
+                                preferred_element_type=jnp.float32)
+    if mesh is not None:
+        logits_BTV = sharding.constrain(logits_BTV, ("batch", "length", "vocab"), mesh, rules)
+
+    aux = _stack_stats(stats, cfg.n_experts)
+    if return_hidden:
+        aux["hidden"] = h_BTD
+    if cache is not None:
+        aux["cache"] = cache
+    return logits_BTV.astype(jnp.float32), aux
