@@ -1,0 +1,226 @@
+"""Token-level losses for SFT, GRPO and PPO: policy surrogate, KL estimators, value loss, entropy.
+
+All functions are pure and jit-compatible and work on `[batch, time]` float32 arrays with a mask
+that is 1 on the tokens that count (response tokens). Per-token terms are reduced to a scalar by
+`aggregate`, whose four modes cover the token-mean (DAPO), sequence-mean (original GRPO) and
+constant-length-normalised (Dr. GRPO) choices. `POLICY_LOSSES` maps a config name to a policy
+loss with the `policy_loss` signature, so a variant is a new entry rather than a new trainer.
+
+Alignment: `token_logprobs(logits, tokens)[:, t]` is log p(tokens[:, t] | tokens[:, :t]) computed
+from `logits[:, t - 1]`; position 0 has no prediction and gets 0 (its loss mask must be 0).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+__all__ = [
+    "AGG_MODES",
+    "aggregate",
+    "aggregate_parts",
+    "token_logprobs",
+    "entropy_from_logits",
+    "policy_loss",
+    "reinforce_loss",
+    "kl_penalty",
+    "value_loss",
+    "sft_loss",
+    "POLICY_LOSSES",
+    "get_policy_loss",
+]
+
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+LOG_RATIO_CLAMP = 20.0  # exp(20) ~ 5e8: keeps the ratio finite for any logprob difference
+K3_MAX = 10.0  # k3 grows like exp(ref - logp); clamp so one rare token cannot dominate the batch
+
+
+def aggregate(values: jax.Array, mask: jax.Array, mode: str = "token-mean", max_len: int | None = None,
+              denom: jax.Array | None = None) -> jax.Array:
+    """Reduce per-token `values [B, T]` to a scalar over the positions where `mask` is 1.
+
+    * token-mean: sum over all masked tokens / number of masked tokens.
+    * seq-mean-token-mean: each row's token mean, averaged over rows that have at least one token.
+    * seq-mean-token-sum: each row's token sum, averaged over rows that have at least one token.
+    * seq-mean-token-sum-norm: each row's token sum / `max_len` (a constant, default T), averaged
+      over rows that have at least one token (Dr. GRPO). Rows with no tokens never enter a
+      denominator, so padding rows added to fill a minibatch change nothing.
+
+    Every mode is `numerator / denominator` (see `aggregate_parts`). `denom` replaces the
+    denominator, e.g. by the whole batch's when the batch is split for gradient accumulation: the
+    microbatch results then add up to the whole-batch value.
+    """
+    num, den = aggregate_parts(values, mask, mode, max_len)
+    return num / jnp.maximum(den if denom is None else denom, 1.0)
+
+
+def aggregate_parts(values: jax.Array, mask: jax.Array, mode: str = "token-mean", max_len: int | None = None):
+    """`(numerator, denominator)` of `aggregate`; the denominator depends on the mask only."""
+    v = jnp.asarray(values, jnp.float32)
+    m = jnp.asarray(mask, jnp.float32)
+    if mode == "token-mean":
+        return (v * m).sum(), m.sum()
+    if mode not in AGG_MODES:
+        raise ValueError(f"aggregation mode {mode!r} unknown; choose one of {AGG_MODES}")
+    row_tokens = m.sum(axis=-1)
+    row_sum = (v * m).sum(axis=-1)
+    has_tokens = (row_tokens > 0).astype(jnp.float32)
+    if mode == "seq-mean-token-mean":
+        per_row = row_sum / jnp.maximum(row_tokens, 1.0)
+    elif mode == "seq-mean-token-sum":
+        per_row = row_sum
+    else:
+        norm = v.shape[-1] if max_len is None else max_len
+        if norm <= 0:
+            raise ValueError(f"max_len must be positive for seq-mean-token-sum-norm, got {norm}")
+        per_row = row_sum / norm
+    return (per_row * has_tokens).sum(), has_tokens.sum()
+
+
+def _masked_mean(x: jax.Array, m: jax.Array) -> jax.Array:
+    return (x * m).sum() / jnp.maximum(m.sum(), 1.0)
+
+
+def token_logprobs(logits: jax.Array, tokens: jax.Array, temperature: float = 1.0) -> jax.Array:
+    """`[B, T]` log p(tokens[:, t] | prefix) under softmax(logits / temperature); column 0 is 0."""
+    logp_all = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32) / temperature, axis=-1)
+    picked = jnp.take_along_axis(logp_all, tokens[:, 1:, None].astype(jnp.int32), axis=-1)[..., 0]
+    return jnp.pad(picked, ((0, 0), (1, 0)))
+
+
+def entropy_from_logits(logits: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+    """Per-position entropy `[B, T]` of softmax(logits) in float32, zeroed where `mask` is 0.
+
+    No shift is applied: entry t is the entropy of the distribution in `logits[:, t]`.
+    """
+    z = logits.astype(jnp.float32)
+    logp = jax.nn.log_softmax(z, axis=-1)
+    ent = -(jnp.exp(logp) * logp).sum(axis=-1)
+    if mask is not None:
+        ent = ent * jnp.asarray(mask, jnp.float32)
+    return ent
+
+
+def policy_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, mask: jax.Array,
+                clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: float | None = None,
+                agg: str = "token-mean", max_len: int | None = None, denom: jax.Array | None = None):
+    """PPO clipped surrogate with asymmetric clipping (DAPO clip-higher) and dual clip.
+
+    ratio = exp(clamp(logp - old_logp, -20, 20)); per token
+    `l = max(-A * ratio, -A * clip(ratio, 1 - clip_low, 1 + clip_high))`, and with `dual_clip = c`
+    (c > 1) tokens with A < 0 use `min(l, -A * c)`, bounding the loss when the ratio explodes.
+    Returns `(loss, metrics)`; metrics are masked token means: clip_frac_low (A < 0 and ratio below
+    1 - clip_low), clip_frac_high (A > 0 and ratio above 1 + clip_high), dual_clip_frac,
+    approx_kl (k3 estimate of KL(old || new)), ratio_mean, and ratio_max over masked tokens.
+    `denom` overrides the aggregation denominator (gradient accumulation, see `aggregate`).
+    """
+    if clip_low < 0 or clip_high < 0:
+        raise ValueError(f"clip_low/clip_high must be >= 0, got {clip_low}, {clip_high}")
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"dual_clip must be > 1 (it bounds -A * ratio for A < 0), got {dual_clip}")
+    m = jnp.asarray(mask, jnp.float32)
+    adv = jnp.asarray(advantages, jnp.float32)
+    log_ratio = jnp.clip(logp.astype(jnp.float32) - old_logp.astype(jnp.float32), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    ratio = jnp.exp(log_ratio)
+    unclipped = -adv * ratio
+    clipped = -adv * jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    per_token = jnp.maximum(unclipped, clipped)
+    dual_active = jnp.zeros_like(per_token, dtype=bool)
+    if dual_clip is not None:
+        bound = -adv * dual_clip
+        dual_active = (adv < 0) & (per_token > bound)
+        per_token = jnp.where(adv < 0, jnp.minimum(per_token, bound), per_token)
+    loss = aggregate(per_token, m, agg, max_len, denom)
+    real = m > 0
+    metrics = {
+        "clip_frac_low": _masked_mean(((adv < 0) & (ratio < 1.0 - clip_low)).astype(jnp.float32), m),
+        "clip_frac_high": _masked_mean(((adv > 0) & (ratio > 1.0 + clip_high)).astype(jnp.float32), m),
+        "dual_clip_frac": _masked_mean(dual_active.astype(jnp.float32), m),
+        "approx_kl": _masked_mean(ratio - 1.0 - log_ratio, m),
+        "ratio_mean": _masked_mean(ratio, m),
+        "ratio_max": jnp.max(jnp.where(real, ratio, -jnp.inf), initial=0.0),
+    }
+    return loss, metrics
+
+
+def reinforce_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, mask: jax.Array,
+                   clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: float | None = None,
+                   agg: str = "token-mean", max_len: int | None = None, denom: jax.Array | None = None):
+    """Unclipped importance-weighted policy gradient `-A * ratio` (on-policy: plain REINFORCE).
+
+    Same signature and metrics as `policy_loss` so the registry can swap them; the clip arguments
+    only feed the clip-fraction metrics.
+    """
+    _, metrics = policy_loss(logp, old_logp, advantages, mask, clip_low, clip_high, dual_clip, agg, max_len, denom)
+    ratio = jnp.exp(jnp.clip(logp - old_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    return aggregate(-jnp.asarray(advantages, jnp.float32) * ratio, mask, agg, max_len, denom), metrics
+
+
+def kl_penalty(logp: jax.Array, ref_logp: jax.Array, kind: str = "k3") -> jax.Array:
+    """Per-token KL(policy || ref) estimate from sampled-token logprobs (Schulman's k1/k2/k3).
+
+    k1 = logp - ref; k2 = (logp - ref)^2 / 2; k3 = exp(ref - logp) - (ref - logp) - 1, with the log
+    ratio clamped to +-20 and the result to [0, 10] so rare tokens cannot blow up the loss.
+    """
+    d = logp.astype(jnp.float32) - ref_logp.astype(jnp.float32)
+    if kind == "k1":
+        return d
+    if kind == "k2":
+        return 0.5 * d**2
+    if kind == "k3":
+        neg = jnp.clip(-d, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        return jnp.clip(jnp.exp(neg) - neg - 1.0, 0.0, K3_MAX)
+    raise ValueError(f"kl kind {kind!r} unknown; choose one of ('k1', 'k2', 'k3')")
+
+
+def value_loss(values: jax.Array, old_values: jax.Array, returns: jax.Array, mask: jax.Array,
+               clip: float | None = 0.2, agg: str = "token-mean", max_len: int | None = None,
+               denom: jax.Array | None = None):
+    """PPO clipped value loss `0.5 * max((V - R)^2, (V_clip - R)^2)`, V_clip = V_old + clip(V - V_old, +-clip).
+
+    `clip=None` gives the plain squared error. Returns `(loss, metrics)` with the fraction of
+    tokens where the clipped branch is the larger one (`value_clip_frac`).
+    """
+    v = values.astype(jnp.float32)
+    r = jnp.asarray(returns, jnp.float32)
+    m = jnp.asarray(mask, jnp.float32)
+    err = (v - r) ** 2
+    if clip is None:
+        per_token, clip_frac = err, jnp.zeros((), jnp.float32)
+    else:
+        old = jnp.asarray(old_values, jnp.float32)
+        v_clip = old + jnp.clip(v - old, -clip, clip)
+        err_clip = (v_clip - r) ** 2
+        per_token = jnp.maximum(err, err_clip)
+        clip_frac = _masked_mean((err_clip > err).astype(jnp.float32), m)
+    loss = 0.5 * aggregate(per_token, m, agg, max_len, denom)
+    return loss, {"value_clip_frac": clip_frac, "value_mean": _masked_mean(v, m)}
+
+
+def sft_loss(logits: jax.Array, tokens: jax.Array, loss_mask: jax.Array, agg: str = "token-mean",
+             max_len: int | None = None):
+    """Masked next-token cross-entropy; `loss_mask[:, t]` = 1 where token t (predicted from t-1) counts.
+
+    Returns `(loss, metrics)` with the masked token accuracy of the argmax prediction.
+    """
+    logp = token_logprobs(logits, tokens)
+    m = jnp.asarray(loss_mask, jnp.float32)
+    pred = jnp.pad(jnp.argmax(logits[:, :-1], axis=-1), ((0, 0), (1, 0)))
+    acc = _masked_mean((pred == tokens).astype(jnp.float32), m)
+    return aggregate(-logp, m, agg, max_len), {"token_accuracy": acc}
+
+
+# Policy losses by config name; each has the `policy_loss` signature.
+POLICY_LOSSES: dict[str, Callable] = {
+    "ppo": policy_loss,
+    "reinforce": reinforce_loss,
+}
+
+
+def get_policy_loss(name: str) -> Callable:
+    """Look up a policy loss by name (ValueError lists the known names)."""
+    if name not in POLICY_LOSSES:
+        raise ValueError(f"policy loss {name!r} unknown; choose one of {sorted(POLICY_LOSSES)}")
+    return POLICY_LOSSES[name]

@@ -1,0 +1,59 @@
+"""KL controllers: the Ziegler update against a float64 reference, purity, jit, validation."""
+
+import jax
+import numpy as np
+import pytest
+
+from rl.kl_control import AdaptiveKL, FixedKL, make_kl_controller
+
+
+def ref_adaptive(coef, kl, target, horizon, n_steps):
+    err = min(max(kl / target - 1.0, -0.2), 0.2)
+    return coef * (1.0 + err * n_steps / horizon)
+
+
+def test_adaptive_matches_reference_sequence():
+    ctl = AdaptiveKL(init_coef=0.1, target=6.0, horizon=10_000)
+    state = ctl.init()
+    coef = 0.1
+    for kl in [0.0, 3.0, 6.0, 6.6, 9.0, 100.0]:
+        state = ctl.update(state, kl, 256)
+        coef = ref_adaptive(coef, kl, 6.0, 10_000, 256)
+        np.testing.assert_allclose(float(state["coef"]), coef, rtol=1e-6)
+
+
+def test_adaptive_hand_checked_and_jittable():
+    ctl = AdaptiveKL(init_coef=1.0, target=1.0, horizon=10.0)
+    up = jax.jit(ctl.update)
+    # kl 2x target -> err clipped to 0.2 -> coef * (1 + 0.2 * 5 / 10) = 1.1
+    assert float(up(ctl.init(), 2.0, 5)["coef"]) == pytest.approx(1.1, rel=1e-6)
+    # kl 0.5x target -> err -0.5 clipped to -0.2 -> 0.9
+    assert float(up(ctl.init(), 0.5, 5)["coef"]) == pytest.approx(0.9, rel=1e-6)
+    # on target -> unchanged
+    assert float(up(ctl.init(), 1.0, 5)["coef"]) == pytest.approx(1.0, rel=1e-6)
+
+
+def test_update_is_pure():
+    ctl = AdaptiveKL(init_coef=0.5, target=1.0, horizon=10.0)
+    s0 = ctl.init()
+    s1 = ctl.update(s0, 3.0, 1)
+    assert float(s0["coef"]) == 0.5 and float(s1["coef"]) != 0.5
+
+
+def test_fixed_never_changes():
+    ctl = FixedKL(0.04)
+    s = ctl.update(ctl.init(), 123.0, 1000)
+    assert float(s["coef"]) == pytest.approx(0.04)
+
+
+def test_validation_and_factory():
+    with pytest.raises(ValueError, match="target"):
+        AdaptiveKL(init_coef=0.1, target=0.0, horizon=1.0)
+    with pytest.raises(ValueError, match="horizon"):
+        AdaptiveKL(init_coef=0.1, target=1.0, horizon=-1.0)
+    with pytest.raises(ValueError, match="coef"):
+        FixedKL(-1.0)
+    assert isinstance(make_kl_controller("fixed", 0.1), FixedKL)
+    assert isinstance(make_kl_controller("adaptive", 0.1, 1.0, 100.0), AdaptiveKL)
+    with pytest.raises(ValueError, match="kind"):
+        make_kl_controller("pid", 0.1)

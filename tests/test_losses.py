@@ -1,0 +1,195 @@
+"""Losses vs float64 NumPy references written here, hand-checked clip cases, and an analytic gradient."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rl import losses as L
+from rl.sft import build_sft_batch_from_ids
+
+
+# ---------------------------------------------------------------- references
+def ref_aggregate(v, m, mode, max_len=None):
+    v, m = np.asarray(v, np.float64), np.asarray(m, np.float64)
+    if mode == "token-mean":
+        return (v * m).sum() / max(m.sum(), 1)
+    rows = []
+    for b in range(v.shape[0]):
+        n = m[b].sum()
+        if n == 0:
+            continue
+        s = (v[b] * m[b]).sum()
+        rows.append({"seq-mean-token-mean": s / n, "seq-mean-token-sum": s,
+                     "seq-mean-token-sum-norm": s / (max_len or v.shape[1])}[mode])
+    return np.mean(rows) if rows else 0.0
+
+
+def ref_policy_token(lp, old, a, cl, ch, dual):
+    ratio = np.exp(np.clip(lp - old, -20, 20))
+    out = np.maximum(-a * ratio, -a * np.clip(ratio, 1 - cl, 1 + ch))
+    if dual is not None:
+        out = np.where(a < 0, np.minimum(out, -a * dual), out)
+    return out
+
+
+def _batch(seed=0, b=4, t=6):
+    rng = np.random.default_rng(seed)
+    lp = rng.normal(-2, 1, size=(b, t))
+    old = lp + rng.normal(0, 0.5, size=(b, t))
+    adv = rng.normal(size=(b, t))
+    m = (rng.random((b, t)) > 0.3).astype(np.float64)
+    m[1] = 0  # a row with no tokens
+    return lp, old, adv, m
+
+
+@pytest.mark.parametrize("mode", L.AGG_MODES)
+def test_aggregate_matches_reference(mode):
+    v, _, _, m = _batch(1)
+    np.testing.assert_allclose(float(L.aggregate(v, m, mode)), ref_aggregate(v, m, mode), rtol=1e-5)
+    if mode == "seq-mean-token-sum-norm":
+        np.testing.assert_allclose(float(L.aggregate(v, m, mode, max_len=32)), ref_aggregate(v, m, mode, 32), rtol=1e-5)
+
+
+@pytest.mark.parametrize("mode", L.AGG_MODES)
+def test_aggregate_with_global_denominator_adds_up_over_row_splits(mode):
+    v, _, _, m = _batch(3, b=6)
+    _, den = L.aggregate_parts(v, m, mode)
+    parts = [float(L.aggregate(v[rows], m[rows], mode, denom=den)) for rows in (slice(0, 2), slice(2, 6))]
+    np.testing.assert_allclose(sum(parts), ref_aggregate(v, m, mode), rtol=1e-5)
+
+
+def test_aggregate_hand_checked_and_errors():
+    v = jnp.array([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0], [9.0, 9.0, 9.0]])
+    m = jnp.array([[1, 1, 1], [1, 0, 0], [0, 0, 0]])
+    assert float(L.aggregate(v, m, "token-mean")) == pytest.approx(10 / 4)
+    assert float(L.aggregate(v, m, "seq-mean-token-mean")) == pytest.approx((2 + 4) / 2)  # empty row excluded
+    assert float(L.aggregate(v, m, "seq-mean-token-sum")) == pytest.approx((6 + 4) / 2)
+    assert float(L.aggregate(v, m, "seq-mean-token-sum-norm", max_len=10)) == pytest.approx((0.6 + 0.4) / 2)
+    with pytest.raises(ValueError, match="aggregation mode"):
+        L.aggregate(v, m, "mean")
+
+
+@pytest.mark.parametrize("cl,ch,dual", [(0.2, 0.2, None), (0.2, 0.28, None), (0.1, 0.3, 3.0)])
+def test_policy_loss_matches_reference(cl, ch, dual):
+    lp, old, adv, m = _batch(2)
+    for mode in L.AGG_MODES:
+        loss, met = L.policy_loss(lp, old, adv, m, cl, ch, dual, mode)
+        want = ref_aggregate(ref_policy_token(lp, old, adv, cl, ch, dual), m, mode)
+        np.testing.assert_allclose(float(loss), want, rtol=1e-5, atol=1e-6)
+    ratio = np.exp(lp - old)
+    sel = m > 0
+    np.testing.assert_allclose(float(met["ratio_mean"]), ratio[sel].mean(), rtol=1e-5)
+    np.testing.assert_allclose(float(met["ratio_max"]), ratio[sel].max(), rtol=1e-5)
+    np.testing.assert_allclose(float(met["clip_frac_high"]), ((adv > 0) & (ratio > 1 + ch))[sel].mean(), rtol=1e-6)
+    np.testing.assert_allclose(float(met["clip_frac_low"]), ((adv < 0) & (ratio < 1 - cl))[sel].mean(), rtol=1e-6)
+    np.testing.assert_allclose(float(met["approx_kl"]), (ratio - 1 - np.log(ratio))[sel].mean(), rtol=1e-4)
+
+
+def test_clip_higher_hand_checked():
+    # A > 0, ratio 1.25: symmetric clip 0.2 caps at 1.2; clip-higher 0.28 lets 1.25 through.
+    lp, old, adv, m = jnp.log(jnp.array([[1.25]])), jnp.zeros((1, 1)), jnp.ones((1, 1)), jnp.ones((1, 1))
+    assert float(L.policy_loss(lp, old, adv, m, 0.2, 0.2)[0]) == pytest.approx(-1.2, rel=1e-6)
+    loss, met = L.policy_loss(lp, old, adv, m, 0.2, 0.28)
+    assert float(loss) == pytest.approx(-1.25, rel=1e-6)
+    assert float(met["clip_frac_high"]) == 0.0
+    # A < 0, ratio 0.7: the lower clip (1 - 0.2) binds: loss = max(0.7, 0.8) = 0.8.
+    loss, met = L.policy_loss(jnp.log(jnp.array([[0.7]])), old, -adv, m, 0.2, 0.28)
+    assert float(loss) == pytest.approx(0.8, rel=1e-6)
+    assert float(met["clip_frac_low"]) == 1.0
+
+
+def test_dual_clip_hand_checked():
+    # A = -1, ratio 5: PPO gives max(5, 1.2) = 5; dual clip c=3 bounds it at 3.
+    lp, old, adv, m = jnp.log(jnp.array([[5.0]])), jnp.zeros((1, 1)), -jnp.ones((1, 1)), jnp.ones((1, 1))
+    assert float(L.policy_loss(lp, old, adv, m)[0]) == pytest.approx(5.0, rel=1e-6)
+    loss, met = L.policy_loss(lp, old, adv, m, dual_clip=3.0)
+    assert float(loss) == pytest.approx(3.0, rel=1e-6)
+    assert float(met["dual_clip_frac"]) == 1.0
+    # A positive advantage is untouched by dual clip.
+    assert float(L.policy_loss(lp, old, -adv, m, dual_clip=3.0)[0]) == pytest.approx(-1.2, rel=1e-6)
+    with pytest.raises(ValueError, match="dual_clip"):
+        L.policy_loss(lp, old, adv, m, dual_clip=0.5)
+
+
+def test_policy_loss_extreme_logprobs_stay_finite():
+    lp = jnp.array([[0.0, -1e4]])
+    old = jnp.array([[-1e4, 0.0]])
+    loss, met = L.policy_loss(lp, old, jnp.array([[1.0, -1.0]]), jnp.ones((1, 2)))
+    assert np.isfinite(float(loss)) and np.isfinite(float(met["ratio_max"]))
+
+
+def test_policy_loss_gradient_matches_analytic():
+    # d/d logp of token-mean PPO loss: -A * ratio / n where the unclipped branch is active, else 0.
+    lp, old, adv, m = _batch(4)
+    cl, ch = 0.2, 0.28
+    grad = np.asarray(jax.grad(lambda x: L.policy_loss(x, old, adv, m, cl, ch)[0])(jnp.asarray(lp, jnp.float32)))
+    ratio = np.exp(lp - old)
+    clipped = ((adv > 0) & (ratio > 1 + ch)) | ((adv < 0) & (ratio < 1 - cl))
+    want = np.where(clipped, 0.0, -adv * ratio) * m / m.sum()
+    np.testing.assert_allclose(grad, want, rtol=1e-4, atol=1e-7)
+
+
+def test_kl_penalty_matches_reference():
+    lp, ref, _, _ = _batch(5)
+    d = lp - ref
+    np.testing.assert_allclose(np.asarray(L.kl_penalty(lp, ref, "k1")), d, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(L.kl_penalty(lp, ref, "k2")), 0.5 * d**2, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(L.kl_penalty(lp, ref, "k3")), np.exp(-d) + d - 1, rtol=1e-4, atol=1e-6)
+    big = L.kl_penalty(jnp.array([0.0, 0.0]), jnp.array([50.0, -50.0]), "k3")
+    assert np.all(np.isfinite(np.asarray(big))) and float(big.max()) <= L.K3_MAX
+    with pytest.raises(ValueError, match="kl kind"):
+        L.kl_penalty(lp, ref, "k4")
+
+
+def test_entropy_from_logits_matches_reference():
+    rng = np.random.default_rng(6)
+    logits = rng.normal(size=(2, 3, 7)) * 3
+    m = np.array([[1, 1, 0], [0, 1, 1]])
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    want = -(p * np.log(p)).sum(-1) * m
+    np.testing.assert_allclose(np.asarray(L.entropy_from_logits(logits, m)), want, rtol=1e-5, atol=1e-6)
+    # Uniform distribution: entropy log(V).
+    assert float(L.entropy_from_logits(jnp.zeros((1, 1, 7)))[0, 0]) == pytest.approx(np.log(7), rel=1e-6)
+
+
+def test_value_loss_matches_reference():
+    v, old, ret, m = _batch(7)
+    got, met = L.value_loss(v, old, ret, m, clip=0.2)
+    vc = old + np.clip(v - old, -0.2, 0.2)
+    want = 0.5 * ref_aggregate(np.maximum((v - ret) ** 2, (vc - ret) ** 2), m, "token-mean")
+    np.testing.assert_allclose(float(got), want, rtol=1e-5)
+    got_plain, _ = L.value_loss(v, old, ret, m, clip=None)
+    np.testing.assert_allclose(float(got_plain), 0.5 * ref_aggregate((v - ret) ** 2, m, "token-mean"), rtol=1e-5)
+
+
+def test_token_logprobs_and_sft_loss_match_reference():
+    rng = np.random.default_rng(8)
+    logits = rng.normal(size=(2, 5, 6))
+    tokens = rng.integers(0, 6, size=(2, 5))
+    m = np.array([[0, 0, 1, 1, 1], [0, 1, 1, 0, 0]])
+    lsm = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    want = np.zeros((2, 5))
+    for b in range(2):
+        for t in range(1, 5):
+            want[b, t] = lsm[b, t - 1, tokens[b, t]]
+    np.testing.assert_allclose(np.asarray(L.token_logprobs(logits, tokens)), want, rtol=1e-5, atol=1e-6)
+    loss, _ = L.sft_loss(logits, tokens, m)
+    np.testing.assert_allclose(float(loss), -(want * m).sum() / m.sum(), rtol=1e-5)
+
+
+def test_sft_batch_masks_answer_tokens_only():
+    batch = build_sft_batch_from_ids([[1, 5, 6], [1, 7]], [[8, 9, 2], [10, 11, 12, 13, 2]], max_len=6)
+    np.testing.assert_array_equal(batch["tokens"], [[1, 5, 6, 8, 9, 2], [1, 7, 10, 11, 12, 13]])
+    np.testing.assert_array_equal(batch["loss_mask"], [[0, 0, 0, 1, 1, 1], [0, 0, 1, 1, 1, 1]])
+    np.testing.assert_array_equal(batch["attn_mask"], np.ones((2, 6)))
+
+
+def test_policy_loss_registry():
+    assert L.get_policy_loss("ppo") is L.policy_loss
+    lp, old, adv, m = _batch(9)
+    loss, _ = L.get_policy_loss("reinforce")(lp, old, adv, m)
+    np.testing.assert_allclose(float(loss), ref_aggregate(-adv * np.exp(lp - old), m, "token-mean"), rtol=1e-5)
+    with pytest.raises(ValueError, match="unknown"):
+        L.get_policy_loss("nope")
