@@ -1,0 +1,218 @@
+"""Jitted generation with a KV cache: greedy / temperature / top-k / top-p, K samples per prompt.
+
+    out = generate(params, cfg, prompts, key, prompt_mask=mask, num_samples=8,
+                   max_new_tokens=64, temperature=1.0, top_p=0.95)
+    out.tokens [B*K, N] int32, out.logprobs [B*K, N] float32, out.lengths [B*K] int32
+
+Layout. Prompts are LEFT-padded ([B, P], prompt_mask 1 = real token), so every prompt ends
+in the same cache slot P-1 and generated token i of every row lands in slot P+i. Rotary
+positions come from the mask (cumsum(mask) - 1), so a padded prompt sees exactly the
+positions it would see alone, and padded slots are hidden from attention by `kv_valid`.
+
+Cost. The prompts are prefilled once ([B, P] forward), then the cache and the last logits
+are repeated K times; decoding is a `lax.while_loop` of one-token forwards over [B*K, 1]
+that stops as soon as every row has emitted EOS. Row b*K + k is sample k of prompt b; its
+random stream is fold_in(fold_in(key, row), step), independent of the other rows.
+
+Logprobs are those of the sampled token under softmax(logits / T) (T = 1 when greedy),
+before any top-k/top-p truncation: the quantity the train step recomputes from the
+full sequence. After a row's EOS its tokens are `pad_id` and its logprobs 0; `lengths`
+counts generated tokens including the EOS.
+
+Everything that changes shapes (cfg, num_samples, max_new_tokens) is a static argument of
+one `jax.jit`; temperature, top_p, top_k and the eos/pad ids are traced, so a temperature
+schedule or a different filter does not recompile. eos_id=-1 disables stopping (benchmarks).
+
+Exactness of cached decoding against a full forward needs a dropless MoE
+(capacity_factor=None): with a capacity, which tokens drop depends on the batch, and a
+one-token decode batch differs from a full-sequence batch.
+"""
+from __future__ import annotations
+
+from functools import partial
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from models import transformer
+
+
+class SampleOutput(NamedTuple):
+    tokens: jax.Array    # [B*K, max_new_tokens] int32, pad_id after the EOS (the EOS is kept)
+    logprobs: jax.Array  # [B*K, max_new_tokens] float32, 0 after the end
+    lengths: jax.Array   # [B*K] int32, generated tokens including the EOS
+
+
+# ----------------------------------------------------------------------------------------
+# Per-step token choice
+# ----------------------------------------------------------------------------------------
+def _filter_logits(logits_BV, top_k, top_p):
+    """Top-k then top-p (nucleus) truncation; removed logits become -inf.
+
+    top-k keeps the k largest logits (ties at the k-th value are all kept); top-p then keeps
+    the smallest prefix of those, by decreasing probability, whose mass reaches top_p (a
+    token is kept when the mass strictly before it is < top_p, so the best token always
+    survives). Both are traced: one sort per step serves any k and p, and the whole filter is
+    skipped at run time when top_k == 0 and top_p >= 1.
+    """
+    V = logits_BV.shape[-1]
+
+    def truncate(x_BV):
+        sorted_BV = jnp.sort(x_BV, axis=-1)[:, ::-1]
+        k = jnp.where((top_k > 0) & (top_k < V), top_k, V)
+        in_k_V = jnp.arange(V) < k
+        probs_BV = jax.nn.softmax(jnp.where(in_k_V, sorted_BV, -jnp.inf), axis=-1)
+        mass_before_BV = jnp.cumsum(probs_BV, axis=-1) - probs_BV
+        keep_BV = in_k_V & ((mass_before_BV < top_p) | (top_p >= 1.0))
+        n_keep_B = jnp.maximum(jnp.sum(keep_BV, axis=-1), 1)
+        threshold_B1 = jnp.take_along_axis(sorted_BV, (n_keep_B - 1)[:, None], axis=-1)
+        return jnp.where(x_BV < threshold_B1, -jnp.inf, x_BV)
+
+    return jax.lax.cond((top_k > 0) | (top_p < 1.0), truncate, lambda x: x, logits_BV)
+
+
+def choose_tokens(logits_BV, keys_B, temperature, top_p, top_k):
+    """One token per row and its logprob under softmax(logits / T).
+
+    temperature == 0 -> argmax (and logprobs under T = 1). Sampling draws from the
+    top-k / top-p truncated, renormalised softmax(logits / T).
+    """
+    logits_BV = logits_BV.astype(jnp.float32)
+    greedy = temperature <= 0.0
+    t_eff = jnp.where(greedy, 1.0, temperature).astype(jnp.float32)
+    scaled_BV = logits_BV / t_eff
+    filtered_BV = _filter_logits(scaled_BV, top_k, top_p)
+    sampled_B = jax.vmap(jax.random.categorical)(keys_B, filtered_BV)
+    tokens_B = jnp.where(greedy, jnp.argmax(logits_BV, axis=-1), sampled_B).astype(jnp.int32)
+    logp_BV = jax.nn.log_softmax(scaled_BV, axis=-1)
+    logp_B = jnp.take_along_axis(logp_BV, tokens_B[:, None], axis=-1)[:, 0]
+    return tokens_B, logp_B
+
+
+# ----------------------------------------------------------------------------------------
+# Prefill + decode loop (one jit)
+# ----------------------------------------------------------------------------------------
+@partial(
+    jax.jit,
+    static_argnames=("cfg", "num_samples", "max_new_tokens", "mesh", "rules"),
+)
+def _generate(params, prompts_BP, mask_BP, key, temperature, top_p, top_k, eos_id, pad_id, *, cfg,
+              num_samples, max_new_tokens, mesh, rules):
+    B, P = prompts_BP.shape
+    K, N = num_samples, max_new_tokens
+    R = B * K  # rows after repeating each prompt K times
+    fwd = partial(transformer.forward, cfg=cfg, mesh=mesh, rules=rules)
+
+    # Prefill: real tokens keep the positions they would have without padding.
+    mask_BP = mask_BP.astype(bool)
+    prompt_len_B = jnp.sum(mask_BP, axis=1, dtype=jnp.int32)
+    positions_BP = jnp.maximum(jnp.cumsum(mask_BP, axis=1, dtype=jnp.int32) - 1, 0)
+    kv_valid_BL = jnp.concatenate([mask_BP, jnp.zeros((B, N), bool)], axis=1)
+    cache = transformer.init_cache(cfg, B, P + N)
+    # attn_mask keeps padding out of the experts and router statistics.
+    logits_BPV, aux = fwd(params, prompts_BP, positions=positions_BP, attn_mask=mask_BP, cache=cache,
+                          cache_index=jnp.int32(0), kv_valid=kv_valid_BL)
+
+    # K copies of each prompt's state: row b*K + k <- prompt b.
+    cache = jax.tree.map(lambda c: jnp.repeat(c, K, axis=1), aux["cache"])
+    last_logits_RV = jnp.repeat(logits_BPV[:, -1], K, axis=0)
+    kv_valid_RL = jnp.repeat(kv_valid_BL, K, axis=0)
+    prompt_len_R = jnp.repeat(prompt_len_B, K, axis=0)
+
+    row_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(R))
+    step_keys = lambda t: jax.vmap(jax.random.fold_in, in_axes=(0, None))(row_keys, t)
+
+    tok_R, logp_R = choose_tokens(last_logits_RV, step_keys(0), temperature, top_p, top_k)
+    tokens_RN = jnp.full((R, N), pad_id, jnp.int32).at[:, 0].set(tok_R)
+    logprobs_RN = jnp.zeros((R, N), jnp.float32).at[:, 0].set(logp_R)
+    lengths_R = jnp.ones((R,), jnp.int32)
+    done_R = tok_R == eos_id
+
+    def cond(carry):
+        t, done_R = carry[0], carry[4]
+        return (t < N) & ~jnp.all(done_R)
+
+    def body(carry):
+        t, cache, kv_valid_RL, prev_R, done_R, tokens_RN, logprobs_RN, lengths_R = carry
+        slot = P + t - 1  # where the previous token goes
+        kv_valid_RL = kv_valid_RL.at[:, slot].set(True)
+        positions_R1 = (prompt_len_R + t - 1)[:, None]
+        logits_R1V, aux = fwd(params, prev_R[:, None], positions=positions_R1, attn_mask=~done_R[:, None],
+                              cache=cache, cache_index=slot, kv_valid=kv_valid_RL)
+        tok_R, logp_R = choose_tokens(logits_R1V[:, 0], step_keys(t), temperature, top_p, top_k)
+        tok_R = jnp.where(done_R, pad_id, tok_R)
+        logp_R = jnp.where(done_R, 0.0, logp_R)
+        tokens_RN = tokens_RN.at[:, t].set(tok_R)
+        logprobs_RN = logprobs_RN.at[:, t].set(logp_R)
+        lengths_R = lengths_R + (~done_R).astype(jnp.int32)
+        done_R = done_R | (tok_R == eos_id)
+        return (t + 1, aux["cache"], kv_valid_RL, tok_R, done_R, tokens_RN, logprobs_RN, lengths_R)
+
+    carry = (jnp.int32(1), cache, kv_valid_RL, tok_R, done_R, tokens_RN, logprobs_RN, lengths_R)
+    carry = jax.lax.while_loop(cond, body, carry)
+    return SampleOutput(tokens=carry[5], logprobs=carry[6], lengths=carry[7])
+
+
+def _host_value(x):
+    """x as a NumPy array when it is concrete and fully addressable here, else None (traced or
+    multi-host sharded values are not validated on the host)."""
+    try:
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            return None
+        return np.asarray(x)
+    except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError):
+        return None
+
+
+def _check_scalar(name, value, low, high, low_open=False):
+    """Raise ValueError naming `name` if a concrete scalar is outside its range."""
+    v = _host_value(value)
+    if v is None:
+        return
+    v = float(v)
+    if not (low < v if low_open else low <= v) or v > high:
+        bracket = "(" if low_open else "["
+        raise ValueError(f"{name} must be in {bracket}{low}, {high}], got {value}")
+
+
+def generate(params, cfg, prompts, key, *, prompt_mask=None, num_samples=1, max_new_tokens=64,
+             temperature=1.0, top_p=1.0, top_k=0, eos_id=2, pad_id=0, mesh=None, rules=None):
+    """Sample `num_samples` continuations of each LEFT-padded prompt (see the module docstring).
+
+    prompts [B, P] int32; prompt_mask [B, P] (1 = real token; None = no padding). Returns a
+    SampleOutput(tokens [B*K, N], logprobs [B*K, N], lengths [B*K]); row b*K + k is sample k
+    of prompt b. temperature 0 is greedy; top_k 0 and top_p 1 disable those filters.
+    mesh/rules are passed through to transformer.forward for sharded models.
+    """
+    prompts = jnp.asarray(prompts, jnp.int32)
+    if prompts.ndim != 2 or prompts.shape[1] < 1:
+        raise ValueError(f"prompts must be [batch, prompt_len>=1], got shape {prompts.shape}")
+    if prompt_mask is None:
+        prompt_mask = jnp.ones_like(prompts)
+    if tuple(np.shape(prompt_mask)) != tuple(prompts.shape):
+        raise ValueError(f"prompt_mask shape {np.shape(prompt_mask)} != prompts shape {prompts.shape}")
+    m = _host_value(prompt_mask)
+    if m is not None:
+        m = m.astype(bool)
+        if not m.any(axis=1).all():
+            raise ValueError("prompt_mask: every prompt needs at least one real token")
+        if not (m[:, 1:] >= m[:, :-1]).all():
+            raise ValueError("prompt_mask: prompts must be LEFT-padded (no padding after a real token)")
+    if int(num_samples) < 1:
+        raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+    if int(max_new_tokens) < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    _check_scalar("top_k (0 = off)", top_k, 0, float("inf"))
+    if prompts.shape[1] + int(max_new_tokens) > cfg.max_seq_len:
+        raise ValueError(
+            f"max_new_tokens: prompt length {prompts.shape[1]} + max_new_tokens {max_new_tokens} "
+            f"exceeds cfg.max_seq_len {cfg.max_seq_len}")
+    _check_scalar("temperature", temperature, 0.0, float("inf"))
+    _check_scalar("top_p", top_p, 0.0, 1.0, low_open=True)
+    return _generate(params, prompts, jnp.asarray(prompt_mask), key, jnp.asarray(temperature, jnp.float32),
+                     jnp.asarray(top_p, jnp.float32), jnp.asarray(top_k, jnp.int32),
+                     jnp.asarray(eos_id, jnp.int32), jnp.asarray(pad_id, jnp.int32), cfg=cfg,
+                     num_samples=int(num_samples), max_new_tokens=int(max_new_tokens), mesh=mesh,
+                     rules=rules)
