@@ -1,0 +1,77 @@
+"""Helpers shared by the experiment config files.
+
+    arg = parse_arg("variant=tiny,seed=3")     # {"variant": "tiny", "seed": 3}
+    c = base_config(arg)                        # every section at its defaults, seed applied
+    c.stages = [stage("sft", "cold_start", epochs=2), stage("grpo", "grpo", iterations=50)]
+
+`stage` and `default_config` come from rl/config_validation.py, where every field's default and
+meaning are listed (`python -m experiments.launch --help_config` prints them).
+"""
+from __future__ import annotations
+
+import ast
+
+from rl.config_validation import ConfigError, default_config, stage  # noqa: F401  (re-exported for config files)
+
+TINY_MODEL = dict(  # a few-thousand-parameter MoE for tests: fast to compile and run on one CPU core
+    vocab_size=259, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64,
+    n_experts=4, experts_per_token=2, moe_every=1, n_shared_experts=0, max_seq_len=64,
+)
+
+
+def parse_arg(arg: str | None, allowed: dict[str, object] | None = None) -> dict:
+    """'variant=tiny,seed=3' -> {"variant": "tiny", "seed": 3}; values parsed as literals when they can be.
+
+    `allowed` maps each accepted key to its default; unknown keys raise ConfigError.
+    """
+    out = dict(allowed or {})
+    if not arg:
+        return out
+    for part in arg.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "=" not in part:
+            raise ConfigError(f"config arg {part!r} must look like key=value (e.g. variant=tiny,seed=3)")
+        k, v = (x.strip() for x in part.split("=", 1))
+        if allowed is not None and k not in allowed:
+            raise ConfigError(f"config arg {k!r} is not one of {', '.join(sorted(allowed))}")
+        try:
+            out[k] = ast.literal_eval(v)
+        except (ValueError, SyntaxError):
+            out[k] = v
+    return out
+
+
+def base_config(args: dict):
+    """default_config() with the seed from the arg applied."""
+    c = default_config()
+    c.seed = int(args.get("seed", 0))
+    c.tasks.lang = "en"
+    c.reward.lang = "en"  # must match tasks.lang (the format reward checks the markers of that language)
+    return c
+
+
+def check_variant(args: dict, variants: tuple[str, ...]) -> str:
+    v = args.get("variant", variants[0])
+    if v not in variants:
+        raise ConfigError(f"variant must be one of {'|'.join(variants)}, got {v!r}")
+    return v
+
+
+def tiny_variant(c):
+    """Seconds-long version for tests: tiny model, few problems, one unit per stage (GRPO: three)."""
+    c.model.update(TINY_MODEL)
+    c.tasks.update(dict(n_train=64, n_val=8, n_test=8, difficulty=1))  # single-digit problems: short answers
+    c.sampling.update(dict(max_new_tokens=32, batch_rows=16))
+    c.eval.update(dict(every=2, k=2, n_val=8, n_test=8))
+    c.checkpoint.every = 1
+    c.log.update(dict(tensorboard=False, progress=False))
+    c.run.reward_workers = 0
+    for s in c.stages:
+        if s.kind == "sft":
+            s.update(dict(epochs=1, n_problems=32, batch_size=16))
+        elif s.kind == "rejection":
+            s.update(dict(rounds=1, n_problems=8, samples=4))
+        else:
+            s.update(dict(iterations=3, n_prompts=4, samples=4, token_budget=1024))

@@ -1,0 +1,197 @@
+"""Launch one experiment from a config file.
+
+    python -m experiments.launch --config experiments/configs/quickstart.py[:variant=tiny,seed=3] \
+        --workdir runs/quickstart [--config.stages[2].iterations=40 --config.seed=1 ...]
+
+Steps: load the config file and call its get_config(arg); apply the --config.* overrides
+(the value is parsed as a Python literal when the field holds a number / bool / tuple, else kept
+as text; list entries are addressed as stages[2] or stages.2); print the resolved config;
+validate everything (a bad field exits with status 2 and a message naming it, before any
+compute); write workdir/config.json; run the trainer (which resumes if the workdir already
+holds a checkpoint). Other flags:
+
+    --dry_run       validate and print, do not train
+    --help_config   print every config field with its default and meaning
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib.util
+import json
+import os
+import re
+import sys
+
+import ml_collections
+
+from rl import config_validation as cv
+
+
+def load_config_file(spec: str):
+    """'path/to/file.py[:arg]' -> (module, arg or None)."""
+    path, _, arg = spec.partition(":")
+    if not os.path.exists(path):
+        raise cv.ConfigError(f"--config: no such file {path!r}")
+    name = "expcfg_" + re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
+    mod_spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(module)
+    if not hasattr(module, "get_config"):
+        raise cv.ConfigError(f"--config: {path} has no get_config(arg=None)")
+    return module, (arg or None)
+
+
+def get_config(spec: str) -> ml_collections.ConfigDict:
+    module, arg = load_config_file(spec)
+    return module.get_config(arg)
+
+
+_PART = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
+
+
+def split_path(path: str) -> list:
+    """'stages[2].curriculum.enabled' or 'stages.2.curriculum.enabled' -> ['stages', 2, 'curriculum', 'enabled']."""
+    parts = []
+    for m in _PART.finditer(path):
+        name, idx = m.group(1), m.group(2)
+        if idx is not None:
+            parts.append(int(idx))
+        elif name.isdigit():
+            parts.append(int(name))
+        else:
+            parts.append(name)
+    if not parts:
+        raise cv.ConfigError(f"empty override path {path!r}")
+    return parts
+
+
+def parse_value(text: str, current):
+    """Parse an override value like the field it replaces (bool / int / float / tuple / str)."""
+    if isinstance(current, bool):
+        low = text.strip().lower()
+        if low in ("true", "1", "yes"):
+            return True
+        if low in ("false", "0", "no"):
+            return False
+        raise cv.ConfigError(f"expected true/false, got {text!r}")
+    if isinstance(current, str):
+        return text
+    try:
+        v = ast.literal_eval(text)  # user-supplied config text, a literal only (never model output)
+    except (ValueError, SyntaxError):
+        return text  # the validator will say what the field expects
+    if isinstance(current, float) and isinstance(v, int) and not isinstance(v, bool):
+        v = float(v)
+    if isinstance(current, tuple) and isinstance(v, list):
+        v = tuple(v)
+    return v
+
+
+def apply_override(config, path: str, text: str) -> None:
+    """Set config[path] = parsed text, where path names an existing field."""
+    parts = split_path(path)
+    node = config
+    shown = ""
+    for p in parts[:-1]:
+        shown += f"[{p}]" if isinstance(p, int) else (f".{p}" if shown else p)
+        try:
+            node = node[p]
+        except (KeyError, IndexError, TypeError, AttributeError):
+            raise cv.ConfigError(f"--config.{path}: {shown} does not exist") from None
+    last = parts[-1]
+    try:
+        current = node[last]
+    except (KeyError, IndexError, TypeError, AttributeError):
+        raise cv.ConfigError(f"--config.{path}: no field {last!r} there") from None
+    try:
+        value = parse_value(text, current)
+    except cv.ConfigError as e:
+        raise cv.ConfigError(f"--config.{path}: {e}") from None
+    if isinstance(node, ml_collections.ConfigDict):
+        with node.ignore_type():
+            node[last] = value
+    else:
+        node[last] = value
+
+
+def apply_overrides(config, overrides: list[tuple[str, str]]) -> None:
+    for path, text in overrides:
+        apply_override(config, path, text)
+
+
+def parse_args(argv: list[str]):
+    ap = argparse.ArgumentParser(prog="python -m experiments.launch", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", help="experiments/configs/NAME.py[:arg]")
+    ap.add_argument("--workdir", help="output directory (resumes if it holds a checkpoint)")
+    ap.add_argument("--dry_run", action="store_true", help="validate and print the config, do not train")
+    ap.add_argument("--help_config", action="store_true", help="list every config field")
+    args, rest = ap.parse_known_args(argv)
+    overrides = []
+    i = 0
+    while i < len(rest):
+        a = rest[i]
+        if not a.startswith("--config."):
+            ap.error(f"unknown argument {a!r} (overrides look like --config.a.b=value)")
+        body = a[len("--config.") :]
+        if "=" in body:
+            path, _, val = body.partition("=")
+        else:
+            if i + 1 >= len(rest):
+                ap.error(f"{a} needs a value")
+            path, val = body, rest[i + 1]
+            i += 1
+        overrides.append((path, val))
+        i += 1
+    if not args.help_config and not args.config:
+        ap.error("--config is required")
+    if not args.help_config and not args.dry_run and not args.workdir:
+        ap.error("--workdir is required (or pass --dry_run)")
+    return args, overrides
+
+
+def check_resume_compatible(workdir: str, cfg_dict: dict) -> None:
+    """A workdir's existing config.json must match the new one except run.* / log.* (resume safety)."""
+    path = os.path.join(workdir, "config.json")
+    if not os.path.exists(path):
+        return
+    with open(path, encoding="utf-8") as f:
+        old = json.load(f)
+    strip = lambda d: {k: v for k, v in d.items() if k not in ("run", "log")}  # noqa: E731
+    if json.loads(json.dumps(strip(old))) != json.loads(json.dumps(strip(cfg_dict))):
+        raise cv.ConfigError(
+            f"{workdir} holds a run with a different config (config.json); resume needs the same config "
+            "(only run.* and log.* may change) - use a new --workdir"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.help_config:
+        print(cv.describe())
+        return 0
+    try:
+        config = get_config(args.config)
+        apply_overrides(config, overrides)
+        cfg_dict = cv.to_dict(config)
+        print("resolved config:\n" + json.dumps(cfg_dict, indent=2, default=str))
+        cv.validate(config)
+        if args.workdir:
+            check_resume_compatible(args.workdir, cfg_dict)
+    except cv.ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print("config OK")
+        return 0
+    os.makedirs(args.workdir, exist_ok=True)
+    with open(os.path.join(args.workdir, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(cfg_dict, f, indent=2, default=str)
+    from rl import trainer  # imported after validation: nothing heavy runs for a bad config
+
+    trainer.train(config, args.workdir, config_path=args.config)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

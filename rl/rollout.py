@@ -1,0 +1,157 @@
+"""Rollouts: prompts -> sampler -> reward workers -> scored batches, with sampling and scoring overlapped.
+
+Pieces (used by the trainer's rejection and RL stages, and by evaluation):
+
+  encode_prompts(tok, texts)           LEFT-padded prompt ids for the sampler
+  sample(gen, params, texts, ks, ...)  K_i samples of prompt i, in fixed-size sampler calls (rows = prompt
+                                       repeated K_i times, prompts padded to max_prompt_len): the sampler
+                                       compiles once per run
+  build_batch(prompt_ids, samples, T)  train-step rows: BOS + prompt + response (+EOS), right-padded to T;
+                                       loss_mask on the response tokens
+  Scorer                               submits a batch to the reward pool's worker processes and returns
+                                       at once, so the main thread samples the next batch while this
+                                       one is scored (the producer / consumer overlap)
+
+A scored rollout keeps everything the train step and the metrics need (`Samples`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import jax
+import numpy as np
+
+
+def round_up(n: int, m: int) -> int:
+    return ((int(n) + m - 1) // m) * m
+
+
+def encode_prompts(tok, texts: Sequence[str], multiple: int = 8, max_len: int | None = None):
+    """LEFT-padded [B, P] ids and mask (BOS + prompt bytes); P rounded up to `multiple`."""
+    ids = [tok.encode(t, add_bos=True) for t in texts]
+    longest = max(len(x) for x in ids)
+    if max_len is not None and longest > max_len:
+        raise ValueError(f"a prompt has {longest} tokens, more than tasks.max_prompt_len={max_len}")
+    P = round_up(longest, multiple)
+    if max_len is not None:
+        P = min(P, max(max_len, longest))
+    arr = np.full((len(ids), P), tok.PAD, np.int32)
+    mask = np.zeros((len(ids), P), np.int32)
+    for i, x in enumerate(ids):
+        arr[i, P - len(x) :] = x
+        mask[i, P - len(x) :] = 1
+    return arr, mask, ids
+
+
+@dataclass
+class Samples:
+    """Sampled answers: row r answers prompt `prompt_index[r]`; rows of one prompt are contiguous."""
+
+    prompt_index: np.ndarray  # [N] int64
+    tokens: np.ndarray  # [N, max_new] int32 (pad after EOS)
+    logprobs: np.ndarray  # [N, max_new] float32 (sampler's, 0 after end)
+    lengths: np.ndarray  # [N] int32, incl. EOS
+    texts: list[str]
+    group_sizes: np.ndarray  # [n_prompts] samples per prompt, in prompt order
+    scores: list[dict] = field(default_factory=list)  # filled by the reward pool
+
+
+def sample(
+    generate: Callable,
+    params,
+    model_cfg,
+    tok,
+    prompt_texts: Sequence[str],
+    ks: Sequence[int],
+    key: jax.Array,
+    *,
+    temperature: float,
+    max_new_tokens: int,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    max_prompt_len: int,
+    rows_per_call: int = 128,
+) -> Samples:
+    """Draw ks[i] answers for prompt i.
+
+    Every prompt is repeated ks[i] times and the rows go to the sampler in calls of exactly
+    `rows_per_call` rows (the last call padded) with prompts left-padded to `max_prompt_len`, so
+    the sampler compiles once per run whatever the batch, K or eval size. Deterministic in `key`
+    (call c uses fold_in(key, c); the sampler folds in the row).
+    """
+    ks = np.asarray(ks, np.int64)
+    n = len(prompt_texts)
+    if ks.shape != (n,):
+        raise ValueError(f"ks must have one entry per prompt ({n}), got shape {ks.shape}")
+    prompts, pmask, _ = encode_prompts(tok, prompt_texts, multiple=max_prompt_len, max_len=max_prompt_len)
+    row_prompt = np.repeat(np.arange(n), ks)
+    R = len(row_prompt)
+    toks, lps, lens = [], [], []
+    for c, start in enumerate(range(0, R, rows_per_call)):
+        sel = row_prompt[start : start + rows_per_call]
+        real = len(sel)
+        sel = np.concatenate([sel, np.full((rows_per_call - real,), sel[-1])])
+        o = generate(
+            params, model_cfg, prompts[sel], jax.random.fold_in(key, c), prompt_mask=pmask[sel], num_samples=1,
+            max_new_tokens=int(max_new_tokens), temperature=float(temperature), top_p=float(top_p),
+            top_k=int(top_k), eos_id=tok.EOS, pad_id=tok.PAD,
+        )
+        t, lp, ln = (np.asarray(x) for x in jax.device_get((o.tokens, o.logprobs, o.lengths)))
+        toks.append(t[:real])
+        lps.append(lp[:real])
+        lens.append(ln[:real])
+    tokens = np.concatenate(toks, 0).astype(np.int32)
+    return Samples(
+        prompt_index=row_prompt, tokens=tokens, logprobs=np.concatenate(lps, 0).astype(np.float32),
+        lengths=np.concatenate(lens, 0).astype(np.int32), texts=[tok.decode(row) for row in tokens], group_sizes=ks,
+    )
+
+
+def build_batch(prompt_ids: Sequence[Sequence[int]], samples: Samples, length: int, pad_id: int = 0) -> dict:
+    """Rows BOS + prompt + response for the train step, right-padded to `length` (fixed: one compile).
+
+    Returns tokens, attn_mask, loss_mask [N, T] int32, sample_logp [N, T] float32 (the sampler's
+    logprobs placed on the response tokens) and resp_start [N] (index of the first response token).
+    """
+    N, M = samples.tokens.shape
+    plens = np.array([len(prompt_ids[p]) for p in samples.prompt_index], np.int64)
+    T = int(length)
+    if int((plens + samples.lengths).max()) > T:
+        raise ValueError(f"a prompt + response has {int((plens + samples.lengths).max())} tokens, more than {T}")
+    tokens = np.full((N, T), pad_id, np.int32)
+    attn = np.zeros((N, T), np.int32)
+    loss = np.zeros((N, T), np.int32)
+    slp = np.zeros((N, T), np.float32)
+    for r in range(N):
+        p = prompt_ids[samples.prompt_index[r]]
+        L = int(samples.lengths[r])
+        P = len(p)
+        tokens[r, :P] = p
+        tokens[r, P : P + L] = samples.tokens[r, :L]
+        attn[r, : P + L] = 1
+        loss[r, P : P + L] = 1
+        slp[r, P : P + L] = samples.logprobs[r, :L]
+    return {"tokens": tokens, "attn_mask": attn, "loss_mask": loss, "sample_logp": slp, "resp_start": plens}
+
+
+class Scorer:
+    """Producer / consumer front of the reward pool (rewards.pool.RewardPool).
+
+    `submit` queues a batch with the pool's worker processes and returns a handle at once, so the
+    caller samples the next batch while this one is scored; `result(handle)` waits for the list of
+    reward dicts (in submit order). With `reward_workers=0` the pool scores inside `submit`.
+    """
+
+    def __init__(self, pool):
+        self.pool = pool
+
+    def submit(self, texts: list[str], golds: list[str], n_tokens=None):
+        return self.pool.submit_batch(list(texts), list(golds), None if n_tokens is None else [int(x) for x in n_tokens])
+
+    @staticmethod
+    def result(handle) -> list[dict]:
+        return handle.result()
+
+    def close(self) -> None:
+        self.pool.close()
