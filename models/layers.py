@@ -21,16 +21,32 @@ def rms_norm(x_BTD, scale_D, eps: float = 1e-6):
     return (normed * scale_D.astype(jnp.float32)).astype(x_BTD.dtype)
 
 
-def apply_rope(x_BTNH, positions_BT, theta: float):
-    """Rotary embedding, 'half split' convention: dims i and i + H/2 form the rotated pair i."""
-    half = x_BTNH.shape[-1] // 2
+def rope_tables(positions_BT, head_dim: int, theta: float):
+    """float32 (cos, signed sin) tables [B, T, 1, head_dim] for apply_rope.
+
+    Computed once per forward and shared by every layer's queries and keys (sin/cos are the costly part of rotary
+    embeddings on CPU). Full width: cos repeated over both halves, sin negated on the first half, so the rotation is
+    one elementwise pass x * cos + swap_halves(x) * sin.
+    """
+    half = head_dim // 2
     inv_freq_h = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
     angle_BTh = positions_BT.astype(jnp.float32)[..., None] * inv_freq_h
-    cos, sin = jnp.cos(angle_BTh)[:, :, None, :], jnp.sin(angle_BTh)[:, :, None, :]
+    cos_BTh, sin_BTh = jnp.cos(angle_BTh), jnp.sin(angle_BTh)
+    cos_BTH = jnp.concatenate([cos_BTh, cos_BTh], axis=-1)[:, :, None, :]
+    sin_BTH = jnp.concatenate([-sin_BTh, sin_BTh], axis=-1)[:, :, None, :]
+    return cos_BTH, sin_BTH
+
+
+def apply_rope(x_BTNH, positions_BT, theta: float, tables=None):
+    """Rotary embedding, 'half split' convention: dims i and i + H/2 form the rotated pair i.
+
+    tables: rope_tables(positions_BT, H, theta), when the caller shares them across layers.
+    """
+    half = x_BTNH.shape[-1] // 2
+    cos_BTH, sin_BTH = rope_tables(positions_BT, x_BTNH.shape[-1], theta) if tables is None else tables
     x32 = x_BTNH.astype(jnp.float32)
-    x1, x2 = x32[..., :half], x32[..., half:]
-    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-    return out.astype(x_BTNH.dtype)
+    swapped = jnp.concatenate([x32[..., half:], x32[..., :half]], axis=-1)
+    return (x32 * cos_BTH + swapped * sin_BTH).astype(x_BTNH.dtype)
 
 
 def causal_mask(positions_T, key_slots_S):
@@ -57,19 +73,23 @@ def dot_product_attention(q_BTNH, k_BKSH, v_BKSH, mask_BTS):
     return out_BKMH.reshape(B, K, G, T, H).transpose(0, 3, 1, 2, 4).reshape(B, T, N, H)
 
 
-def attention(p, x_BTD, positions_BT, mask_BTS, *, rope_theta: float, cache=None, layer: int = 0, cache_index=None):
+def attention(p, x_BTD, positions_BT, mask_BTS, *, rope_theta: float, cache=None, layer: int = 0, cache_index=None,
+              rope=None):
     """Self-attention block (without its norm). p: wq [D,N,H], wk/wv [D,K,H], wo [N,H,D].
 
     Without a cache, keys are this call's tokens. With a cache {"k","v": [L, B, K, S, H]} the new keys/values are
     written into layer `layer` at slots cache_index .. cache_index + T - 1 (cache_index may be traced) and the queries
-    attend over all S slots under mask_BTS. Returns (out_BTD, cache).
+    attend over all S slots under mask_BTS. rope: rope_tables(positions_BT, H, rope_theta) if precomputed.
+    Returns (out_BTD, cache).
     """
     dtype = x_BTD.dtype
     q_BTNH = jnp.einsum("BTD,DNH->BTNH", x_BTD, p["wq"].astype(dtype))
     k_BTKH = jnp.einsum("BTD,DKH->BTKH", x_BTD, p["wk"].astype(dtype))
     v_BTKH = jnp.einsum("BTD,DKH->BTKH", x_BTD, p["wv"].astype(dtype))
-    q_BTNH = apply_rope(q_BTNH, positions_BT, rope_theta)
-    k_BKTH = apply_rope(k_BTKH, positions_BT, rope_theta).transpose(0, 2, 1, 3)
+    if rope is None:
+        rope = rope_tables(positions_BT, q_BTNH.shape[-1], rope_theta)
+    q_BTNH = apply_rope(q_BTNH, positions_BT, rope_theta, rope)
+    k_BKTH = apply_rope(k_BTKH, positions_BT, rope_theta, rope).transpose(0, 2, 1, 3)
     v_BKTH = v_BTKH.transpose(0, 2, 1, 3)
     if cache is None:
         k_BKSH, v_BKSH = k_BKTH, v_BKTH

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from models import sharding
 from models.config import ModelConfig
-from models.layers import attention, causal_mask, rms_norm, swiglu
+from models.layers import attention, causal_mask, rms_norm, rope_tables, swiglu
 from models.moe import moe_layer
 
 
@@ -123,11 +123,11 @@ def init_cache(cfg: ModelConfig, batch_size: int, max_len: int, dtype=None):
 
 
 # ---- forward ---------------------------------------------------------------------------------------------------------
-def _block(p, x_BTD, positions_BT, mask_BTS, token_mask_BT, cache, cache_index, *, cfg: ModelConfig, layer: int,
+def _block(p, x_BTD, positions_BT, rope, mask_BTS, token_mask_BT, cache, cache_index, *, cfg: ModelConfig, layer: int,
            constrain):
     h_BTD = rms_norm(x_BTD, p["attn_norm"], cfg.norm_eps)
     a_BTD, cache = attention(p["attn"], h_BTD, positions_BT, mask_BTS, rope_theta=cfg.rope_theta, cache=cache,
-                             layer=layer, cache_index=cache_index)
+                             layer=layer, cache_index=cache_index, rope=rope)
     x_BTD = constrain(x_BTD + a_BTD)
     h_BTD = rms_norm(x_BTD, p["mlp_norm"], cfg.norm_eps)
     if "moe" in p:
@@ -177,6 +177,7 @@ def forward(params, tokens, cfg: ModelConfig, *, positions=None, attn_mask=None,
     if positions is None:
         positions = jnp.broadcast_to(slots_T, (B, T))
     token_mask_BT = None if attn_mask is None else attn_mask.astype(bool)
+    rope = rope_tables(positions, cfg.head_dim, cfg.rope_theta)  # shared by every layer
 
     x_BTD = constrain(jnp.take(params["embed"], tokens, axis=0).astype(dtype))
     stats = []
@@ -184,8 +185,8 @@ def forward(params, tokens, cfg: ModelConfig, *, positions=None, attn_mask=None,
         block = partial(_block, cfg=cfg, layer=i, constrain=constrain)
         if cfg.remat and cache is None:
             block = jax.checkpoint(block)
-        x_BTD, cache, layer_stats = block(params[f"block_{i}"], x_BTD, positions, mask_BTS, token_mask_BT, cache,
-                                          cache_index)
+        x_BTD, cache, layer_stats = block(params[f"block_{i}"], x_BTD, positions, rope, mask_BTS, token_mask_BT,
+                                          cache, cache_index)
         if layer_stats is not None:
             stats.append(layer_stats)
     h_BTD = rms_norm(x_BTD, params["final_norm"], cfg.norm_eps)

@@ -308,3 +308,13 @@ def test_hidden_states_and_bfloat16(params):
     logits16, aux16 = FWD(params, tokens, cfg=CFG.replace(dtype="bfloat16"), return_hidden=True)
     assert logits16.dtype == jnp.float32 and aux16["hidden"].dtype == jnp.bfloat16
     assert np.all(np.isfinite(logits16)) and np.abs(logits16 - logits).max() < 0.5
+
+
+def test_shared_rope_tables_match_per_call_rotation():
+    # forward computes rope_tables once and passes them to every layer; the result must equal apply_rope's own tables.
+    rng = np.random.default_rng(5)
+    x = jnp.asarray(rng.normal(size=(2, 7, 3, 8)), jnp.float32)
+    pos = jnp.asarray(rng.integers(0, 50, size=(2, 7)), jnp.int32)
+    tables = layers.rope_tables(pos, 8, 1e4)
+    np.testing.assert_allclose(layers.apply_rope(x, pos, 1e4, tables), np_rope(np.asarray(x, np.float64),
+                               np.asarray(pos), 1e4), rtol=1e-5, atol=1e-5)

@@ -1,0 +1,108 @@
+"""Where W1's model time goes on CPU: fwd+bwd of the W1 policy and of its MoE layer alone, per MoE variant.
+
+    python -m experiments.bench.profile_w1                      # all parts, current models/moe.py
+    python -m experiments.bench.profile_w1 --parts model moe    # subset
+    python -m experiments.bench.profile_w1 --block 64           # blocked MoE with a given row block
+
+Each part is a jitted jax.value_and_grad of a scalar loss (mean log-softmax of the logits for the model; sum of
+squares for the MoE layer) on W1 shapes: a [rows, 96] batch (default 16 rows = one of the 4 update microbatches of
+experiments/bench/w1.py). Reports the median wall and process-CPU seconds per call, and GFLOP per CPU-second against
+the float32 matmul's GFLOP per CPU-second measured in the same run (a load-independent MFU: on this shared machine
+wall seconds are inflated by other jobs, CPU seconds much less so). "dense" replaces the MoE layer by a dense SwiGLU
+of the same active width (k x F), the floor any dispatch scheme can reach.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+
+from experiments.bench import common
+from experiments.bench.model_step import forward_flops_per_token
+from experiments.bench.w1 import W1_MODEL
+from models import moe, transformer
+from models.config import ModelConfig
+
+SEQ = 96
+
+
+def timed(fn, *args, reps: int):
+    common.block(fn(*args))
+    walls, cpus = [], []
+    for _ in range(reps):
+        w0, c0 = time.perf_counter(), time.process_time()
+        common.block(fn(*args))
+        walls.append(time.perf_counter() - w0)
+        cpus.append(time.process_time() - c0)
+    return statistics.median(walls), statistics.median(cpus)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=16)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--block", type=int, default=None, help="row block of the blocked MoE (default: its heuristic)")
+    ap.add_argument("--impl", default="auto")
+    ap.add_argument("--parts", nargs="*", default=["model", "moe", "dense", "decode"])
+    args = ap.parse_args(argv)
+    cfg = ModelConfig(**W1_MODEL)
+    params = transformer.init(cfg, jax.random.PRNGKey(0))
+    tokens = jax.random.randint(jax.random.PRNGKey(1), (args.rows, SEQ), 3, cfg.vocab_size, jnp.int32)
+    n_tok = args.rows * SEQ
+    peak = common.matmul_peak_gflops()
+    rows = []
+    if args.block or args.impl != "auto":
+        orig = moe.moe_layer
+        moe_layer = lambda p, x, c, **kw: orig(p, x, c, impl=args.impl, block_size=args.block, **kw)
+        transformer.moe_layer = moe_layer
+    else:
+        moe_layer = moe.moe_layer
+
+    if "model" in args.parts:
+        def loss(p):
+            logits, aux = transformer.forward(p, tokens, cfg)
+            return jnp.mean(jax.nn.log_softmax(logits)) + aux["router_aux_loss"].sum()
+        f = jax.jit(jax.value_and_grad(loss))
+        w, c = timed(f, params, reps=args.reps)
+        flops = 3 * n_tok * forward_flops_per_token(cfg, (SEQ + 1) / 2)
+        rows.append(["model fwd+bwd", w, c, flops / 1e9, flops / c / 1e9 / peak["peak_gflops_per_cpu_s"]])
+        fwd = jax.jit(lambda p: transformer.forward(p, tokens, cfg)[0])
+        w, c = timed(fwd, params, reps=args.reps)
+        rows.append(["model fwd", w, c, flops / 3e9, flops / 3 / c / 1e9 / peak["peak_gflops_per_cpu_s"]])
+    x = jax.random.normal(jax.random.PRNGKey(2), (args.rows, SEQ, cfg.d_model), jnp.float32)
+    moe_flops = 3 * n_tok * 2 * 3 * cfg.d_model * cfg.expert_ff * cfg.experts_per_token
+    if "moe" in args.parts:
+        p = params["block_0"]["moe"]
+        f = jax.jit(jax.value_and_grad(lambda p, x: jnp.sum(moe_layer(p, x, cfg)[0] ** 2), argnums=(0, 1)))
+        w, c = timed(f, p, x, reps=args.reps)
+        rows.append(["1 MoE layer fwd+bwd", w, c, moe_flops / 1e9, moe_flops / c / 1e9 / peak["peak_gflops_per_cpu_s"]])
+    if "dense" in args.parts:
+        F = cfg.expert_ff * cfg.experts_per_token
+        k = jax.random.split(jax.random.PRNGKey(3), 3)
+        pd = {"w_gate": jax.random.normal(k[0], (cfg.d_model, F)) * 0.05,
+              "w_up": jax.random.normal(k[1], (cfg.d_model, F)) * 0.05,
+              "w_down": jax.random.normal(k[2], (F, cfg.d_model)) * 0.05}
+        from models.layers import swiglu
+        f = jax.jit(jax.value_and_grad(lambda p, x: jnp.sum(swiglu(p, x) ** 2), argnums=(0, 1)))
+        w, c = timed(f, pd, x, reps=args.reps)
+        rows.append(["dense SwiGLU (k*F) fwd+bwd", w, c, moe_flops / 1e9,
+                     moe_flops / c / 1e9 / peak["peak_gflops_per_cpu_s"]])
+    if "decode" in args.parts:
+        B, L = 64, 128
+        cache = transformer.init_cache(cfg, B, L)
+        tok = jnp.full((B, 1), 5, jnp.int32)
+        valid = jnp.ones((B, L), bool)
+        step = jax.jit(lambda p, c, i: transformer.forward(p, tok, cfg, cache=c, cache_index=i, kv_valid=valid))
+        w, c = timed(step, params, cache, jnp.int32(60), reps=args.reps * 4)
+        flops = B * forward_flops_per_token(cfg, 61)
+        rows.append(["decode step B=64 (1 token)", w, c, flops / 1e9, flops / c / 1e9 / peak["peak_gflops_per_cpu_s"]])
+    common.print_table(["part", "wall s", "CPU s", "GFLOP", "MFU per CPU-s"], rows)
+    print(f"matmul peak {peak['peak_gflops']:.0f} GFLOP/s wall, {peak['peak_gflops_per_cpu_s']:.0f} GFLOP/CPU-s; "
+          f"rows {args.rows} x {SEQ}; block {args.block}; impl {args.impl}; load {common.machine_info()['loadavg']}")
+
+
+if __name__ == "__main__":
+    main()
