@@ -4,12 +4,14 @@
 
 Task: two-digit addition with column steps in the English format ("Step 1: 4+8=12 ... Answer: 82"); every byte is
 a token. The cold start is deliberately partial (5 epochs over 2000 worked solutions: the format is learned, the
-arithmetic only about 20% of the time), so there is headroom; rejection sampling fine-tunes on the policy's own
-verified answers, and GRPO (outcome reward, KL 0.02 to the cold-start policy) improves on that. Ends with a table
-of held-out (test split) pass@1 / pass@k / format rate after each stage; same seed, same numbers. Measured: test
-pass@1 0.219 after the cold start, 0.227 after rejection sampling, 0.281 after GRPO (BENCHMARKS.md).
+arithmetic only about 20% of the time), so there is headroom; rejection sampling (4 rounds of 512 problems x 8
+samples, 2 epochs on the policy's own verified answers) and GRPO (180 iterations, outcome reward, KL 0.02 to the
+policy GRPO starts from) improve on that. Ends with a table of held-out (test split) pass@1 / pass@k / format rate
+after each stage; same seed, same numbers. Measured (seed 0, 2 cores, 304 s): test pass@1 0.211 after the cold
+start, 0.227 after rejection sampling, 0.383 after GRPO (+17.2 points over the cold start; validation 0.172 ->
+0.344).
 
-Variants (config arg): variant=full (default, ~10 min on 2 cores) | tiny (seconds; the tests use it); seed=N.
+Variants (config arg): variant=full (default, ~5-10 min on 2 cores) | tiny (seconds; the tests use it); seed=N.
     python -m experiments.launch --config experiments/configs/quickstart.py:variant=tiny,seed=1 --workdir runs/qs_tiny
 """
 from experiments.configs.common import base_config, check_variant, parse_arg, stage, tiny_variant
@@ -34,14 +36,19 @@ def get_config(arg=None):
     c.run.update(dict(reward_workers=1))
     c.stages = [
         stage("sft", "cold_start", epochs=5, batch_size=32, n_problems=2000, lr=3e-3, warmup_steps=10),
-        stage("rejection", "rejection", rounds=2, n_problems=128, samples=8, temperature=0.7, epochs=1, batch_size=32,
-              lr=3e-4, warmup_steps=3, max_keep_per_problem=2),
-        stage("grpo", "grpo", iterations=220, n_prompts=32, samples=8, temperature_start=0.7, temperature_end=0.5,
+        # rejection sampling sets GRPO up: 4 rounds of 512 problems x 8 samples, up to 4 distinct verified answers
+        # per problem, 2 epochs at lr 1e-3 lift the sample accuracy at T 0.7 from ~0.12 to ~0.25 (greedy pass@1
+        # barely moves); GRPO then has signal in most groups and takes test pass@1 0.23 -> 0.38. With the older
+        # 2 rounds x 128 problems, 1 epoch at 3e-4, GRPO started at ~0.12 sample accuracy and gained 3-6 points.
+        stage("rejection", "rejection", rounds=4, n_problems=512, samples=8, temperature=0.7, epochs=2, batch_size=32,
+              lr=1e-3, warmup_steps=3, max_keep_per_problem=4),
+        stage("grpo", "grpo", iterations=180, n_prompts=32, samples=8, temperature_start=0.7, temperature_end=0.5,
               lr=2e-4, warmup_steps=10, epochs=1, token_budget=4096, clip_low=0.2, clip_high=0.28, kl_coef=0.02, agg="token-mean",
               filter_zero_variance=True),
     ]
     if variant == "tiny":
         tiny_variant(c)
+        c.stages[1].update(dict(epochs=1, lr=3e-4, max_keep_per_problem=2))  # the tests' tiny run, as before
     return c
 
 
