@@ -13,6 +13,15 @@ import ast
 
 from rl.config_validation import ConfigError, default_config, stage  # noqa: F401  (re-exported for config files)
 
+SMALL_MOE = dict(  # the quickstart policy: 2 layers, d_model 64, 4 experts top-2 in every layer, byte vocabulary
+    vocab_size=259, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=128,
+    n_experts=4, experts_per_token=2, moe_every=1, n_shared_experts=0, max_seq_len=96,
+)
+
+TWO_DIGIT_ADDITION = dict(  # English-format two-digit addition with column steps; ~58 tokens per solution
+    mix="add:1.0", lang="en", difficulty=2, n_train=2000, n_val=64, n_test=128, max_prompt_len=32,
+)
+
 TINY_MODEL = dict(  # a few-thousand-parameter MoE for tests: fast to compile and run on one CPU core
     vocab_size=259, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64,
     n_experts=4, experts_per_token=2, moe_every=1, n_shared_experts=0, max_seq_len=64,

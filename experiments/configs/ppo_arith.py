@@ -7,16 +7,15 @@ Same task and cold start as quickstart (two-digit addition); the RL stage is PPO
 (gamma 1, lambda 0.95) and are whitened, and the KL penalty (k1, adaptive towards 0.01) is subtracted from the
 token rewards. Variants: variant=full (default) | tiny (tests); seed=N.
 """
-from experiments.configs.common import base_config, check_variant, parse_arg, stage, tiny_variant
+from experiments.configs.common import SMALL_MOE, TWO_DIGIT_ADDITION, base_config, check_variant, parse_arg, stage, tiny_variant
 
 
 def get_config(arg=None):
     args = parse_arg(arg, {"variant": "full", "seed": 0})
     variant = check_variant(args, ("full", "tiny"))
     c = base_config(args)
-    c.model.update(dict(vocab_size=259, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=128,
-                        n_experts=4, experts_per_token=2, moe_every=1, n_shared_experts=0, max_seq_len=96))
-    c.tasks.update(dict(mix="add:1.0", lang="en", difficulty=2, n_train=2000, n_val=64, n_test=128, max_prompt_len=32))
+    c.model.update(SMALL_MOE)
+    c.tasks.update(TWO_DIGIT_ADDITION)
     c.sampling.update(dict(max_new_tokens=64))
     c.eval.update(dict(every=10, k=8, n_val=64, n_test=128))
     c.stages = [

@@ -14,7 +14,7 @@ start, 0.227 after rejection sampling, 0.383 after GRPO (+17.2 points over the c
 Variants (config arg): variant=full (default, ~5-10 min on 2 cores) | tiny (seconds; the tests use it); seed=N.
     python -m experiments.launch --config experiments/configs/quickstart.py:variant=tiny,seed=1 --workdir runs/qs_tiny
 """
-from experiments.configs.common import base_config, check_variant, parse_arg, stage, tiny_variant
+from experiments.configs.common import SMALL_MOE, TWO_DIGIT_ADDITION, base_config, check_variant, parse_arg, stage, tiny_variant
 
 
 def get_config(arg=None):
@@ -22,9 +22,8 @@ def get_config(arg=None):
     variant = check_variant(args, ("full", "tiny"))
     c = base_config(args)
     # model: a small MoE (4 experts, top-2, every layer); byte vocabulary
-    c.model.update(dict(vocab_size=259, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=128,
-                        n_experts=4, experts_per_token=2, moe_every=1, n_shared_experts=0, max_seq_len=96))
-    c.tasks.update(dict(mix="add:1.0", lang="en", difficulty=2, n_train=2000, n_val=64, n_test=128, max_prompt_len=32))
+    c.model.update(SMALL_MOE)
+    c.tasks.update(TWO_DIGIT_ADDITION)
     c.sampling.update(dict(max_new_tokens=64))
     c.eval.update(dict(every=20, k=8, n_val=64, n_test=128, temperature=0.6))
     # reward: the verified answer only (0/1). The format is learned in the cold start (format rate ~1.0) and still
