@@ -30,7 +30,7 @@ class ModelConfig:
     d_ff: int = 128  # hidden width of the dense SwiGLU blocks
     n_experts: int = 4  # routed experts per MoE block (0 = all-dense model)
     experts_per_token: int = 2  # top-k routing
-    moe_every: int = 2  # block i is MoE iff (i + 1) % moe_every == 0 (0 = all-dense model)
+    moe_every: int = 2  # block i is MoE iff (i + 1) % moe_every == 0 and i not in dense_layers (0 = all dense)
     expert_d_ff: int | None = None  # hidden width of each expert (None = d_ff); small for fine-grained experts
     n_shared_experts: int = 0  # always-on experts (DeepSeekMoE), each of width expert_d_ff
     capacity_factor: float | None = None  # None = dropless; else capacity = ceil(cf * tokens * k / n_experts)
@@ -41,8 +41,14 @@ class ModelConfig:
     norm_eps: float = 1e-6  # RMSNorm epsilon
     dtype: str = "float32"  # compute dtype of activations and matmuls (logits and router are always float32)
     param_dtype: str = "float32"  # storage dtype of parameters
-    tie_embeddings: bool = True  # unembedding = embedding table (scaled by d_model**-0.5)
+    tie_embeddings: bool = True  # unembedding = embedding table (scaled by d_model**-0.5 if scale_tied_unembed)
     remat: bool = False  # rematerialise each block in the backward pass (saves activation memory)
+    # Fields that pretrained checkpoints need (models/hf.py sets them); the defaults reproduce the from-scratch model.
+    attn_bias: bool = False  # learned bias on the q/k/v projections (Qwen2)
+    qk_norm: bool = False  # per-head RMSNorm of queries and keys before the rotary embedding (Qwen3)
+    scale_tied_unembed: bool = True  # tied unembedding multiplied by d_model**-0.5 (False for HF checkpoints)
+    norm_topk_prob: bool = True  # renormalise the top-k router probabilities to sum to 1 (False: raw softmax probs)
+    dense_layers: tuple[int, ...] = ()  # blocks kept dense whatever moe_every says (HF mlp_only_layers)
 
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff", "max_seq_len"):
@@ -73,9 +79,16 @@ class ModelConfig:
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in _DTYPES:
                 raise ValueError(f"{name} must be one of {_DTYPES}, got {getattr(self, name)!r}")
-        for name in ("tie_embeddings", "remat"):
+        for name in ("tie_embeddings", "remat", "attn_bias", "qk_norm", "scale_tied_unembed", "norm_topk_prob"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        # Lists (from JSON or a ConfigDict) become a sorted tuple: the config is a static jit argument, so hashable.
+        if not isinstance(self.dense_layers, (tuple, list)):
+            raise ValueError(f"dense_layers must be a tuple of block indices, got {self.dense_layers!r}")
+        for i in self.dense_layers:
+            if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.n_layers:
+                raise ValueError(f"dense_layers entries must be ints in [0, n_layers={self.n_layers}), got {i!r}")
+        object.__setattr__(self, "dense_layers", tuple(sorted(set(self.dense_layers))))
 
     # ---- derived quantities -------------------------------------------------------------------------------------
     @property
@@ -83,7 +96,7 @@ class ModelConfig:
         return self.n_experts > 0 and self.moe_every > 0
 
     def is_moe_layer(self, i: int) -> bool:
-        return self.is_moe_model and (i + 1) % self.moe_every == 0
+        return self.is_moe_model and (i + 1) % self.moe_every == 0 and i not in self.dense_layers
 
     @property
     def moe_layers(self) -> tuple[int, ...]:
@@ -120,7 +133,9 @@ def _check_int(name: str, value: Any, *, minimum: int) -> None:
 def _attn_params(cfg: ModelConfig) -> int:
     q_and_o = 2 * cfg.d_model * cfg.n_heads * cfg.head_dim
     k_and_v = 2 * cfg.d_model * cfg.n_kv_heads * cfg.head_dim
-    return q_and_o + k_and_v + 2 * cfg.d_model  # + the two RMSNorm scales of the block
+    bias = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim if cfg.attn_bias else 0
+    qk_norm = 2 * cfg.head_dim if cfg.qk_norm else 0
+    return q_and_o + k_and_v + bias + qk_norm + 2 * cfg.d_model  # + the two RMSNorm scales of the block
 
 
 def _ffn_params(cfg: ModelConfig, layer: int, *, active: bool) -> int:

@@ -74,8 +74,10 @@ def dot_product_attention(q_BTNH, k_BKSH, v_BKSH, mask_BTS):
 
 
 def attention(p, x_BTD, positions_BT, mask_BTS, *, rope_theta: float, cache=None, layer: int = 0, cache_index=None,
-              rope=None):
-    """Self-attention block (without its norm). p: wq [D,N,H], wk/wv [D,K,H], wo [N,H,D].
+              rope=None, norm_eps: float = 1e-6):
+    """Self-attention block (without its norm). p: wq [D,N,H], wk/wv [D,K,H], wo [N,H,D]; optional biases
+    bq [N,H], bk/bv [K,H] (Qwen2) and per-head RMSNorm scales q_norm/k_norm [H] applied before the rotary
+    embedding (Qwen3), used when present.
 
     Without a cache, keys are this call's tokens. With a cache {"k","v": [L, B, K, S, H]} the new keys/values are
     written into layer `layer` at slots cache_index .. cache_index + T - 1 (cache_index may be traced) and the queries
@@ -86,6 +88,13 @@ def attention(p, x_BTD, positions_BT, mask_BTS, *, rope_theta: float, cache=None
     q_BTNH = jnp.einsum("BTD,DNH->BTNH", x_BTD, p["wq"].astype(dtype))
     k_BTKH = jnp.einsum("BTD,DKH->BTKH", x_BTD, p["wk"].astype(dtype))
     v_BTKH = jnp.einsum("BTD,DKH->BTKH", x_BTD, p["wv"].astype(dtype))
+    if "bq" in p:
+        q_BTNH = q_BTNH + p["bq"].astype(dtype)
+        k_BTKH = k_BTKH + p["bk"].astype(dtype)
+        v_BTKH = v_BTKH + p["bv"].astype(dtype)
+    if "q_norm" in p:
+        q_BTNH = rms_norm(q_BTNH, p["q_norm"], norm_eps)
+        k_BTKH = rms_norm(k_BTKH, p["k_norm"], norm_eps)
     if rope is None:
         rope = rope_tables(positions_BT, q_BTNH.shape[-1], rope_theta)
     q_BTNH = apply_rope(q_BTNH, positions_BT, rope_theta, rope)

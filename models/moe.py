@@ -32,12 +32,16 @@ from models.layers import swiglu
 
 
 # ---- router --------------------------------------------------------------------------------------------------------
-def route(w_router_DE, x_ND, k: int):
-    """float32 router: logits [N,E], renormalised top-k weights [N,k] (f32) and expert ids [N,k] (int32)."""
+def route(w_router_DE, x_ND, k: int, norm_topk_prob: bool = True):
+    """float32 router: logits [N,E], top-k weights [N,k] (f32) and expert ids [N,k] (int32).
+
+    The weights are the softmax probabilities of the k chosen experts, renormalised to sum to 1 when norm_topk_prob
+    (equal to a softmax over the top-k logits: Mixtral, Qwen3-MoE's usual setting, the from-scratch model), else the
+    raw probabilities (Qwen3-MoE / OLMoE with norm_topk_prob false)."""
     logits_NE = jnp.einsum("ND,DE->NE", x_ND.astype(jnp.float32), w_router_DE.astype(jnp.float32))
     probs_NE = jax.nn.softmax(logits_NE, axis=-1)
     top_p_NK, experts_NK = jax.lax.top_k(probs_NE, k)
-    weights_NK = top_p_NK / jnp.sum(top_p_NK, axis=-1, keepdims=True)
+    weights_NK = top_p_NK / jnp.sum(top_p_NK, axis=-1, keepdims=True) if norm_topk_prob else top_p_NK
     return logits_NE, weights_NK, experts_NK.astype(jnp.int32)
 
 
@@ -220,7 +224,7 @@ def moe_layer(p, x_BTD, cfg, *, token_mask_BT=None, impl: str = "auto", block_si
     B, T, D = x_BTD.shape
     x_ND = x_BTD.reshape(B * T, D)
     mask_N = jnp.ones((B * T,), bool) if token_mask_BT is None else token_mask_BT.reshape(B * T).astype(bool)
-    logits_NE, weights_NK, experts_NK = route(p["router"], x_ND, cfg.experts_per_token)
+    logits_NE, weights_NK, experts_NK = route(p["router"], x_ND, cfg.experts_per_token, cfg.norm_topk_prob)
     stats = router_stats(logits_NE, experts_NK, mask_N)
     valid_NK = jnp.broadcast_to(mask_N[:, None], experts_NK.shape)
     if cfg.capacity_factor is not None:

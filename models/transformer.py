@@ -6,8 +6,9 @@
                                                    # forward(..., cache=cache, cache_index=i, kv_valid=...)
 
 Block i: x += attention(rms_norm(x)); x += ffn(rms_norm(x)), where ffn is a MoE layer iff cfg.is_moe_layer(i)
-(n_experts > 0, moe_every > 0 and (i + 1) % moe_every == 0), else a dense SwiGLU. A final RMSNorm precedes the
-(tied or untied) unembedding; logits are float32. `param_axes(cfg)` mirrors the params tree with logical axis names
+(n_experts > 0, moe_every > 0, (i + 1) % moe_every == 0 and i not in cfg.dense_layers), else a dense SwiGLU.
+Attention optionally has q/k/v biases (cfg.attn_bias) and per-head q/k RMSNorm (cfg.qk_norm). A final RMSNorm
+precedes the (tied or untied) unembedding; logits are float32 (`return_logits=False` skips them, see forward). `param_axes(cfg)` mirrors the params tree with logical axis names
 that models/sharding.py maps onto a device mesh; given mesh and rules, forward also pins the residual stream's layout.
 """
 
@@ -34,6 +35,10 @@ def _block_shapes(cfg: ModelConfig, i: int):
     D, N, K, H = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     block = {"attn_norm": (D,), "mlp_norm": (D,),
              "attn": {"wq": (D, N, H), "wk": (D, K, H), "wv": (D, K, H), "wo": (N, H, D)}}
+    if cfg.attn_bias:
+        block["attn"].update({"bq": (N, H), "bk": (K, H), "bv": (K, H)})
+    if cfg.qk_norm:
+        block["attn"].update({"q_norm": (H,), "k_norm": (H,)})
     if cfg.is_moe_layer(i):
         block["moe"] = {"router": (D, cfg.n_experts), **_swiglu_shapes(D, cfg.expert_ff, (cfg.n_experts,))}
         if cfg.n_shared_experts:
@@ -48,6 +53,11 @@ def _block_axes(cfg: ModelConfig, i: int):
     block = {"attn_norm": (None,), "mlp_norm": (None,),
              "attn": {"wq": ("embed", "heads", "head_dim"), "wk": ("embed", "kv_heads", "head_dim"),
                       "wv": ("embed", "kv_heads", "head_dim"), "wo": ("heads", "head_dim", "embed")}}
+    if cfg.attn_bias:
+        block["attn"].update({"bq": ("heads", "head_dim"), "bk": ("kv_heads", "head_dim"),
+                              "bv": ("kv_heads", "head_dim")})
+    if cfg.qk_norm:
+        block["attn"].update({"q_norm": (None,), "k_norm": (None,)})
     if cfg.is_moe_layer(i):
         block["moe"] = {"router": ("embed", None), **{n: ("expert", *a) for n, a in mlp.items()}}
         if cfg.n_shared_experts:
@@ -67,9 +77,12 @@ def param_axes(cfg: ModelConfig):
 
 
 def _init_scale(name: str, shape) -> float | None:
-    """Standard deviation of a parameter's normal init; None for RMSNorm scales (initialised to one)."""
+    """Standard deviation of a parameter's normal init; None for RMSNorm scales (initialised to one), 0 for the
+    attention biases (initialised to zero)."""
     if name.endswith("norm"):
         return None
+    if name in ("bq", "bk", "bv"):
+        return 0.0
     if name == "embed":
         return 1.0  # unit scale; the first RMSNorm sees O(1) inputs
     if name in ("wq", "wk", "wv"):
@@ -86,12 +99,12 @@ def _init_group(key, shapes, dtype):
     one RNG kernel per group instead of one per array keeps compilation of init fast."""
     paths_and_shapes, treedef = jax.tree_util.tree_flatten_with_path(shapes, is_leaf=lambda x: isinstance(x, tuple))
     scales = [_init_scale(str(path[-1].key), shape) for path, shape in paths_and_shapes]
-    total = sum(math.prod(shape) for (_, shape), scale in zip(paths_and_shapes, scales) if scale is not None)
+    total = sum(math.prod(shape) for (_, shape), scale in zip(paths_and_shapes, scales) if scale)
     noise = jax.random.normal(key, (total,), jnp.float32)
     leaves, offset = [], 0
     for (_, shape), scale in zip(paths_and_shapes, scales):
-        if scale is None:
-            leaves.append(jnp.ones(shape, dtype))
+        if not scale:  # constant init; draws no noise, so the other arrays' values do not depend on these
+            leaves.append(jnp.ones(shape, dtype) if scale is None else jnp.zeros(shape, dtype))
             continue
         size = math.prod(shape)
         leaves.append((noise[offset:offset + size].reshape(shape) * scale).astype(dtype))
@@ -127,7 +140,7 @@ def _block(p, x_BTD, positions_BT, rope, mask_BTS, token_mask_BT, cache, cache_i
            constrain):
     h_BTD = rms_norm(x_BTD, p["attn_norm"], cfg.norm_eps)
     a_BTD, cache = attention(p["attn"], h_BTD, positions_BT, mask_BTS, rope_theta=cfg.rope_theta, cache=cache,
-                             layer=layer, cache_index=cache_index, rope=rope)
+                             layer=layer, cache_index=cache_index, rope=rope, norm_eps=cfg.norm_eps)
     x_BTD = constrain(x_BTD + a_BTD)
     h_BTD = rms_norm(x_BTD, p["mlp_norm"], cfg.norm_eps)
     if "moe" in p:
@@ -146,8 +159,12 @@ def _stack_stats(stats, n_experts: int):
 
 
 def forward(params, tokens, cfg: ModelConfig, *, positions=None, attn_mask=None, cache=None, cache_index=None,
-            kv_valid=None, return_hidden=False, mesh=None, rules=None):
+            kv_valid=None, return_hidden=False, return_logits=True, mesh=None, rules=None):
     """Logits [B, T, vocab] (float32) and aux (router statistics per MoE layer, "hidden", "cache").
+
+    return_hidden: aux["hidden"] = the final-normed hidden states [B, T, d_model] (compute dtype).
+    return_logits=False: no unembedding at all; returns (None, aux) with aux["hidden"], for callers that take
+    logprobs chunk by chunk from the hidden states (models/vocab.py) instead of materialising [B, T, vocab].
 
     Without cache: causal self-attention over `tokens`; attn_mask [B, T] (1 = real) masks padded keys and keeps
     padding out of the experts and router statistics; positions default to arange(T).
@@ -190,20 +207,30 @@ def forward(params, tokens, cfg: ModelConfig, *, positions=None, attn_mask=None,
         if layer_stats is not None:
             stats.append(layer_stats)
     h_BTD = rms_norm(x_BTD, params["final_norm"], cfg.norm_eps)
-
-    if cfg.tie_embeddings:
-        # Unit-scale embeddings used as the output matrix: scale so initial logits are O(1).
-        w_VD = params["embed"].astype(dtype) * jnp.asarray(cfg.d_model ** -0.5, dtype)
-        logits_BTV = jnp.einsum("BTD,VD->BTV", h_BTD, w_VD, preferred_element_type=jnp.float32)
-    else:
-        logits_BTV = jnp.einsum("BTD,DV->BTV", h_BTD, params["unembed"].astype(dtype),
-                                preferred_element_type=jnp.float32)
-    if mesh is not None:
-        logits_BTV = sharding.constrain(logits_BTV, ("batch", "length", "vocab"), mesh, rules)
-
     aux = _stack_stats(stats, cfg.n_experts)
-    if return_hidden:
+    if return_hidden or not return_logits:
         aux["hidden"] = h_BTD
     if cache is not None:
         aux["cache"] = cache
+    if not return_logits:
+        return None, aux
+
+    w, layout, scale = unembedding(params, cfg)
+    if layout == "VD":
+        # The scale is folded into the (smaller than activations at training shapes) weight, in the compute dtype.
+        w_VD = w.astype(dtype) if scale == 1.0 else w.astype(dtype) * jnp.asarray(scale, dtype)
+        logits_BTV = jnp.einsum("BTD,VD->BTV", h_BTD, w_VD, preferred_element_type=jnp.float32)
+    else:
+        logits_BTV = jnp.einsum("BTD,DV->BTV", h_BTD, w.astype(dtype), preferred_element_type=jnp.float32)
+    if mesh is not None:
+        logits_BTV = sharding.constrain(logits_BTV, ("batch", "length", "vocab"), mesh, rules)
     return logits_BTV.astype(jnp.float32), aux
+
+
+def unembedding(params, cfg: ModelConfig):
+    """The output projection as (w, layout, scale): logits = scale * h @ w for layout "DV" (an untied [D, V]
+    "unembed"), scale * h @ w.T for "VD" (the tied [V, D] embedding table). scale is d_model**-0.5 for a tied table
+    when cfg.scale_tied_unembed (unit-scale embeddings of the from-scratch model), else 1."""
+    if cfg.tie_embeddings:
+        return params["embed"], "VD", (cfg.d_model ** -0.5 if cfg.scale_tied_unembed else 1.0)
+    return params["unembed"], "DV", 1.0

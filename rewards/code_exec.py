@@ -1,44 +1,34 @@
-"""Sandboxed execution of generated Python against tests: the code reward.
+"""The code reward: run generated Python in a sandbox and score it against test cases. Never raises.
 
-    from rewards.code_exec import run_tests, run_tests_detailed, ExecConfig
-    run_tests("def add(a, b):\\n    return a + b", ["assert add(1, 2) == 3", "assert add(0, 0) == 1"])  # 0.5
-    run_tests_detailed(code, tests, ExecConfig(timeout_s=5)).passed   # per-test booleans, timing, flags
+    from rewards.code_exec import run_function_tests, run_tests, ExecConfig
+    run_function_tests("def add(a, b):\\n    return a + b", "add", [([1, 2], 3), ([2, 2], 5)])   # 0.5
+    run_tests(code, ["assert add(1, 2) == 3", "assert add(0, 0) == 0"])                          # 1.0
+    run_function_tests_detailed(...) / run_tests_detailed(...)   # ExecResult: per-case flags, errors, layers
 
-reward = share of tests passed (0.0 when the code does not even load). Never raises: every failure of the
-sandbox machinery gives 0.0 with `error` set in the detailed result.
+Value-based scoring: the verdict never happens where the candidate's code runs. The sandboxed process only
+loads the code, calls the function on each case's arguments and writes each return value as JSON to a pipe;
+the expected values never enter it. This process decodes those values (plain JSON only: dicts, lists,
+strings, numbers, booleans, null) and compares them here, with Python's == on the decoded values. An object
+that is not JSON-representable (an "always equal" object, a generator, a set) fails its case; tuples arrive
+as lists and dict keys as strings, so expected values are normalised the same way before comparing.
 
-How one run is contained (layers, so that one bypass is not enough):
-  process    a fresh `python -I -S` (isolated: no site, no user paths, PYTHON* ignored) in its own session /
-             process group, cwd = a new private temporary directory, environment = PATH and LANG only.
-  limits     set by the trusted harness before any generated code runs: RLIMIT_CPU (cpu_s), RLIMIT_AS
-             (memory_mb), RLIMIT_FSIZE (file_size_mb), RLIMIT_NPROC (max_procs), RLIMIT_NOFILE, no core files;
-             plus a wall-clock limit for the whole run (timeout_s) and one per test (per_test_timeout_s, SIGALRM).
-  identity   when run as root (drop_privileges), the harness switches to a fresh unused uid/gid (one per run),
-             so the code cannot write anywhere outside its directory (which it owns), RLIMIT_NPROC applies
-             (root ignores it), and every process the run created can be killed as a set: the harness ends
-             with kill(-1) under that uid and the parent does the same (via setpriv) after a timeout.
-             Standard-library modules that solutions commonly use are imported before the switch, because
-             the interpreter's files may not be readable by another uid.
-  network    a new empty network namespace (`unshare -n`) when available (root, util-linux), and always an
-             audit hook that refuses socket creation.
-  audit hook refuses: opening files for writing / creating, removing, renaming, linking, chmod/chown outside
-             the run's directory, changing directory out of it, opening directories outside it (a directory
-             descriptor would allow os.open(name, dir_fd=...)); socket creation; process creation (fork, exec, spawn, system, Popen) unless
-             allow_processes; signals to other processes; ctypes / cffi (which would bypass the hook).
-  reporting  the harness writes "<nonce> <test index> <0|1>" lines to a private pipe; exit codes are never
-             trusted (sys.exit(0) or os._exit(0) in generated code pass nothing), forked children never
-             report, and lines without the run's random nonce are ignored. Generated code runs in the same
-             interpreter as the harness, so a determined program could read the nonce from memory; the
-             layers above still contain it, but do not treat this reward as proof against adversarial code.
+`run_tests(code, tests)` takes trusted test statements and turns each into such a case with `ast` here:
+    assert f(<literals>) == <literal>      (also <literal> == f(...), and != )
+    assert f(<literals>) is True / False / None
+    assert f(<literals>)            assert not f(<literals>)
+    assert math.isclose(f(<literals>), <literal>[, rel_tol=<literal>][, abs_tol=<literal>])
+Arguments may be any Python literal (tuples, sets, bytes, negative numbers, keyword arguments). Any other
+statement is refused: the whole call scores 0.0 with `error="unsupported test: ..."` and nothing runs.
 
-Tests are Python statements (typically `assert f(x) == y`), each run after the solution in the solution's
-namespace; a test passes when it finishes without an exception within per_test_timeout_s.
+The sandbox layers are described in docs/security.md; ExecConfig holds the limits.
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
 import itertools
 import json
+import math
 import os
 import secrets
 import select
@@ -50,30 +40,34 @@ import tempfile
 import threading
 import time
 
-__all__ = ["ExecConfig", "ExecResult", "run_tests", "run_tests_detailed", "netns_available"]
+__all__ = ["ExecConfig", "ExecResult", "run_function_tests", "run_function_tests_detailed", "run_tests",
+           "run_tests_detailed", "parse_test", "netns_available"]
 
+_HARNESS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_code_harness.py")
 _UID_BASE = 1 << 28  # sandbox uids: far above any real account; one per run
 _uid_counter = itertools.count()
 _netns_cache: dict[str, bool] = {}
 _netns_lock = threading.Lock()
+_MAX_INT_DIGITS = 100_000  # longest integer accepted in a result (decimal digits)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ExecConfig:
     """Limits of one sandboxed run."""
 
-    timeout_s: float = 10.0  # wall-clock limit of the whole run (start-up, solution and all tests)
-    per_test_timeout_s: float = 2.0  # wall-clock limit per test (SIGALRM inside the sandbox)
+    timeout_s: float = 10.0  # wall-clock limit of the whole run (start-up, loading and all cases)
+    per_test_timeout_s: float = 2.0  # wall-clock limit for loading the code and for each call (SIGALRM)
     cpu_s: int = 10  # RLIMIT_CPU seconds
     memory_mb: int = 512  # RLIMIT_AS, megabytes of address space
     file_size_mb: int = 8  # RLIMIT_FSIZE, largest file the code may write
-    max_procs: int = 16  # RLIMIT_NPROC for the sandbox uid (only enforced with drop_privileges as root)
+    max_procs: int = 16  # RLIMIT_NPROC (only meaningful with a private uid or user namespace)
     max_open_files: int = 64  # RLIMIT_NOFILE
     network_namespace: bool = True  # use `unshare -n` when available (the socket audit hook is always on)
     drop_privileges: bool = True  # as root: run the code under a fresh unused uid/gid
     allow_processes: bool = False  # let the code fork / exec (still bounded by max_procs)
     audit_hook: bool = True  # the in-process guard; switch off only to test the other layers
-    max_code_chars: int = 200_000  # longer code or tests give 0.0 without running
+    max_code_chars: int = 200_000  # longer code + case arguments give 0.0 without running
+    max_output_chars: int = 1_000_000  # longest JSON text of one return value
     python: str | None = None  # interpreter for the sandbox; None = sys.executable
 
     def __post_init__(self):
@@ -81,7 +75,8 @@ class ExecConfig:
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v <= 3600:
                 raise ValueError(f"ExecConfig.{name} must be a number of seconds in (0, 3600], got {v!r}")
-        for name in ("cpu_s", "memory_mb", "file_size_mb", "max_procs", "max_open_files", "max_code_chars"):
+        for name in ("cpu_s", "memory_mb", "file_size_mb", "max_procs", "max_open_files", "max_code_chars",
+                     "max_output_chars"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"ExecConfig.{name} must be an int >= 1, got {v!r}")
@@ -96,176 +91,254 @@ class ExecConfig:
 
 @dataclasses.dataclass
 class ExecResult:
-    """Outcome of one run: per-test pass flags and why anything went wrong."""
+    """Outcome of one run: per-case pass flags and why anything went wrong."""
 
     passed: list[bool]
     fraction: float
     loaded: bool = False  # the solution itself ran without an exception
     timed_out: bool = False  # the whole run hit timeout_s
-    error: str = ""  # sandbox or solution error kind ("" when none)
+    error: str = ""  # sandbox, input or solution error kind ("" when none)
     seconds: float = 0.0
     stderr_tail: str = ""
     sandbox: dict = dataclasses.field(default_factory=dict)  # which layers were active
+    case_errors: list[str] = dataclasses.field(default_factory=list)  # per case: "" or why it failed
 
 
-# The trusted harness. It runs as `python -I -S -c HARNESS` with the payload (JSON) on stdin.
-_HARNESS = r'''
-import os, sys, json, signal, resource, builtins
-_PRELOAD = ("math", "cmath", "collections", "collections.abc", "itertools", "functools", "heapq", "bisect",
-            "re", "string", "fractions", "decimal", "random", "statistics", "operator", "copy", "typing",
-            "dataclasses", "enum", "array", "struct", "datetime", "time", "textwrap", "unicodedata",
-            "numbers", "io", "json", "hashlib", "base64", "queue", "contextlib", "abc", "types", "traceback",
-            "warnings", "weakref", "keyword", "sys", "_strptime", "calendar", "pprint", "difflib", "pathlib",
-            "shutil", "glob", "fnmatch", "csv", "tempfile", "locale", "codecs", "errno", "stat")
-def _harness():
-    cfg = json.loads(sys.stdin.buffer.read().decode("utf-8"))
-    sys.stdin.close()
-    out_fd, nonce, my_pid = cfg["fd"], cfg["nonce"], os.getpid()
-    def report(line):
-        if os.getpid() != my_pid:
-            os._exit(0)  # a forked child never reports
-        try:
-            os.write(out_fd, (nonce + " " + line + "\n").encode())
-        except OSError:
-            pass
-    for name in _PRELOAD:
-        try:
-            __import__(name)
-        except Exception:
-            pass
-    MB = 1 << 20
-    limits = [(resource.RLIMIT_CPU, cfg["cpu_s"]), (resource.RLIMIT_AS, cfg["memory_mb"] * MB),
-              (resource.RLIMIT_FSIZE, cfg["file_size_mb"] * MB), (resource.RLIMIT_NOFILE, cfg["max_open_files"]),
-              (resource.RLIMIT_CORE, 0), (resource.RLIMIT_NPROC, cfg["max_procs"])]
-    for which, value in limits:
-        try:
-            resource.setrlimit(which, (value, value))
-        except (ValueError, OSError):
-            pass
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write fails with EFBIG instead of killing
-    uid = cfg["uid"]
-    dropped = False
-    if uid is not None and os.getuid() == 0:
-        os.setgroups([])
-        os.setgid(uid)
-        os.setuid(uid)
-        dropped = os.getuid() == uid and uid >= (1 << 28)
-    report("L dropped=%d" % dropped)
-    root = os.path.realpath(os.getcwd())
-    allow_procs = cfg["allow_processes"]
-    state = {"in_hook": False, "harness_kill": False}
-    WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
-    PROC_EVENTS = {"os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn", "os.system",
-                   "subprocess.Popen", "pty.spawn", "os.startfile"}
-    PATH_EVENTS = {"os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.link",
-                   "os.symlink", "os.truncate", "os.utime", "shutil.copyfile", "shutil.copymode",
-                   "shutil.copystat", "shutil.copytree", "shutil.rmtree", "shutil.move", "shutil.chown",
-                   "os.chflags", "os.lchflags", "os.setxattr", "os.removexattr", "os.mkfifo", "os.mknod"}
-    BLOCKED_MODULES = ("ctypes", "_ctypes", "cffi", "_cffi_backend")
-    def inside(path, fd_ok=True):
-        if isinstance(path, int):
-            if fd_ok:
-                return True  # an already-open descriptor
-            try:
-                path = os.readlink("/proc/self/fd/%d" % path)
-            except OSError:
-                return False
-        try:
-            p = os.fsdecode(path)
-        except Exception:
-            return False
-        full = os.path.realpath(p)  # relative paths resolve against the current directory, as open() does
-        return full == root or full.startswith(root + os.sep)
-    def hook(event, args):
-        if state["in_hook"]:
-            return
-        state["in_hook"] = True
-        try:
-            if event == "open":
-                path, mode, flags = (tuple(args) + (None, None, None))[:3]
-                writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
-                    isinstance(flags, int) and flags >= 0 and flags & WRITE_FLAGS)
-                if writing and not inside(path):
-                    raise PermissionError("sandbox: writing outside the run directory is not allowed")
-                if not isinstance(path, int) and not inside(path) and os.path.isdir(path):
-                    # A directory descriptor from outside would let os.open(name, dir_fd=...) write there.
-                    raise PermissionError("sandbox: opening directories outside the run directory is not allowed")
-            elif event == "os.chdir":
-                if args and not inside(args[0], fd_ok=False):
-                    raise PermissionError("sandbox: leaving the run directory is not allowed")
-            elif event in PATH_EVENTS:
-                for a in args:
-                    if isinstance(a, (str, bytes, os.PathLike)) and not inside(a):
-                        raise PermissionError("sandbox: %s outside the run directory" % event)
-            elif event.startswith("socket."):
-                raise PermissionError("sandbox: network access is not allowed")
-            elif event in PROC_EVENTS and not allow_procs:
-                raise PermissionError("sandbox: creating processes is not allowed")
-            elif event in ("os.kill", "os.killpg") and not state["harness_kill"]:
-                if not (event == "os.kill" and args and args[0] == os.getpid()):
-                    raise PermissionError("sandbox: signalling other processes is not allowed")
-            elif event == "import" and args and str(args[0]).split(".")[0] in BLOCKED_MODULES:
-                raise ImportError("sandbox: %s is not available" % args[0])
-            elif event.startswith("ctypes.") or event == "sys.addaudithook":
-                raise PermissionError("sandbox: %s is not allowed" % event)
-        finally:
-            state["in_hook"] = False
-    if cfg["audit_hook"]:
-        sys.addaudithook(hook)
-    class SandboxTimeout(BaseException):
-        pass
-    def on_alarm(signum, frame):
-        raise SandboxTimeout()
-    signal.signal(signal.SIGALRM, on_alarm)
-    ns = {"__name__": "__main__", "__builtins__": builtins}
-    per_test = cfg["per_test_timeout_s"]
-    loaded = False
+# ----------------------------------------------------------------------------------------------- cases
+@dataclasses.dataclass(frozen=True)
+class _Case:
+    func: str
+    args_src: str  # Python literal source of the positional arguments (a tuple)
+    kwargs_src: str  # Python literal source of the keyword arguments (a dict)
+    check: tuple  # ("eq", v) | ("ne", v) | ("is", True/False/None) | ("truthy",) | ("falsy",) | ("isclose", v, rel, abs)
+
+
+class _Unsupported(ValueError):
+    pass
+
+
+def _canonical(value, depth=0):
+    """An expected value as JSON would carry it back (tuples -> lists, non-str keys -> JSON key text)."""
+    if depth > 200:
+        raise _Unsupported("expected value nested too deeply")
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v, depth + 1) for v in value]
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            if isinstance(k, str):
+                key = k
+            elif k is None or isinstance(k, (bool, int, float)):
+                key = json.dumps(k)  # how json.dumps writes a non-string key
+            else:
+                raise _Unsupported(f"dict key {type(k).__name__} cannot come back through JSON")
+            out[key] = _canonical(v, depth + 1)
+        return out
+    raise _Unsupported(f"expected value of type {type(value).__name__} cannot come back through JSON")
+
+
+def _literal_src(value, what: str) -> str:
+    """Source text that ast.literal_eval turns back into `value` (checked), for sending arguments."""
+    src = repr(value)
     try:
-        code = compile(cfg["code"], "<solution>", "exec")
-        signal.setitimer(signal.ITIMER_REAL, per_test)
-        exec(code, ns)
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        loaded = True
-    except BaseException as e:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        report("E " + type(e).__name__)
-    if os.getpid() != my_pid:
-        os._exit(0)
-    report("S %d" % loaded)
-    for i, test in enumerate(cfg["tests"]):
+        ok = ast.literal_eval(src) == value
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         ok = False
-        if loaded:
-            try:
-                t = compile(test, "<test %d>" % i, "exec")
-                signal.setitimer(signal.ITIMER_REAL, per_test)
-                exec(t, ns)
-                signal.setitimer(signal.ITIMER_REAL, 0)
-                ok = True
-            except BaseException:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-                ok = False
-        report("T %d %d" % (i, ok))
-    report("D")
+    if not ok:
+        raise _Unsupported(f"{what} must be Python literals (no nan/inf, no objects), got {src[:80]}")
+    return src
+
+
+def _make_case(func, args, kwargs, check) -> _Case:
+    if not isinstance(func, str) or not func.isidentifier():
+        raise _Unsupported(f"function name must be an identifier, got {func!r}")
+    return _Case(func, _literal_src(tuple(args), "arguments"), _literal_src(dict(kwargs), "keyword arguments"),
+                 check)
+
+
+def _call_of(node):
+    """(name, args, kwargs) when `node` is name(<literals>, key=<literal>), else None."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+        return None
     try:
-        os.close(out_fd)
-    except OSError:
-        pass
-    for stream in (sys.stdout, sys.stderr):
+        args = [ast.literal_eval(a) for a in node.args]
+        kwargs = {}
+        for kw in node.keywords:
+            if kw.arg is None:
+                return None
+            kwargs[kw.arg] = ast.literal_eval(kw.value)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
+    return node.func.id, args, kwargs
+
+
+def _literal(node):
+    try:
+        return True, ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False, None
+
+
+def parse_test(statement: str) -> _Case:
+    """One trusted test statement -> a value case; raises ValueError for a form that is not supported."""
+    try:
+        tree = ast.parse(statement)
+    except (SyntaxError, ValueError, MemoryError, RecursionError) as e:
+        raise _Unsupported(f"does not parse ({type(e).__name__})") from None
+    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assert):
+        raise _Unsupported("not a single assert statement")
+    test = tree.body[0].test
+    if isinstance(test, ast.Compare) and len(test.ops) == 1:
+        left, op, right = test.left, test.ops[0], test.comparators[0]
+        call, other = _call_of(left), right
+        if call is None and isinstance(op, (ast.Eq, ast.NotEq)):
+            call, other = _call_of(right), left
+        ok, value = _literal(other)
+        if call is not None and ok:
+            if isinstance(op, (ast.Eq, ast.NotEq)):
+                return _make_case(*call, ("eq" if isinstance(op, ast.Eq) else "ne", _canonical(value)))
+            if isinstance(op, ast.Is) and (value is None or isinstance(value, bool)):
+                return _make_case(*call, ("is", value))
+    elif isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not) and _call_of(test.operand):
+        return _make_case(*_call_of(test.operand), ("falsy",))
+    elif isinstance(test, ast.Call):
+        f = test.func
+        if (isinstance(f, ast.Attribute) and f.attr == "isclose" and isinstance(f.value, ast.Name)
+                and f.value.id == "math" and len(test.args) == 2):
+            call, (ok, value) = _call_of(test.args[0]), _literal(test.args[1])
+            tol = {"rel_tol": 1e-9, "abs_tol": 0.0}
+            for kw in test.keywords:
+                good, v = _literal(kw.value)
+                if kw.arg not in tol or not good or not isinstance(v, (int, float)) or isinstance(v, bool):
+                    call = None
+                    break
+                tol[kw.arg] = float(v)
+            if call is not None and ok and isinstance(value, (int, float)) and not isinstance(value, bool):
+                return _make_case(*call, ("isclose", float(value), tol["rel_tol"], tol["abs_tol"]))
+        elif _call_of(test):
+            return _make_case(*_call_of(test), ("truthy",))
+    raise _Unsupported("not one of: assert f(<literals>) == <literal> / != / is True|False|None, "
+                       "assert [not] f(<literals>), assert math.isclose(f(<literals>), <number>, ...)")
+
+
+def _check(check: tuple, got) -> bool:
+    """The verdict for one decoded (plain JSON) return value. Runs on the trusted side only."""
+    kind = check[0]
+    try:
+        if kind == "eq":
+            return bool(got == check[1])
+        if kind == "ne":
+            return bool(got != check[1])
+        if kind == "is":
+            return got is check[1]
+        if kind == "truthy":
+            return bool(got)
+        if kind == "falsy":
+            return not got
+        if kind == "isclose":
+            return (isinstance(got, (int, float)) and not isinstance(got, bool)
+                    and math.isclose(float(got), check[1], rel_tol=check[2], abs_tol=check[3]))
+    except (RecursionError, OverflowError, MemoryError):
+        return False
+    return False
+
+
+def _parse_int(text: str) -> int:
+    """json's parse_int without the 4,300-digit limit (results may be long integers), up to _MAX_INT_DIGITS."""
+    digits = len(text.lstrip("-"))
+    if digits > _MAX_INT_DIGITS:
+        raise ValueError("integer too long")
+    if digits <= 4000:
+        return int(text)
+    neg, body = text.startswith("-"), text.lstrip("-")
+
+    def conv(s):
+        if len(s) <= 4000:
+            return int(s)
+        half = len(s) // 2
+        return conv(s[:-half]) * 10 ** half + conv(s[-half:])
+
+    value = conv(body)
+    return -value if neg else value
+
+
+def _decode(text: str):
+    """(ok, value) for one result line's JSON text; anything malformed is not a value."""
+    try:
+        return True, json.loads(text, parse_int=_parse_int)
+    except (ValueError, RecursionError, MemoryError):
+        return False, None
+
+
+# ----------------------------------------------------------------------------------------------- API
+def run_function_tests_detailed(code, func_name, cases, cfg: ExecConfig | None = None) -> ExecResult:
+    """Call `func_name` from `code` on each case's arguments in the sandbox; compare here. Never raises.
+
+    cases: iterable of (args, expected) with args a list of JSON values (Python literals in general) and
+    expected a JSON value."""
+    t0 = time.monotonic()
+    try:
+        cases = list(cases)
+        built = []
+        for item in cases:
+            args, expected = item
+            if not isinstance(args, (list, tuple)):
+                raise _Unsupported(f"case arguments must be a list, got {type(args).__name__}")
+            built.append(_make_case(func_name, args, {}, ("eq", _canonical(expected))))
+    except (_Unsupported, TypeError, ValueError) as e:
+        return ExecResult([], 0.0, error=f"bad cases: {e}"[:300])
+    return _score(code, built, cfg, t0)
+
+
+def run_function_tests(code, func_name, cases, cfg: ExecConfig | None = None) -> float:
+    """Share of (args, expected) cases where code's `func_name(*args)` returns `expected`, in [0, 1]."""
+    return run_function_tests_detailed(code, func_name, cases, cfg).fraction
+
+
+def run_tests_detailed(code, tests, cfg: ExecConfig | None = None) -> ExecResult:
+    """Run assert-style test statements as value cases (see the module docstring). Never raises."""
+    t0 = time.monotonic()
+    if isinstance(tests, str):
+        tests = [tests]
+    if not isinstance(tests, (list, tuple)) or not all(isinstance(t, str) for t in tests):
+        return ExecResult([], 0.0, error="bad input")
+    built = []
+    for i, t in enumerate(tests):
         try:
-            stream.flush()
-        except Exception:
-            pass
-    if dropped:
-        state["harness_kill"] = True
-        os.kill(-1, signal.SIGKILL)  # every other process of this run's private uid
-    os._exit(0)
-try:
-    _harness()
-except BaseException:
-    os._exit(1)
-'''
+            built.append(parse_test(t))
+        except _Unsupported as e:
+            return ExecResult([False] * len(tests), 0.0, error=f"unsupported test: test {i}: {e}"[:300])
+    return _score(code, built, cfg, t0)
 
 
+def run_tests(code, tests, cfg: ExecConfig | None = None) -> float:
+    """Share of `tests` the generated `code` passes, in [0, 1]. Never raises."""
+    return run_tests_detailed(code, tests, cfg).fraction
+
+
+def _score(code, cases: list[_Case], cfg: ExecConfig | None, t0: float) -> ExecResult:
+    cfg = cfg or ExecConfig()
+    if not isinstance(code, str):
+        return ExecResult([False] * len(cases), 0.0, error="bad input")
+    if not cases:
+        return ExecResult([], 0.0, error="no tests")
+    size = len(code) + sum(len(c.args_src) + len(c.kwargs_src) + len(c.func) for c in cases)
+    if size > cfg.max_code_chars:
+        return ExecResult([False] * len(cases), 0.0, error="too long")
+    try:
+        return _run(code, cases, cfg, t0)
+    except Exception as e:  # noqa: BLE001 - a reward never raises
+        return ExecResult([False] * len(cases), 0.0, error=f"sandbox: {type(e).__name__}: {e}"[:300],
+                          seconds=time.monotonic() - t0, case_errors=["sandbox"] * len(cases))
+
+
+# ----------------------------------------------------------------------------------------------- sandbox
 def netns_available() -> bool:
     """Whether `unshare -n` works here (root with CAP_SYS_ADMIN and util-linux); checked once."""
     with _netns_lock:
@@ -303,38 +376,7 @@ def _kill_uid(uid: int, rounds: int = 3) -> None:
             return
 
 
-def _normalise_tests(tests) -> list[str] | None:
-    if isinstance(tests, str):
-        return [tests]
-    if isinstance(tests, (list, tuple)) and all(isinstance(t, str) for t in tests):
-        return list(tests)
-    return None
-
-
-def run_tests_detailed(code, tests, cfg: ExecConfig | None = None) -> ExecResult:
-    """Run `code` then each test in the sandbox; see the module docstring. Never raises."""
-    t0 = time.monotonic()
-    cfg = cfg or ExecConfig()
-    tests_list = _normalise_tests(tests)
-    if not isinstance(code, str) or tests_list is None:
-        return ExecResult([], 0.0, error="bad input")
-    if not tests_list:
-        return ExecResult([], 0.0, error="no tests")
-    if len(code) + sum(len(t) for t in tests_list) > cfg.max_code_chars:
-        return ExecResult([False] * len(tests_list), 0.0, error="too long")
-    try:
-        return _run(code, tests_list, cfg, t0)
-    except Exception as e:  # noqa: BLE001 - a reward never raises
-        return ExecResult([False] * len(tests_list), 0.0, error=f"sandbox: {type(e).__name__}: {e}"[:300],
-                          seconds=time.monotonic() - t0)
-
-
-def run_tests(code, tests, cfg: ExecConfig | None = None) -> float:
-    """Share of `tests` the generated `code` passes, in [0, 1]. Never raises."""
-    return run_tests_detailed(code, tests, cfg).fraction
-
-
-def _run(code: str, tests: list[str], cfg: ExecConfig, t0: float) -> ExecResult:
+def _run(code: str, cases: list[_Case], cfg: ExecConfig, t0: float) -> ExecResult:
     is_root = os.geteuid() == 0
     drop = cfg.drop_privileges and is_root
     uid = _next_uid() if drop else None
@@ -349,12 +391,14 @@ def _run(code: str, tests: list[str], cfg: ExecConfig, t0: float) -> ExecResult:
         r_fd, w_fd = os.pipe()
         nonce = secrets.token_hex(16)
         payload = json.dumps({
-            "fd": w_fd, "nonce": nonce, "uid": uid, "code": code, "tests": tests, "cpu_s": cfg.cpu_s,
+            "fd": w_fd, "nonce": nonce, "uid": uid, "code": code,
+            "calls": [[c.func, c.args_src, c.kwargs_src] for c in cases], "cpu_s": cfg.cpu_s,
             "memory_mb": cfg.memory_mb, "file_size_mb": cfg.file_size_mb, "max_open_files": cfg.max_open_files,
-            "max_procs": cfg.max_procs, "per_test_timeout_s": cfg.per_test_timeout_s,
+            "max_procs": cfg.max_procs, "per_call_timeout_s": cfg.per_test_timeout_s,
+            "max_output_chars": cfg.max_output_chars,
             "allow_processes": cfg.allow_processes, "audit_hook": cfg.audit_hook,
         }).encode("utf-8")
-        cmd = [cfg.python or sys.executable, "-I", "-S", "-c", _HARNESS]
+        cmd = [cfg.python or sys.executable, "-I", "-S", _HARNESS_PATH]
         if use_netns:
             cmd = [shutil.which("unshare"), "-n", "--"] + cmd
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
@@ -371,8 +415,8 @@ def _run(code: str, tests: list[str], cfg: ExecConfig, t0: float) -> ExecResult:
             proc.stdin.close()
         except (BrokenPipeError, OSError):
             pass
-        lines, timed_out = _read_reports(r_fd, proc, t0 + cfg.timeout_s)
-        return _result(lines, nonce, tests, timed_out, workdir, t0,
+        lines, timed_out = _read_reports(r_fd, proc, t0 + cfg.timeout_s, _out_cap(cfg, len(cases)))
+        return _result(lines, nonce, cases, timed_out, workdir, t0,
                        {"netns": use_netns, "dropped_uid": drop, "audit_hook": cfg.audit_hook})
     finally:
         if proc is not None:
@@ -385,9 +429,7 @@ def _run(code: str, tests: list[str], cfg: ExecConfig, t0: float) -> ExecResult:
             except subprocess.TimeoutExpired:
                 pass
             if uid is not None:
-                # A clean finish (exit 0) means the harness already ran kill(-1) under its uid; anything else
-                # (timeout, crash, CPU limit) may have left processes of that uid behind.
-                _kill_uid(uid, rounds=1 if proc.returncode == 0 else 3)
+                _kill_uid(uid, rounds=3)
         for fd in (r_fd, w_fd):
             if fd >= 0:
                 try:
@@ -397,51 +439,72 @@ def _run(code: str, tests: list[str], cfg: ExecConfig, t0: float) -> ExecResult:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _read_reports(r_fd: int, proc, deadline: float) -> tuple[list[str], bool]:
+def _out_cap(cfg: ExecConfig, n_cases: int) -> int:
+    """Most bytes read from the result pipe: every case at its largest, plus the framing."""
+    return n_cases * (cfg.max_output_chars + 128) + 4096
+
+
+def _read_reports(r_fd: int, proc, deadline: float, cap: int) -> tuple[list[str], bool]:
     """Read report lines until the harness says done, the pipe closes, or the deadline passes."""
-    buf = b""
+    chunks, size = [], 0
+    tail = b""
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            return buf.decode("utf-8", "replace").splitlines(), True
+            return _lines(chunks), True
         ready, _, _ = select.select([r_fd], [], [], min(remaining, 0.5))
         if ready:
-            chunk = os.read(r_fd, 65536)
+            chunk = os.read(r_fd, 1 << 16)
             if not chunk:
-                return buf.decode("utf-8", "replace").splitlines(), False
-            buf += chunk
-            if len(buf) > (1 << 20):
-                return buf[: 1 << 20].decode("utf-8", "replace").splitlines(), False
-            if b" D\n" in buf:
-                return buf.decode("utf-8", "replace").splitlines(), False
-        elif proc.poll() is not None and not ready:
+                return _lines(chunks), False
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > cap:
+                return _lines(chunks), False
+            tail = (tail + chunk)[-64:]
+            if b" D\n" in tail:
+                return _lines(chunks), False
+        elif proc.poll() is not None:
             # The harness is gone; a forked child may still hold the pipe open. Take what is there.
             ready, _, _ = select.select([r_fd], [], [], 0)
             if not ready:
-                return buf.decode("utf-8", "replace").splitlines(), False
+                return _lines(chunks), False
 
 
-def _result(lines, nonce, tests, timed_out, workdir, t0, sandbox) -> ExecResult:
-    passed = [False] * len(tests)
+def _lines(chunks) -> list[str]:
+    return b"".join(chunks).decode("utf-8", "replace").split("\n")
+
+
+def _result(lines, nonce, cases, timed_out, workdir, t0, sandbox) -> ExecResult:
+    n = len(cases)
+    passed, errors = [False] * n, ["no result"] * n
     seen = set()
-    loaded, error = False, ""
+    loaded, error, started = False, "", False
     for line in lines:
-        parts = line.split(" ")
+        parts = line.split(" ", 3)
         if len(parts) < 2 or parts[0] != nonce:
             continue  # not from the harness
         kind = parts[1]
-        if kind == "S" and len(parts) == 3:
+        if kind == "L":
+            started = True
+        elif kind == "S" and len(parts) == 3:
             loaded = parts[2] == "1"
         elif kind == "E" and len(parts) == 3:
             error = error or parts[2][:64]
-        elif kind == "L" and len(parts) == 3:
-            sandbox["dropped_uid"] = parts[2] == "dropped=1"
-        elif kind == "T" and len(parts) == 4 and parts[2].isdigit():
+        elif kind in ("R", "X") and len(parts) == 4 and parts[2].isdigit():
             i = int(parts[2])
-            if 0 <= i < len(tests) and i not in seen:  # first report wins
-                seen.add(i)
-                passed[i] = parts[3] == "1"
-    started = any(line.startswith(nonce + " L ") for line in lines)
+            if not 0 <= i < n or i in seen:
+                continue  # the first word on a case counts
+            seen.add(i)
+            if kind == "X":
+                errors[i] = parts[3][:64]
+                continue
+            ok, value = _decode(parts[3])
+            if not ok:
+                errors[i] = "not JSON"
+            else:
+                passed[i] = _check(cases[i].check, value)
+                errors[i] = "" if passed[i] else "wrong value"
     if timed_out and not error:
         error = "timeout"
     elif not started:
@@ -454,5 +517,5 @@ def _result(lines, nonce, tests, timed_out, workdir, t0, sandbox) -> ExecResult:
             stderr_tail = f.read().decode("utf-8", "replace")
     except OSError:
         pass
-    return ExecResult(passed, sum(passed) / len(tests), loaded=loaded, timed_out=timed_out, error=error,
-                      seconds=time.monotonic() - t0, stderr_tail=stderr_tail, sandbox=sandbox)
+    return ExecResult(passed, sum(passed) / n, loaded=loaded, timed_out=timed_out, error=error,
+                      seconds=time.monotonic() - t0, stderr_tail=stderr_tail, sandbox=sandbox, case_errors=errors)

@@ -143,20 +143,19 @@ def test_memory_bomb(code):
 
 def test_limits_are_set_inside():
     cfg = ExecConfig(timeout_s=4.0, memory_mb=256, file_size_mb=1, cpu_s=3)
-    tests = [
-        "import resource\nassert resource.getrlimit(resource.RLIMIT_AS)[0] == 256 << 20",
-        "import resource\nassert resource.getrlimit(resource.RLIMIT_FSIZE)[0] == 1 << 20",
-        "import resource\nassert resource.getrlimit(resource.RLIMIT_CPU)[0] == 3",
-        "assert set(os.environ) <= {'PATH', 'LANG', 'LC_CTYPE'}, dict(os.environ)",
-        "assert os.path.basename(os.getcwd()).startswith('codeexec-')",
-        "assert sys.flags.isolated == 1 and sys.flags.no_site == 1",
-        "assert big_write() == 'EFBIG'",
-    ]
-    code = ("import os, sys, errno\ndef big_write():\n    try:\n        with open('big.bin', 'wb') as f:\n"
+    code = ("import os, sys, errno, resource\n"
+            "def big_write():\n    try:\n        with open('big.bin', 'wb') as f:\n"
             "            f.write(b'0' * (2 << 20))\n    except OSError as e:\n        return errno.errorcode[e.errno]\n"
-            "    return 'wrote'")
+            "    return 'wrote'\n"
+            "def limit(name):\n    return resource.getrlimit(getattr(resource, name))[0]\n"
+            "def env_ok():\n    return set(os.environ) <= {'PATH', 'LANG', 'LC_CTYPE', 'TMPDIR', 'HOME'}\n"
+            "def cwd():\n    return os.path.basename(os.getcwd())[:8]\n"
+            "def flags():\n    return [sys.flags.isolated, sys.flags.no_site]\n")
+    tests = ["assert limit('RLIMIT_AS') == 268435456", "assert limit('RLIMIT_FSIZE') == 1048576",
+             "assert limit('RLIMIT_CPU') == 3", "assert env_ok() is True", "assert cwd() == 'codeexec'",
+             "assert flags() == [1, 1]", "assert big_write() == 'EFBIG'"]
     r = run_tests_detailed(code, tests, cfg)
-    assert r.passed == [True] * len(tests), (r.passed, r.stderr_tail)
+    assert r.passed == [True] * len(tests), (r, r.stderr_tail)
 
 
 def test_workdir_removed_after_run():
@@ -259,3 +258,69 @@ def test_ctypes_blocked():
 def test_config_validation(kwargs, field):
     with pytest.raises(ValueError, match=field):
         ExecConfig(**kwargs)
+
+
+# ---------------------------------------------------------------------------------- value-based verdicts
+from rewards.code_exec import run_function_tests, run_function_tests_detailed  # noqa: E402
+
+
+def test_function_cases_compared_on_trusted_side():
+    code = "def add(a, b):\n    return a + b"
+    assert run_function_tests(code, "add", [([1, 2], 3), ([2, 2], 5)], FAST) == 0.5
+    r = run_function_tests_detailed(code, "add", [([[1], [2]], [1, 2]), (["a", "b"], "ab"), ([0.5, 0.25], 0.75)], FAST)
+    assert r.passed == [True, True, True] and r.case_errors == ["", "", ""]
+
+
+def test_tuples_and_keys_normalised_like_json():
+    code = "def f(x):\n    return (x, {1: x})"
+    assert run_function_tests(code, "f", [([2], (2, {1: 2})), ([2], [2, {"1": 2}])], FAST) == 1.0
+
+
+def test_always_equal_object_fails():
+    code = ("class AlwaysEqual:\n    def __eq__(self, other):\n        return True\n    def __ne__(self, other):\n"
+            "        return False\ndef add(a, b):\n    return AlwaysEqual()")
+    r = run_tests_detailed(code, ["assert add(2, 2) == 5", "assert add(1, 1) != 2"], FAST)
+    assert r.passed == [False, False] and r.case_errors == ["TypeError", "TypeError"]
+    assert run_function_tests(code, "add", [([2, 2], 5)], FAST) == 0.0
+    # An int subclass with a lying __eq__ is sent as its integer value: 4 is not 5.
+    code = "class Liar(int):\n    def __eq__(self, other):\n        return True\ndef add(a, b):\n    return Liar(a + b)"
+    assert run_tests_detailed(code, ["assert add(2, 2) == 5", "assert add(2, 2) == 4"], FAST).passed == [False, True]
+
+
+def test_statement_forms():
+    code = "import math\ndef f(x, scale=1):\n    return x * scale\ndef g(x):\n    return x > 0\ndef h():\n    return None"
+    tests = ["assert f(2) == 2", "assert 6 == f(2, scale=3)", "assert f(-1) != 1", "assert g(1) is True",
+             "assert g(1)", "assert not g(-1)", "assert h() is None", "assert math.isclose(f(0.1, 3), 0.3)",
+             "assert math.isclose(f(1.0), 1.001, rel_tol=0.01)", "assert f((1, 2)) == [1, 2]", "assert f('ab', 2) == 'abab'"]
+    r = run_tests_detailed(code, tests, FAST)
+    assert r.passed == [True] * len(tests), r
+
+
+@pytest.mark.parametrize("test", ["x = f(1)\nassert x == 1", "assert f(g(1)) == 1", "assert f(1) == x",
+                                  "assert set(f(1)) == {1}", "f(1)", "assert f(1) < 2", "assert obj.f(1) == 2"])
+def test_unsupported_statement_refused(test):
+    r = run_tests_detailed("def f(x):\n    return x", ["assert f(1) == 1", test], FAST)
+    assert r.fraction == 0.0 and r.error.startswith("unsupported test: test 1") and not r.loaded
+
+
+@pytest.mark.parametrize("cases", [[([1], {1, 2})], [(3, 3)], [([float("nan")], 1)], [([1], object())]])
+def test_bad_cases_never_raise(cases):
+    r = run_function_tests_detailed("def f(x):\n    return x", "f", cases, FAST)
+    assert r.fraction == 0.0 and r.error.startswith("bad cases")
+
+
+def test_long_integer_results():
+    code = "def f(n):\n    return 3 ** n"
+    assert run_function_tests(code, "f", [([20000], 3 ** 20000), ([20000], 3 ** 20000 + 1)], FAST) == 0.5
+
+
+def test_frame_access_cannot_forge_a_verdict():
+    # The candidate walks up to the harness frame and writes forged results on every pipe it can find:
+    # the only thing it can send is a value, and the expected values are not in its process.
+    code = ("import sys, os\ndef add(a, b):\n    f = sys._getframe(1)\n    names = dict(f.f_locals)\n"
+            "    names.update(f.f_globals)\n    nonce = next((v for v in names.values() if isinstance(v, str) and len(v) == 32), 'x')\n"
+            "    for fd in range(3, 20):\n        for i in range(4):\n            try:\n"
+            "                os.write(fd, ('%s R %d 5\\n' % (nonce, i)).encode())\n            except OSError:\n"
+            "                pass\n    return 0")
+    r = run_function_tests_detailed(code, "add", [([2, 2], 4), ([1, 1], 2), ([0, 0], 0)], FAST)
+    assert r.fraction == 0.0 or r.passed == [False, False, True]

@@ -34,13 +34,16 @@ def np_rope(x, positions, theta):
     return out
 
 
-def np_attention(p, x, positions, allowed, theta):
-    """Loop over batch and heads; allowed[b, t, s] says query t may see key s."""
+def np_attention(p, x, positions, allowed, theta, eps=1e-6):
+    """Loop over batch and heads; allowed[b, t, s] says query t may see key s. Optional q/k/v biases and q/k norm."""
     x = np.asarray(x, F64)
     wq, wk, wv, wo = (np.asarray(p[n], F64) for n in ("wq", "wk", "wv", "wo"))
-    q = np_rope(np.einsum("btd,dnh->btnh", x, wq), positions, theta)
-    k = np_rope(np.einsum("btd,dkh->btkh", x, wk), positions, theta)
-    v = np.einsum("btd,dkh->btkh", x, wv)
+    q, k, v = np.einsum("btd,dnh->btnh", x, wq), np.einsum("btd,dkh->btkh", x, wk), np.einsum("btd,dkh->btkh", x, wv)
+    if "bq" in p:
+        q, k, v = q + np.asarray(p["bq"], F64), k + np.asarray(p["bk"], F64), v + np.asarray(p["bv"], F64)
+    if "q_norm" in p:
+        q, k = np_rms_norm(q, p["q_norm"], eps), np_rms_norm(k, p["k_norm"], eps)
+    q, k = np_rope(q, positions, theta), np_rope(k, positions, theta)
     B, T, N, H = q.shape
     group = N // k.shape[2]
     out = np.zeros_like(q)
@@ -67,7 +70,7 @@ def np_swiglu(p, x):
     return (np_silu(g) * u) @ np.asarray(p["w_down"], F64)
 
 
-def np_moe(p, x, k):
+def np_moe(p, x, k, norm_topk_prob=True):
     """Dropless MoE on [..., D] by looping over tokens and their chosen experts."""
     shape = x.shape
     x = np.asarray(x, F64).reshape(-1, shape[-1])
@@ -79,7 +82,8 @@ def np_moe(p, x, k):
         top = np.argsort(-probs, kind="stable")[:k]
         for e in top:
             expert = {name: np.asarray(p[name][e], F64) for name in ("w_gate", "w_up", "w_down")}
-            out[n] += probs[e] / probs[top].sum() * np_swiglu(expert, x[n])
+            weight = probs[e] / probs[top].sum() if norm_topk_prob else probs[e]
+            out[n] += weight * np_swiglu(expert, x[n])
     return out.reshape(shape)
 
 
@@ -87,12 +91,15 @@ def np_forward(params, tokens, cfg, positions, allowed):
     x = np.asarray(params["embed"], F64)[np.asarray(tokens)]
     for i in range(cfg.n_layers):
         p = params[f"block_{i}"]
-        x = x + np_attention(p["attn"], np_rms_norm(x, p["attn_norm"]), positions, allowed, cfg.rope_theta)
-        h = np_rms_norm(x, p["mlp_norm"])
-        x = x + (np_moe(p["moe"], h, cfg.experts_per_token) if "moe" in p else np_swiglu(p["mlp"], h))
-    h = np_rms_norm(x, params["final_norm"])
+        eps = cfg.norm_eps
+        x = x + np_attention(p["attn"], np_rms_norm(x, p["attn_norm"], eps), positions, allowed, cfg.rope_theta, eps)
+        h = np_rms_norm(x, p["mlp_norm"], eps)
+        x = x + (np_moe(p["moe"], h, cfg.experts_per_token, cfg.norm_topk_prob) if "moe" in p
+                 else np_swiglu(p["mlp"], h))
+    h = np_rms_norm(x, params["final_norm"], cfg.norm_eps)
     if cfg.tie_embeddings:
-        return h @ np.asarray(params["embed"], F64).T / math.sqrt(cfg.d_model)
+        scale = 1 / math.sqrt(cfg.d_model) if cfg.scale_tied_unembed else 1.0
+        return h @ np.asarray(params["embed"], F64).T * scale
     return h @ np.asarray(params["unembed"], F64)
 
 
@@ -110,6 +117,13 @@ def np_forward(params, tokens, cfg, positions, allowed):
     (dict(router_aux_coef=-0.1), "router_aux_coef"),
     (dict(rope_theta=0), "rope_theta"),
     (dict(tie_embeddings=1), "tie_embeddings"),
+    (dict(attn_bias="yes"), "attn_bias"),
+    (dict(qk_norm=1), "qk_norm"),
+    (dict(scale_tied_unembed=None), "scale_tied_unembed"),
+    (dict(norm_topk_prob=0), "norm_topk_prob"),
+    (dict(n_layers=2, dense_layers=(2,)), "dense_layers"),
+    (dict(dense_layers=("0",)), "dense_layers"),
+    (dict(dense_layers=3), "dense_layers"),
 ])
 def test_config_validation_names_the_field(changes, field):
     with pytest.raises(ValueError, match=field):
@@ -131,12 +145,17 @@ def test_config_is_frozen_and_replaceable():
     assert ModelConfig(n_layers=4, moe_every=2).moe_layers == (1, 3)
     assert ModelConfig(n_layers=4, n_experts=0).moe_layers == ()
     assert ModelConfig(n_layers=4, moe_every=0).moe_layers == ()
+    # dense_layers (HF mlp_only_layers) removes blocks from the pattern; a list becomes a sorted, hashable tuple
+    mixed = ModelConfig(n_layers=4, moe_every=1, dense_layers=[2, 0])
+    assert mixed.moe_layers == (1, 3) and mixed.dense_layers == (0, 2) and hash(mixed)
+    assert ModelConfig.from_dict(mixed.to_dict()) == mixed
 
 
 @pytest.mark.parametrize("cfg", [
     ModelConfig(),
     ModelConfig(tie_embeddings=False, n_shared_experts=2, expert_d_ff=24, moe_every=1),
     ModelConfig(n_experts=0),
+    ModelConfig(attn_bias=True, qk_norm=True, n_layers=3, moe_every=1, dense_layers=(1,)),
 ])
 def test_param_counts_match_init(cfg):
     shapes = jax.eval_shape(lambda k: transformer.init(cfg, k), jax.random.key(0))
@@ -229,9 +248,22 @@ def _tokens(seed=0):
     return jnp.asarray(np.random.default_rng(seed).integers(3, CFG.vocab_size, size=(B, T)), jnp.int32)
 
 
-@pytest.mark.parametrize("cfg", [CFG, CFG.replace(tie_embeddings=True, moe_every=1)])
+@pytest.mark.parametrize("cfg", [
+    CFG, CFG.replace(tie_embeddings=True, moe_every=1),
+    # the options pretrained checkpoints use: q/k/v bias, q/k norm, unscaled tied output, raw top-k weights,
+    # a dense first block in an otherwise all-MoE stack, another norm epsilon and rotary base
+    CFG.replace(attn_bias=True, qk_norm=True, tie_embeddings=True, scale_tied_unembed=False, norm_topk_prob=False,
+                moe_every=1, dense_layers=(0,), norm_eps=1e-5, rope_theta=1e6),
+])
 def test_forward_with_padding_matches_numpy_reference(cfg):
     params = transformer.init(cfg, jax.random.key(1))
+    if cfg.attn_bias or cfg.qk_norm:  # zero biases and unit norm scales at init would hide mistakes: randomise them
+        rng = np.random.default_rng(3)
+        for i in range(cfg.n_layers):
+            attn = params[f"block_{i}"]["attn"]
+            for name in ("bq", "bk", "bv", "q_norm", "k_norm"):
+                attn[name] = jnp.asarray(rng.normal(size=attn[name].shape) * 0.5 + (name.endswith("norm")),
+                                         jnp.float32)
     tokens = _tokens()
     logits, aux = FWD(params, tokens, cfg=cfg, positions=jnp.asarray(POSITIONS), attn_mask=jnp.asarray(MASK))
     allowed = np.tril(np.ones((T, T), bool))[None] & MASK.astype(bool)[:, None, :]
@@ -308,6 +340,18 @@ def test_hidden_states_and_bfloat16(params):
     logits16, aux16 = FWD(params, tokens, cfg=CFG.replace(dtype="bfloat16"), return_hidden=True)
     assert logits16.dtype == jnp.float32 and aux16["hidden"].dtype == jnp.bfloat16
     assert np.all(np.isfinite(logits16)) and np.abs(logits16 - logits).max() < 0.5
+
+
+def test_return_logits_false_gives_hidden_only(params):
+    tokens = _tokens()
+    logits, aux = FWD(params, tokens, cfg=CFG)
+    none, aux_h = transformer.forward(params, tokens, CFG, return_logits=False)
+    assert none is None
+    w, layout, scale = transformer.unembedding(params, CFG)
+    assert layout == "DV" and scale == 1.0
+    np.testing.assert_allclose(aux_h["hidden"] @ w, logits, rtol=1e-5, atol=1e-5)
+    tied = CFG.replace(tie_embeddings=True)
+    assert transformer.unembedding(transformer.init(tied, jax.random.key(0)), tied)[1:] == ("VD", 16 ** -0.5)
 
 
 def test_shared_rope_tables_match_per_call_rotation():
