@@ -14,6 +14,9 @@
   order (every token's first choice before any second choice, then token order); the rest are dropped (contribute 0)
   and counted. Dispatch is a scatter into an [E, capacity, D] buffer and one batched einsum per weight.
 
+Given a mesh whose "expert" axis is > 1, moe_layer instead exchanges tokens with the devices holding their experts
+(all-to-all in a shard_map, models/moe_ep.py), with the same dropless / capacity semantics.
+
 Tokens with token_mask 0 (padding) are not dispatched at all (they take no capacity and cost nothing) and are excluded
 from the router statistics. Statistics: load-balancing loss E * sum_e f_e p_e (f_e fraction of routed assignments to
 expert e, p_e mean router probability), z-loss mean(logsumexp(logits)^2), expert load f_e, dropped fraction.
@@ -28,6 +31,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from models import moe_ep
 from models.layers import swiglu
 
 
@@ -215,10 +219,13 @@ def _experts_capacity(p, x_ND, experts_NK, valid_NK, capacity_factor: float):
 
 
 # ---- the layer -------------------------------------------------------------------------------------------------------
-def moe_layer(p, x_BTD, cfg, *, token_mask_BT=None, impl: str = "auto", block_size: int | None = None):
+def moe_layer(p, x_BTD, cfg, *, token_mask_BT=None, impl: str = "auto", block_size: int | None = None,
+              mesh=None, rules=None):
     """Routed (+ shared) SwiGLU experts. p: router [D,E], w_gate/w_up [E,D,F], w_down [E,F,D], optional "shared".
 
     impl: "auto" | "blocked" | "ragged_dot" for the dropless path (ignored when cfg.capacity_factor is set).
+    mesh / rules: with a mesh whose "expert" axis is > 1, tokens are exchanged with the devices holding their experts
+    by all-to-all (models/moe_ep.py); otherwise the dispatch below runs under XLA's automatic partitioning.
     Returns (y_BTD, stats) with stats router_aux_loss, router_z_loss, expert_load [E], dropped_fraction (f32).
     """
     B, T, D = x_BTD.shape
@@ -227,7 +234,11 @@ def moe_layer(p, x_BTD, cfg, *, token_mask_BT=None, impl: str = "auto", block_si
     logits_NE, weights_NK, experts_NK = route(p["router"], x_ND, cfg.experts_per_token, cfg.norm_topk_prob)
     stats = router_stats(logits_NE, experts_NK, mask_N)
     valid_NK = jnp.broadcast_to(mask_N[:, None], experts_NK.shape)
-    if cfg.capacity_factor is not None:
+    y_ND = None
+    if moe_ep.uses_expert_parallelism(mesh):
+        y_ND, stats["dropped_fraction"] = moe_ep.dispatch(p, x_BTD, weights_NK, experts_NK, valid_NK, cfg, mesh=mesh,
+                                                          rules=rules, impl=impl, block_size=block_size)
+    elif cfg.capacity_factor is not None:
         y_NKD, stats["dropped_fraction"] = _experts_capacity(p, x_ND, experts_NK, valid_NK, cfg.capacity_factor)
     else:
         if impl == "auto":
@@ -239,7 +250,8 @@ def moe_layer(p, x_BTD, cfg, *, token_mask_BT=None, impl: str = "auto", block_si
         else:
             raise ValueError(f"impl must be 'auto', 'blocked' or 'ragged_dot', got {impl!r}")
         stats["dropped_fraction"] = jnp.zeros((), jnp.float32)
-    y_ND = jnp.einsum("NKD,NK->ND", y_NKD, weights_NK.astype(x_ND.dtype))
+    if y_ND is None:
+        y_ND = jnp.einsum("NKD,NK->ND", y_NKD, weights_NK.astype(x_ND.dtype))
     if "shared" in p:
         y_ND = y_ND + swiglu(p["shared"], x_ND[None])[0]
     return y_ND.reshape(B, T, D), stats

@@ -137,14 +137,14 @@ def init_cache(cfg: ModelConfig, batch_size: int, max_len: int, dtype=None):
 
 # ---- forward ---------------------------------------------------------------------------------------------------------
 def _block(p, x_BTD, positions_BT, rope, mask_BTS, token_mask_BT, cache, cache_index, *, cfg: ModelConfig, layer: int,
-           constrain):
+           constrain, mesh=None, rules=None):
     h_BTD = rms_norm(x_BTD, p["attn_norm"], cfg.norm_eps)
     a_BTD, cache = attention(p["attn"], h_BTD, positions_BT, mask_BTS, rope_theta=cfg.rope_theta, cache=cache,
                              layer=layer, cache_index=cache_index, rope=rope, norm_eps=cfg.norm_eps)
     x_BTD = constrain(x_BTD + a_BTD)
     h_BTD = rms_norm(x_BTD, p["mlp_norm"], cfg.norm_eps)
     if "moe" in p:
-        y_BTD, stats = moe_layer(p["moe"], h_BTD, cfg, token_mask_BT=token_mask_BT)
+        y_BTD, stats = moe_layer(p["moe"], h_BTD, cfg, token_mask_BT=token_mask_BT, mesh=mesh, rules=rules)
     else:
         y_BTD, stats = swiglu(p["mlp"], h_BTD), None
     return constrain(x_BTD + y_BTD), cache, stats
@@ -199,7 +199,7 @@ def forward(params, tokens, cfg: ModelConfig, *, positions=None, attn_mask=None,
     x_BTD = constrain(jnp.take(params["embed"], tokens, axis=0).astype(dtype))
     stats = []
     for i in range(cfg.n_layers):
-        block = partial(_block, cfg=cfg, layer=i, constrain=constrain)
+        block = partial(_block, cfg=cfg, layer=i, constrain=constrain, mesh=mesh, rules=rules)
         if cfg.remat and cache is None:
             block = jax.checkpoint(block)
         x_BTD, cache, layer_stats = block(params[f"block_{i}"], x_BTD, positions, rope, mask_BTS, token_mask_BT,
