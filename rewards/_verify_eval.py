@@ -1,4 +1,4 @@
-"""Evaluation of `rewards.mathparse` node trees: exact rationals, complex floats, sympy objects.
+"""Evaluation of `rewards.mathparse` node trees, and the one equality rule for numbers.
 
 Three evaluators walk the same tuples, none of them ever executes text:
   exact(node)          -> Fraction, or NotExact when the value is not a (small) rational
@@ -6,7 +6,21 @@ Three evaluators walk the same tuples, none of them ever executes text:
                           domain, Bomb when a value overflows a float (answers such as 10**10**10)
   to_sympy(node)       -> a sympy expression built with sympy constructors (used only inside the
                           killable worker process, see rewards._verify_worker); Bomb for huge powers
-Used by rewards.verify (exact, numeric) and rewards._verify_worker (to_sympy).
+
+The equality rule for numbers, shared by answer verification (rewards.verify) and step checking
+(rewards.steps), so `check_step("a = b")` and `is_equiv("a", "b")` agree wherever both decide:
+  exact_equal(a, b)    -> True / False when both trees are exact rationals, None otherwise
+  numbers_equal(x, dx, y, dy)   the same rule on values (dx, dy: decimals written, None if not a literal)
+  * Equal values are equal.
+  * ROUNDING: a decimal literal written with d >= 2 digits after the point also equals a value that
+    needs more precision than d digits (an irrational, a repeating decimal, or a finite decimal
+    with more than d digits) when it is that value rounded to d digits, |decimal - value| <= 10^-d / 2
+    (either way at an exact tie).  Two decimal literals are equal only when equal.  So 1/3 = 0.33 and
+    0.333 hold, 1/3 = 0.3 (one digit) does not, 3.14 = pi holds, 2.718 = 2.7183 does not.
+  * PERCENT: a top-level percentage states its number and its fraction: 28% = 28 and 28% = 0.28
+    (and two percentages compare their numbers).
+Used by rewards.verify (exact, numeric, the rule), rewards.steps (exact, the rule) and
+rewards._verify_worker (to_sympy).
 """
 from __future__ import annotations
 
@@ -16,6 +30,7 @@ import zlib
 from fractions import Fraction
 
 MAX_EXACT_BITS = 20_000     # exact rational arithmetic stops here (then floats decide)
+MAX_EXPONENT = 10_000       # |constant exponent| above this is not exact arithmetic (verify rejects it as a bomb)
 MAX_SYMPY_POW = 10_000      # |integer exponent| the sympy builder accepts on a numeric base
 MAX_SYMPY_FACT = 1_000      # largest factorial argument the sympy builder accepts
 HUGE = 1e250                # a float beyond this is a bomb, not an answer
@@ -58,6 +73,26 @@ def symbols(node) -> set[str]:
 # ---------------------------------------------------------------------------------------------
 # exact rationals
 
+def _binary(kind: str, a, b, zero_division: type[Exception]):
+    """a (+ - * /) b for Fractions, complex floats and sympy objects alike; division by zero raises the
+    evaluator's own error class."""
+    if kind == "+":
+        return a + b
+    if kind == "-":
+        return a - b
+    if kind == "*":
+        return a * b
+    if b == 0:
+        raise zero_division("division by zero")
+    return a / b
+
+
+def _sized(value: Fraction) -> Fraction:
+    if max(value.numerator.bit_length(), value.denominator.bit_length()) > MAX_EXACT_BITS:
+        raise NotExact("too large for exact arithmetic")
+    return value
+
+
 def exact(node) -> Fraction:
     kind = node[0]
     if kind == "num":
@@ -65,23 +100,14 @@ def exact(node) -> Fraction:
     if kind == "neg":
         return -exact(node[1])
     if kind in ("+", "-", "*", "/"):
-        a, b = exact(node[1]), exact(node[2])
-        if kind == "+":
-            return a + b
-        if kind == "-":
-            return a - b
-        if kind == "*":
-            return a * b
-        if b == 0:
-            raise NotExact("division by zero")
-        return a / b
+        return _sized(_binary(kind, exact(node[1]), exact(node[2]), NotExact))
     if kind == "^":
         base, ex = exact(node[1]), exact(node[2])
         if ex.denominator != 1:
             raise NotExact("fractional power")
         e = ex.numerator
         bits = max(base.numerator.bit_length(), base.denominator.bit_length(), 1)
-        if abs(e) * bits > MAX_EXACT_BITS:
+        if abs(e) > MAX_EXPONENT or abs(e) * bits > MAX_EXACT_BITS:
             raise NotExact("power too large for exact arithmetic")
         if base == 0 and e < 0:
             raise NotExact("division by zero")
@@ -94,6 +120,74 @@ def exact(node) -> Fraction:
     if kind == "pct":
         return exact(node[1]) / 100
     raise NotExact(kind)
+
+
+# ---------------------------------------------------------------------------------------------
+# the equality rule for numbers (see the module docstring)
+
+HUNDRED = ("num", Fraction(100), None)
+
+
+def decimal_places(node) -> int | None:
+    """Digits written after the decimal point when the node is a decimal literal (or its negation)."""
+    if node[0] == "neg":
+        return decimal_places(node[1])
+    return node[2] if node[0] == "num" else None
+
+
+def _finite_decimal_digits(value: Fraction) -> int | None:
+    """Number of decimals needed to write value exactly, None if it is not a finite decimal."""
+    den = value.denominator
+    twos = fives = 0
+    while den % 2 == 0:
+        den //= 2
+        twos += 1
+    while den % 5 == 0:
+        den //= 5
+        fives += 1
+    return max(twos, fives) if den == 1 else None
+
+
+def rounded_match(dec_value, ndec: int | None, other_value, other_ndec: int | None) -> bool:
+    """Whether a decimal written with ndec >= 2 digits is the other value rounded to ndec digits, where
+    the other value is more precise (irrational, repeating, or a longer finite decimal)."""
+    if not ndec or ndec < 2:
+        return False
+    if other_ndec is not None:
+        return False  # two decimal literals: both were rounded by someone, only equality counts
+    if isinstance(other_value, Fraction):
+        digits = _finite_decimal_digits(other_value)
+        if digits is not None and digits <= ndec:
+            return False
+        return abs(Fraction(dec_value) - other_value) <= Fraction(1, 2 * 10 ** ndec)
+    return abs(complex(dec_value) - complex(other_value)) <= 0.5 * 10.0 ** -ndec * (1 + 1e-9) + 1e-12
+
+
+def numbers_equal(a, a_ndec: int | None, b, b_ndec: int | None) -> bool:
+    """The equality rule on two values (Fractions or complex floats) with their written decimals."""
+    if a == b:
+        return True
+    return rounded_match(a, a_ndec, b, b_ndec) or rounded_match(b, b_ndec, a, a_ndec)
+
+
+def percent_readings(a, b) -> list[tuple]:
+    """The pairs to compare under the percent rule: "28%" against x means 28 = x or 0.28 = x."""
+    if a[0] == "pct" and b[0] == "pct":
+        return [(a[1], b[1])]
+    if a[0] == "pct":
+        return [(a[1], b), (("/", a[1], HUNDRED), b)]
+    if b[0] == "pct":
+        return [(a, b[1]), (a, ("/", b[1], HUNDRED))]
+    return [(a, b)]
+
+
+def exact_equal(a, b) -> bool | None:
+    """The equality rule on two trees: True / False when both are exact rationals, None when not."""
+    try:
+        return any(numbers_equal(exact(x), decimal_places(x), exact(y), decimal_places(y))
+                   for x, y in percent_readings(a, b))
+    except NotExact:
+        return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -198,17 +292,8 @@ def numeric(node, env: dict[str, complex]) -> complex:
     if kind == "neg":
         return -numeric(node[1], env)
     if kind in ("+", "-", "*", "/"):
-        a, b = numeric(node[1], env), numeric(node[2], env)
         try:
-            if kind == "+":
-                return _check(a + b)
-            if kind == "-":
-                return _check(a - b)
-            if kind == "*":
-                return _check(a * b)
-            if b == 0:
-                raise EvalError("division by zero")
-            return _check(a / b)
+            return _check(_binary(kind, numeric(node[1], env), numeric(node[2], env), EvalError))
         except OverflowError as exc:
             raise Bomb("overflow") from exc
     if kind == "^":
@@ -273,16 +358,7 @@ def to_sympy(node):
     if kind == "neg":
         return -to_sympy(node[1])
     if kind in ("+", "-", "*", "/"):
-        a, b = to_sympy(node[1]), to_sympy(node[2])
-        if kind == "+":
-            return a + b
-        if kind == "-":
-            return a - b
-        if kind == "*":
-            return a * b
-        if b == 0:
-            raise EvalError("division by zero")
-        return a / b
+        return _binary(kind, to_sympy(node[1]), to_sympy(node[2]), EvalError)
     if kind == "^":
         base, ex = to_sympy(node[1]), to_sympy(node[2])
         if ex.is_Integer and base.is_number:

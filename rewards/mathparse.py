@@ -1,8 +1,23 @@
-"""Safe tokenizer and Pratt parser for math answers (LaTeX and plain sympy-style syntax).
+"""Safe tokenizer and Pratt parser for math: the one expression parser of rewards/.
 
-Model text is never evaluated: this module turns a short answer string into a small tree of
-plain tuples (no sympy objects, no code), which `rewards._verify_eval` evaluates numerically
-or turns into sympy objects node by node.  Used by `rewards.verify.is_equiv`.
+Model text is never evaluated: this module turns a short string into a small tree of plain
+tuples (no sympy objects, no code), which `rewards._verify_eval` evaluates exactly, numerically
+or (in a worker process) as sympy objects, node by node.  Two entry points share the tokenizer,
+the grammar and the trees:
+    parse_answer(text)       an answer (LaTeX or plain sympy-style syntax), after normalize():
+                             used by rewards.verify.is_equiv
+    parse_arithmetic(text)   plain arithmetic only (numbers, + - * / ^ ** %, parentheses;
+                             juxtaposition only before "(", as in 2(3+4)), no normalisation:
+                             used by rewards.steps for step claims, so a claim and an answer with
+                             the same text get the same tree and the same value
+
+normalize() also reads Chinese answers: full-width characters are folded to ASCII (６ （ ） ， ：),
+a leading qualifier is dropped (约 约为 约等于 大约 大概 近似 approximately about around roughly ≈;
+it does not loosen the comparison: "约3.33" is 3.33 compared by the rounding rule, "约3" is 3),
+"3分之2" is 2/3, "百分之25" is 25%, the multipliers 十 百 千 万 亿 after a number scale it
+("5万" is 50000; 千克 千米 … stay units), and a trailing run of Han characters after a number is
+a unit or measure word and is dropped ("6个", "31岁", "6元", "6（个）", "12平方米", "60千米/小时").
+Chinese numerals ("六个") are not read.
 
     >>> parse_answer(r"\\frac{1}{2} + x^2")
     ('+', ('/', ('num', Fraction(1, 1), None), ('num', Fraction(2, 1), None)), ('^', ('sym', 'x'), ('num', Fraction(2, 1), None)))
@@ -23,6 +38,8 @@ from __future__ import annotations
 import re
 import unicodedata
 from fractions import Fraction
+
+from rewards.text import FULLWIDTH, brace_pairs, deeper_than
 
 MAX_CHARS = 2000
 MAX_TOKENS = 800
@@ -57,11 +74,43 @@ _DOUBLED_CMD = re.compile(r"\\\\([a-zA-Z]+|[{}%$])")
 _SCIENTIFIC = re.compile(r"(?<![\w.])(\d+(?:\.\d*)?|\.\d+)[eE]([+-]?\d{1,4})(?![\w.])")
 _GLUED_OR = re.compile(r"(?<=[\d)}])\s*(?:or|and)\s*(?=[A-Z\\(])")  # "W(x)=1orW(x)=-1"
 _FRACS = re.compile(r"\\[dtc]frac(?![a-zA-Z])")
+_QUALIFIER = re.compile(r"^\s*(?:约等于|约为|约是|约|大约是|大约为|大约|大概是|大概为|大概|近似于|近似为|近似是|近似|"
+                        r"approximately|approx\.?|about|around|roughly|\\approx|≈)\s*", re.IGNORECASE)
+_HAN = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+_CJK_FRACTION = re.compile(r"(\d+(?:\.\d+)?)\s*分之\s*(\d+(?:\.\d+)?)")       # 3分之2 = 2/3
+_CJK_PERCENT = re.compile(r"百分之\s*(\d+(?:\.\d+)?)")                        # 百分之25 = 25%
+_CJK_MULTIPLIER = re.compile(r"(\d+(?:\.\d+)?)\s*([十百千万亿]+)")
+_CJK_POWERS = {"十": 1, "百": 2, "千": 3, "万": 4, "亿": 8}
+_SI_UNIT_AFTER = set("克米瓦帕焦卡赫伏")  # 千克 千米 千瓦 …: 千 / 百 before these is part of a unit
+_CJK_UNIT = re.compile(rf"(?<=[\d)}}%])\s*(?:\\(?:text|mbox|mathrm|textrm|textnormal)\s*\{{\s*)?(\()?\s*[{_HAN}]{{1,8}}"
+                       rf"(?:\s*/\s*[{_HAN}]{{1,8}})?\s*(?(1)\))\s*\}}?(?=\s*$|\s*[,;)\]]|\s*\\\}})")
+
+
+def _cjk_multiplier(m: re.Match) -> str:
+    run = m.group(2)
+    nxt = m.string[m.end():m.end() + 1]
+    if run[-1] in "十百千" and nxt in _SI_UNIT_AFTER:
+        run = run[:-1]  # "3千米": 千 belongs to the unit
+    if not run:
+        return m.group(0)
+    power = sum(_CJK_POWERS[c] for c in run)
+    return f"({m.group(1)}*10^{{{power}}})" + m.group(2)[len(run):]
+
+
+def _read_chinese(s: str) -> str:
+    """Qualifiers, Chinese fractions, percentages, multipliers and trailing units (see the module docstring)."""
+    s = _QUALIFIER.sub("", s, count=1)
+    if not any("\u3400" <= c for c in s):
+        return s
+    s = _CJK_FRACTION.sub(r"\2/\1", s)
+    s = _CJK_PERCENT.sub(r"\1%", s)
+    s = _CJK_MULTIPLIER.sub(_cjk_multiplier, s)
+    return _CJK_UNIT.sub("", s).strip()
 
 
 def normalize(text: str) -> str:
     """Rewrites spacing, units, separators and synonyms so the tokenizer sees one spelling."""
-    s = text
+    s = text.translate(FULLWIDTH)
     if "\\begin" not in s and "\\\\" in s:
         s = _DOUBLED_CMD.sub(r"\\\1", s)  # answers copied from escaped JSON: \\frac -> \frac
     s = s.replace("\u2212", "-").replace("\u00a0", " ").replace("{,}", "")
@@ -73,9 +122,10 @@ def normalize(text: str) -> str:
     s = _DEGREES.sub("", s)
     s = _PERCENT_WORDS.sub("%", s)
     s = _GLUED_OR.sub(", ", s)
-    s = s.strip().rstrip(".\\").strip()
+    s = s.strip().rstrip(".。\\").strip()
     if "$" in s:
         s = s.replace("$", " ").strip()
+    s = _read_chinese(s)
     for _ in range(2):
         s = _UNITS.sub("", s).strip()
     s = _SCIENTIFIC.sub(r"(\1*10^{\2})", s)
@@ -118,26 +168,11 @@ def _greek_name(ch: str) -> str:
     return word.capitalize() if "CAPITAL" in parts else word
 
 
-def _read_braced(s: str, i: int) -> tuple[str, int]:
-    """s[i] == '{': returns (inner text, index after the matching '}')."""
-    depth = 0
-    for j in range(i, len(s)):
-        c = s[j]
-        if c == "\\":
-            continue
-        if c == "{" and (j == 0 or s[j - 1] != "\\"):
-            depth += 1
-        elif c == "}" and (j == 0 or s[j - 1] != "\\"):
-            depth -= 1
-            if depth == 0:
-                return s[i + 1:j], j + 1
-    raise ParseError("unbalanced braces")
-
-
 def tokenize(s: str) -> list[tuple[str, str]]:
     """Returns (kind, text) pairs; kinds: num word cmd op text rowsep.  ParseError on junk."""
     out: list[tuple[str, str]] = []
     i, n = 0, len(s)
+    braces = None  # brace pairs, computed on the first \\text{...}
     while i < n:
         m = _TOKEN.match(s, i)
         if not m:
@@ -151,7 +186,11 @@ def tokenize(s: str) -> list[tuple[str, str]]:
             while j < n and s[j] == " ":
                 j += 1
             if j < n and s[j] == "{":
-                inner, i = _read_braced(s, j)
+                braces = brace_pairs(s) if braces is None else braces
+                close = braces.get(j)
+                if close is None:
+                    raise ParseError("unbalanced braces")
+                inner, i = s[j + 1:close], close + 1
             elif j < n:
                 inner, i = s[j], j + 1
             else:
@@ -228,11 +267,12 @@ def _num(text: str) -> tuple:
 
 
 class _Parser:
-    def __init__(self, tokens: list[tuple[str, str]]):
+    def __init__(self, tokens: list[tuple[str, str]], strict: bool = False):
         self.toks = tokens
         self.pos = 0
         self.depth = 0
         self.abs_depth = 0
+        self.strict = strict  # plain arithmetic: juxtaposition multiplies only before "("
 
     # -- token helpers
     def peek(self, k: int = 0) -> tuple[str, str]:
@@ -318,7 +358,7 @@ class _Parser:
         kind, text = tok
         if kind in ("op", "cmd") and text in _LBP:
             return _LBP[text]
-        if self.starts_primary(tok):
+        if self.starts_primary(tok) and (not self.strict or tok == ("op", "(")):
             return 20  # implicit multiplication
         return 0
 
@@ -578,24 +618,13 @@ class _Parser:
         raise ParseError(f"unsupported command {text}")
 
 
-def _max_nesting(s: str) -> int:
-    depth = best = 0
-    for c in s:
-        if c in "({[":
-            depth += 1
-            best = max(best, depth)
-        elif c in ")}]":
-            depth -= 1
-    return best
-
-
 def parse_answer(text: str) -> tuple:
     """Parses one (already extracted) answer string into a node tree; ParseError if it can't."""
     if not isinstance(text, str):
         raise ParseError("answer must be a string")
     if len(text) > MAX_CHARS:
         raise ParseError("answer too long")
-    if _max_nesting(text) > MAX_DEPTH:
+    if deeper_than(text, MAX_DEPTH):
         raise ParseError("nesting too deep")
     s = normalize(text)
     if not s:
@@ -606,6 +635,25 @@ def parse_answer(text: str) -> tuple:
         return ("list", tuple(("seq", "(", ")", tuple(_parse_items(g))) for g in groups))
     items = _parse_items(s)
     return items[0] if len(items) == 1 else ("list", tuple(items))
+
+
+_ARITH_OPS = {"+", "-", "*", "/", "^", "**", "(", ")", "%"}
+
+
+def parse_arithmetic(text: str) -> tuple:
+    """Parses plain arithmetic (the step checker's claims) with the same grammar and trees as answers:
+    numbers, + - * / ^ ** %, parentheses, and juxtaposition only before "(" (2(3+4)), so "3 4" or
+    "1 000" is not a product. No normalisation; ParseError for anything else."""
+    if not isinstance(text, str) or len(text) > MAX_CHARS:
+        raise ParseError("not an arithmetic string")
+    tokens = tokenize(text)
+    if not tokens or any(kind != "num" and not (kind == "op" and t in _ARITH_OPS) for kind, t in tokens):
+        raise ParseError("not plain arithmetic")
+    parser = _Parser(tokens, strict=True)
+    node = parser.parse_expression(0)
+    if parser.peek()[0] != "eof":
+        raise ParseError(f"trailing input at {parser.peek()[1]!r}")
+    return node
 
 
 def _parse_items(s: str) -> list:

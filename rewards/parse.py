@@ -1,28 +1,48 @@
-"""Parsing of model solutions: step markers, step spans and the final answer.
+"""Parsing of model solutions: step markers, step spans and the final answer (the one extractor of rewards/).
 
-Used by the format reward, the step checker, the combined reward and the trainer (which maps each step's
-character span to its last token to place process rewards).
+Used by the format reward, the step checker, answer verification (rewards.verify reads its candidates from
+answer_candidates), the combined reward, evaluation, and the trainer (which maps each step's character span to
+its last token to place process rewards).
 
 Accepted step markers (anywhere in the text; English ones must not follow a letter):
     步骤一：  步骤1：  步骤 12:  第一步：  第3步:        Chinese numerals (零〇一二两三…十百千) or digits 0-9 / ０-９,
     Step 1:   Step 1.   **Step 2:**                  full-width or ASCII colon (English also accepts a period).
-Accepted final-answer forms (the one that starts last wins):
-    答案：x   最终答案：x   Answer: x   Final Answer: x   The answer is x   \\boxed{x} (nested braces)
-    \\boxed x   \\fbox{x}
-An answer line's value runs to the end of its line (or the next non-empty line when the marker ends its line).
-Values are cleaned: surrounding whitespace, trailing periods (. 。), and $...$, \\(...\\), \\[...\\] delimiters go.
+A step ends at the next step marker, at a final-answer line (below), at <answer> or </think>.
+
+Final-answer occurrences (find_answer_markers; the one that starts last and has a value wins):
+    line   答案：x  最终答案：x  答：x (not inside 解答：)  答案是x / 答案为x        (zh, zh_is)
+           Answer: x  Final Answer: x  (the) (final) answer is x                 (en, en_is)
+           #### x at the start of a line, x a number (GSM8K; "#### Step 1" and "#### 1. Setup" are headings)
+    tag    <answer>x</answer> (R1 style; an unclosed tag has no value)
+    boxed  \\boxed{x} (nested braces, \\{ \\} literal)  \\boxed x  \\fbox{x}
+A line's value runs to the end of its line (or the next non-empty line when the marker ends its line), never past
+the next marker or a closing </answer> / </think>; an answer line inside a box's braces is part of the box.
+extract_answer(text) reads the winner (within the last ANSWER_WINDOW characters):
+  * a box is joined with the boxes just before it when only connectors separate them ("\\boxed{2} and
+    \\boxed{3}" gives "2, 3"; "first \\boxed{3}, then corrected: \\boxed{4}" gives "4");
+  * a line or tag value is cut at its first sentence end (". ", "。", a newline, "I hope", "<|"), then taken
+    after its last "is" ("Final Answer: The largest $n$ is 34" gives "34"), then math regions in it win
+    ("so the answer is $y = 5$" gives "y = 5"), and for Latin prose its last number ("12 apples" gives "12");
+  * values lose surrounding whitespace, trailing . and 。, and $...$, $$...$$, \\(...\\), \\[...\\] delimiters.
+answer_candidates(text) gives verification the same readings in order, plus fallbacks when there is no answer
+occurrence: a multiple-choice letter at the start, the last math region, the last number of prose.
 
 Every public function accepts anything (str, bytes, None, other objects) and never raises; bytes are decoded
 as UTF-8 with replacement, other non-str input counts as empty text. All scans are linear in the text length.
 """
 from __future__ import annotations
 
+import bisect
 import re
 from typing import NamedTuple
 
+from rewards.mathparse import FUNCS, GREEK
+from rewards.text import as_text, brace_pairs, is_han
+
 __all__ = [
-    "Step", "AnswerMarker", "as_text", "cn_to_int", "parse_steps", "split_steps", "step_spans",
+    "Step", "AnswerMarker", "ANSWER_WINDOW", "as_text", "cn_to_int", "parse_steps", "split_steps", "step_spans",
     "find_answer_markers", "answer_value", "is_answer_line", "final_answer_marker", "extract_answer", "clean_answer",
+    "answer_candidates",
 ]
 
 _CN_DIGITS = {"零": 0, "〇": 0, "一": 1, "二": 2, "两": 2, "三": 3, "四": 4, "五": 5, "六": 6, "七": 7, "八": 8, "九": 9}
@@ -38,10 +58,19 @@ _ZH_STEP = re.compile(
 # "Step 1." must not be the start of a decimal such as "Step 1.5".
 _EN_STEP = re.compile(rf"(?<![A-Za-z])step\s*(?P<n>[{_DIGITS}]{{1,6}})\s*(?:[:：]|\.(?![0-9]))", re.IGNORECASE)
 
-# Answer-line markers. "The answer is" only ends a step when it starts a line (it often appears mid-sentence).
-_ZH_ANSWER = re.compile(r"(?:最终)?答案\s*[：:]")
-_EN_ANSWER = re.compile(r"(?<![A-Za-z])(?:final\s+)?answer\s*[:：]", re.IGNORECASE)
-_EN_ANSWER_IS = re.compile(r"(?<![A-Za-z])the\s+(?:final\s+)?answer\s+is\b\s*[:：]?", re.IGNORECASE)
+# Answer-line markers, each with its lang. "The answer is" / "答案是" only end a step when they start a line
+# (mid-sentence they are prose, though extract_answer still reads them).
+_LINE_MARKERS = (
+    (re.compile(r"(?:最终)?答案\s*[：:]|(?<![\u3400-\u9fff])答\s*[：:]"), "zh"),
+    (re.compile(r"(?:最终)?答案\s*(?:是|为)\s*[：:]?"), "zh_is"),
+    (re.compile(r"(?<![A-Za-z])(?:final\s+)?answer\s*[:：]", re.IGNORECASE), "en"),
+    (re.compile(r"(?<![A-Za-z])(?:the\s+)?(?:final\s+)?answer\s+is(?![A-Za-z])\s*[:：]?", re.IGNORECASE), "en_is"),
+    # GSM8K: "#### 72" at a line start; not a markdown heading such as "#### Step 1" or "#### 1. Setup"
+    (re.compile(r"^[ \t>]*####[ \t]*(?=[-+]?\$?[ \t]*[0-9０-９.])(?![0-9]+\.?[ \t]+[^\s0-9])", re.MULTILINE), "gsm8k"),
+)
+_TAG_OPEN = re.compile(r"<answer>", re.IGNORECASE)
+_TAG_CLOSE = re.compile(r"</answer>|</think>", re.IGNORECASE)  # a line value never runs past these
+_THINK_CLOSE = re.compile(r"</think>", re.IGNORECASE)
 _BOXED = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
 _LINE_START_PREFIX = re.compile(r"[ \t*#>\-]*\Z")  # whitespace / markdown decoration allowed before a line-start marker
 _DECORATION = re.compile(r"[*#>\-][ \t*#>\-]*\Z")  # markdown decoration (not plain indentation) before a marker
@@ -60,28 +89,17 @@ class Step(NamedTuple):
 
 
 class AnswerMarker(NamedTuple):
-    """One final-answer occurrence: kind ("line" for 答案：/Answer:/The answer is, "boxed" for \\boxed/\\fbox),
-    the marker start, and the raw value span [vstart, vend) (vstart == -1 for an unterminated \\boxed{).
+    """One final-answer occurrence: kind ("line" for 答案：/Answer:/The answer is/####, "tag" for <answer>,
+    "boxed" for \\boxed/\\fbox), the marker start, and the raw value span [vstart, vend) (vstart == -1 for an
+    unterminated \\boxed{ or <answer>).
     Values are cut lazily with answer_value(), so hostile texts with many markers stay linear in memory."""
 
     kind: str
     start: int
     vstart: int
     vend: int
-    lang: str = ""  # "zh" (答案：), "en" (Answer:), "en_is" (The answer is), "" for boxed
+    lang: str = ""  # zh (答案：), zh_is (答案是), en (Answer:), en_is (The answer is), gsm8k (####), tag, "" for boxed
     at_line_start: bool = False
-
-
-def as_text(text) -> str:
-    """Coerce any input to str: bytes are decoded as UTF-8 with replacement; other non-str input gives ""."""
-    if isinstance(text, str):
-        return text
-    if isinstance(text, (bytes, bytearray, memoryview)):
-        try:
-            return bytes(text).decode("utf-8", errors="replace")
-        except Exception:  # noqa: BLE001 - hostile buffer objects
-            return ""
-    return ""
 
 
 def cn_to_int(s: str) -> int | None:
@@ -144,14 +162,16 @@ def _step_markers(text: str) -> list[tuple[int, int, int | None, str]]:
 
 
 def _answer_line_starts(text: str) -> list[int]:
-    """Start positions of answer-line markers that terminate a step (see is_answer_line)."""
-    return sorted(m.start for m in find_answer_markers(text) if is_answer_line(m))
+    """Start positions of answer lines and tags (see is_answer_line) and of </think>: they terminate a step."""
+    starts = [m.start for m in find_answer_markers(text) if is_answer_line(m) or m.kind == "tag"]
+    return sorted(starts + [m.start() for m in _THINK_CLOSE.finditer(text)])
 
 
 def is_answer_line(marker) -> bool:
-    """Whether an answer occurrence is a final-answer line: 答案：/最终答案：/Answer: anywhere, or
-    "The answer is" at the start of a line (mid-sentence it is prose, though extract_answer still reads it)."""
-    return marker.kind == "line" and (marker.lang != "en_is" or marker.at_line_start)
+    """Whether an answer occurrence is a final-answer line: 答案：/最终答案：/答：/Answer:/#### anywhere, or
+    "The answer is" / "答案是" at the start of a line (mid-sentence they are prose, though extract_answer
+    still reads them)."""
+    return marker.kind == "line" and (marker.lang not in ("en_is", "zh_is") or marker.at_line_start)
 
 
 def parse_steps(text) -> list[Step]:
@@ -193,24 +213,31 @@ def step_spans(text) -> list[tuple[int, int]]:
     return [(s.start, s.end) for s in parse_steps(text)]
 
 
-_BRACE_TOKEN = re.compile(r"\\[{}]|[{}]")
+# ---------------------------------------------------------------------------------------------------------------
+# Final answers: the one extractor (format checks, verification, the combined reward and evaluation use it)
 
-
-def _brace_matches(text: str) -> dict[int, int]:
-    """Map each "{" to its matching "}" in one linear pass (unescaped braces; \\{ and \\} are literal)."""
-    stack, match = [], {}
-    for m in _BRACE_TOKEN.finditer(text):
-        tok = m.group()
-        if tok == "{":
-            stack.append(m.start())
-        elif tok == "}" and stack:
-            match[stack.pop()] = m.start()
-    return match
+ANSWER_WINDOW = 20_000  # the final answer is searched for in the last characters of a text only
+_CHOICE = re.compile(r"^\s*\(?([A-E])\)?\s*[.:)]\s+\S")
+_SENTENCE_END = re.compile(r"\n|\.\s|。|I hope|<\|")
+_IS = re.compile(r"\bis\b")
+# $$..$$, \[..\], \(..\), $..$; each alternative stops at the next opener of its kind, so scanning stays linear
+_REGIONS = re.compile(r"(?<!\\)\$\$((?:(?!\$\$).)+?)\$\$|\\\[((?:(?!\\\[).)+?)\\\]"
+                      r"|\\\(((?:(?!\\\()[^\n])+?)\\\)|(?<!\\)\$((?:[^$\n\\]|\\.)+?)\$", re.DOTALL)
+_LAST_NUMBER = re.compile(r"(?<![\w.])(?:-?\d+\s*/\s*\d+(?!\d|[.,]\d)|-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:[.,]\d+)?"
+                          r"|-?\.\d+)(?:\s*%)?")
+_CODE_LIKE = re.compile(r"__|\b(?:lambda|import|eval|exec|os|sys|open|system)\b|[\"`]"
+                        r"|\\(?:input|include|write|immediate|openout|read)\b")
+_GAP_WORDS = re.compile(r"\\text\s*\{([^{}]*)\}|\\[a-zA-Z]+|[$,;.:()\[\]\\]")
+_PROSE_WORD = re.compile(r"(?<![\\a-zA-Z0-9])[a-zA-Z]*[a-z][a-zA-Z]*(?![a-zA-Z0-9])")
+_LATEX_CMD_ARG = re.compile(r"\\[a-zA-Z]+\s*(?:\{[^{}]*\})?")
+_MATH_WORDS = {"sqrt", "frac", "dfrac", "tfrac", "cdot", "times", "infty", "infinity", "percent",
+               "percentage", "text", "left", "right", "boxed", "sin", "cos", "tan", "log", "ceil",
+               "floor", "units", "pmatrix", "bmatrix", "matrix", "begin", "end", "mathrm"}
 
 
 def _line_value_span(text: str, pos: int, limit: int) -> tuple[int, int]:
     """Value span of an answer line: skip whitespace (so "Answer:\n42" works), then up to the end of that
-    line, never past `limit` (the next answer marker)."""
+    line, never past `limit` (the next answer marker or closing tag)."""
     i = pos
     while i < limit and text[i].isspace():
         i += 1
@@ -259,32 +286,50 @@ def _boxed_span(text: str, end_of_cmd: int, braces: dict[int, int]) -> tuple[int
 
 
 def find_answer_markers(text) -> list[AnswerMarker]:
-    """Every final-answer occurrence (answer lines and boxed values), ordered by start position."""
+    """Every final-answer occurrence (answer lines, #### lines, <answer> tags and boxed values), by start.
+    An answer line inside a box's braces is part of the box, not a marker of its own."""
     try:
         text = as_text(text)
         # "Final Answer:" / "最终答案：" are matched once each (regex alternation), so there are no duplicates.
-        lines = sorted((m.start(), m.end(), lang) for rx, lang in ((_ZH_ANSWER, "zh"), (_EN_ANSWER, "en"), (_EN_ANSWER_IS, "en_is"))
-                       for m in rx.finditer(text))
+        lines = sorted((m.start(), m.end(), lang) for rx, lang in _LINE_MARKERS for m in rx.finditer(text))
+        tags = [(m.start(), m.end()) for m in _TAG_OPEN.finditer(text)]
+        closers = [m.start() for m in _TAG_CLOSE.finditer(text)]
         boxes = [(m.start(), m.end()) for m in _BOXED.finditer(text)]
-        braces = _brace_matches(text) if boxes else {}
-        starts = sorted([m[0] for m in lines] + [s for s, _ in boxes]) + [len(text)]
-        out, k = [], 0
-        for start, mend, lang in lines:
-            while starts[k] <= start:
-                k += 1
-            vs, ve = _line_value_span(text, mend, starts[k])
-            out.append(AnswerMarker("line", start, vs, ve, lang, _at_line_start(text, start)))
+        braces = brace_pairs(text) if boxes else {}
+        out = []
         for start, mend in boxes:
             vs, ve = _boxed_span(text, mend, braces)
             out.append(AnswerMarker("boxed", start, vs, ve))
+        lines = _outside_boxes(lines, [(b.vstart, b.vend) for b in out if b.vstart >= 0])
+        limits = sorted([m[0] for m in lines] + [s for s, _ in tags] + [s for s, _ in boxes] + closers) + [len(text)]
+        for start, mend, lang in lines:
+            vs, ve = _line_value_span(text, mend, limits[bisect.bisect_right(limits, start)])
+            out.append(AnswerMarker("line", start, vs, ve, lang, lang == "gsm8k" or _at_line_start(text, start)))
+        for start, mend in tags:
+            k = bisect.bisect_left(closers, mend)
+            vs, ve = (mend, closers[k]) if k < len(closers) else (-1, -1)  # an unclosed tag has no value
+            out.append(AnswerMarker("tag", start, vs, ve, "tag", _at_line_start(text, start)))
         out.sort(key=lambda a: a.start)
         return out
     except Exception:  # noqa: BLE001
         return []
 
 
+def _outside_boxes(lines: list[tuple], spans: list[tuple[int, int]]) -> list[tuple]:
+    """The line markers (sorted by start) that do not start inside a box value span (sorted by start), in one
+    sweep: "\boxed{\text{answer: 5}}" is one boxed answer."""
+    out, j, covered_to = [], 0, -1
+    for line in lines:
+        while j < len(spans) and spans[j][0] <= line[0]:
+            covered_to = max(covered_to, spans[j][1])
+            j += 1
+        if line[0] >= covered_to:
+            out.append(line)
+    return out
+
+
 def answer_value(text, marker: AnswerMarker) -> str | None:
-    """The cleaned value of one answer occurrence (None when empty or unterminated)."""
+    """The cleaned raw value of one answer occurrence (None when empty or unterminated)."""
     text = as_text(text)
     if marker.vstart < 0:
         return None
@@ -292,21 +337,123 @@ def answer_value(text, marker: AnswerMarker) -> str | None:
 
 
 def final_answer_marker(text) -> AnswerMarker | None:
-    """The answer occurrence that wins: the one starting last. A boxed value inside an answer line
-    ("Answer: \\boxed{5}") starts later, so it wins and gives the clean value."""
+    """The answer occurrence that starts last. A boxed value inside an answer line ("Answer: \\boxed{5}")
+    starts later, so it wins and gives the clean value."""
     markers = find_answer_markers(text)
     return markers[-1] if markers else None
 
 
+def _short_gap(gap: str) -> bool:
+    """Text between two answers that only connects them (",", "and", "for part (a) and"), as
+    opposed to a correction ("first 3, then corrected: 4", where the last answer wins)."""
+    words = _GAP_WORDS.sub(lambda m: " " + (m.group(1) or "") + " ", gap).split()
+    if not any(ch.isalnum() for w in words for ch in w):
+        return True
+    return len(words) <= 4 and any(w.lower() in ("and", "or", "&", "和", "或") for w in words)
+
+
+def _join_trailing(spans: list[tuple[int, int, str]], text: str) -> str:
+    """The last answer, joined with the answers before it when only short connectors separate them."""
+    run = [spans[-1]]
+    for prev in reversed(spans[:-1]):
+        if prev[1] <= run[0][0] and _short_gap(text[prev[1]:run[0][0]]):
+            run.insert(0, prev)
+        else:
+            break
+    return ", ".join(s[2] for s in run)
+
+
+def _regions(text: str) -> list[tuple[int, int, str]]:
+    return [(m.start(), m.end(), next(g for g in m.groups() if g is not None)) for m in _REGIONS.finditer(text)]
+
+
+def _is_prose(text: str) -> bool:
+    """Latin prose ("The largest n is 34") as opposed to a formula ("2abc", "x = 3")."""
+    text = _LATEX_CMD_ARG.sub(" ", text)
+    words = [w for w in _PROSE_WORD.findall(text)
+             if len(w) >= 3 and w.lower() not in _MATH_WORDS and w not in FUNCS and w not in GREEK]
+    # one long word ("Soucis: 2,74") or two short ones ("not it's not 10"); "2abc" is algebra
+    return any(len(w) >= 4 for w in words) or len(words) >= 2
+
+
+def _readings(raw: str) -> list[str]:
+    """Readings of an answer line's value, best first: the sentence it starts, after its last "is" ("the
+    largest n is 34"), math regions in it ($y = 5$), and for prose its last number first."""
+    tail = _SENTENCE_END.split(raw.strip(), maxsplit=1)[0].strip().rstrip(". ")
+    if _IS.search(tail):
+        tail = _IS.split(tail)[-1].strip()
+    regions = _regions(tail)
+    if regions:
+        return [_join_trailing(regions, tail)]
+    nums = _LAST_NUMBER.findall(tail)
+    last = [nums[-1]] if nums else []
+    return last + [tail] if _is_prose(tail) else [tail] + last
+
+
+def _marker_readings(text: str, markers: list[AnswerMarker]) -> list[str] | None:
+    """Readings of the winning answer occurrence: the last one with a value. A box is joined with the boxes
+    just before it when only connectors separate them ("\\boxed{2} and \\boxed{3}" is "2, 3"). None when
+    there is no answer occurrence with a value."""
+    for i in range(len(markers) - 1, -1, -1):
+        m = markers[i]
+        if m.vstart < 0 or clean_answer(text[m.vstart:m.vend]) is None:
+            continue
+        if m.kind == "boxed":
+            boxes = [(b.start, b.vend + text.startswith("}", b.vend), text[b.vstart:b.vend]) for b in markers[:i + 1]
+                     if b.kind == "boxed" and b.vstart >= 0]
+            return [_join_trailing(boxes, text)]
+        raw = text[m.vstart:m.vend]
+        return _readings(" ".join(raw.split()) if m.kind == "tag" else raw)
+    return None
+
+
 def extract_answer(text) -> str | None:
-    """The final answer string: the value of the last occurrence that has one (an empty "Answer:" or an
-    unterminated "\\boxed{" at the very end does not erase an earlier answer); None when there is none."""
+    """The final answer string: the value of the last answer occurrence that has one (an empty "Answer:" or
+    an unterminated "\\boxed{" at the very end does not erase an earlier answer), read as the module
+    docstring says; None when there is none."""
     try:
-        text = as_text(text)
-        for m in reversed(find_answer_markers(text)):
-            value = answer_value(text, m)
+        text = as_text(text)[-ANSWER_WINDOW:]
+        readings = _marker_readings(text, find_answer_markers(text))
+        for r in readings or ():
+            value = clean_answer(r)
             if value is not None:
                 return value
         return None
     except Exception:  # noqa: BLE001
         return None
+
+
+def answer_candidates(text) -> list[str]:
+    """Answer strings to try for verification, best first: the readings of extract_answer's occurrence; without
+    one, the content so far of a cut-off last \\boxed{, a multiple-choice letter at the start ("(B) ..."), the
+    last math region ($...$, \\(...\\), \\[...\\]; a number in prose after it in a long text), the last number
+    of prose (Latin prose first by its number; Chinese text as a whole, then its last number), else the text."""
+    try:
+        text = as_text(text)[-ANSWER_WINDOW:]
+        markers = find_answer_markers(text)
+        readings = _marker_readings(text, markers)
+        if readings is not None:
+            return readings
+        if markers and markers[-1].kind == "boxed" and markers[-1].vstart < 0:
+            rest = text[markers[-1].start:].split("{", 1)[-1].strip()
+            if rest:
+                return [rest]  # a cut-off "\\boxed{..." with no other answer: what it holds so far
+        choice = _CHOICE.match(text)
+        if choice:
+            return [choice.group(1), text]
+        regions = _regions(text)
+        if regions:
+            after = _LAST_NUMBER.findall(text[regions[-1][1]:])
+            if after and len(text) > 80:  # prose after the last formula ends in a number
+                return [after[-1]]
+            return [_join_trailing(regions, text)]
+        nums = _LAST_NUMBER.findall(text)
+        if text.count("$") >= 2 or "\\(" in text or "\\[" in text or _CODE_LIKE.search(text):
+            nums = []  # broken math delimiters: the text does not state a clean answer
+        if _is_prose(text):
+            return ([nums[-1]] if nums else []) + [text]
+        if nums and sum(map(is_han, text)) >= 2:
+            return [text, nums[-1]]  # Chinese: "6个" reads as a whole, "所以他今年31岁" by its last number
+        return [text]  # formula-only text that does not parse states no answer
+    except Exception:  # noqa: BLE001
+        return []

@@ -3,7 +3,7 @@
     check_steps(text) -> list[float | None]     one entry per step from rewards.parse.split_steps:
         1.0  every arithmetic claim in the step is true
         0.0  at least one claim is false
-        None the step has no checkable claim
+        None the step has no checkable claim (or lies beyond MAX_CHECK_CHARS of steps)
 
 A claim is an equality chain between arithmetic expressions, e.g. `3 + 4 = 7`, `12*3=36 = 6*6`,
 `1/2 + 1/3 = 5/6`, `7×2＝14`, `20% × 50 = 10`, `2^{10} = 1024`, `\\frac{3}{4} = 0.75`. Numbers are digits with an
@@ -12,13 +12,16 @@ Unicode forms × ÷ · − ＋ － ＊ ／ and LaTeX \\times \\cdot \\div \\frac
 multiplication `2(3+4)` are allowed. Every consecutive pair of parsable parts in a chain is compared, provided
 the chain has at least one operation (so `x = 3` or `7 = 7` alone is no claim).
 
-Expressions are evaluated exactly with fractions.Fraction by a small recursive-descent parser written here:
-model text is never passed to eval, sympy or any other general parser. Limits keep hostile text cheap:
-numbers of at most 60 digits, powers whose result stays under ~4096 bits, nesting depth 40, expressions of at
-most 400 characters, 64 parts per chain, 2000 evaluations and 200 claims per step.
-
-Comparison is exact, except that a bare decimal literal is taken as a rounded value: `1/3 = 0.33` holds because
-1/3 rounds to 0.33 at two decimals (|a - b| <= half a unit in the last place).
+Each part is parsed by the answer verifier's parser (rewards.mathparse.parse_arithmetic: the same grammar and
+trees as answers, restricted to plain arithmetic) and evaluated exactly with fractions.Fraction
+(rewards._verify_eval.exact); two parts are compared by the verifier's equality rule
+(rewards._verify_eval.exact_equal), so `check_step("a = b")` and `is_equiv("a", "b")` agree wherever both decide.
+Model text is never passed to eval, sympy or any other general parser. That rule is exact, except that a decimal
+literal with at least two decimals is taken as a rounded value (`1/3 = 0.33` holds because 1/3 rounds to 0.33;
+`1/3 = 0.3` does not: one decimal is too coarse), and a bare percentage states its number or its fraction
+(`50% = 0.5`). Limits keep hostile text cheap: expressions of at most 400 characters, exact results under
+20,000 bits and exponents up to 10,000 (rewards._verify_eval), 64 parts per chain, 2000 evaluations and 200 claims
+per step, and steps beyond the first MAX_CHECK_CHARS characters of steps are not checked.
 
 To avoid false labels, an edge part of a chain is only used when the text around it cannot continue the
 expression: `2x + 3 = 7`, `f(3) = 9`, `3:4 = 6:8`, `1,000 + 2 = 1,002`, `3² = 9` give no claim. A neighbouring Han
@@ -33,25 +36,20 @@ import re
 from fractions import Fraction
 from typing import NamedTuple
 
+from rewards import _verify_eval as ev
+from rewards.mathparse import ParseError, parse_arithmetic
 from rewards.parse import as_text, split_steps
+from rewards.text import MATH_CHARS, is_han
 
 __all__ = ["Claim", "evaluate", "find_claims", "check_step", "check_steps", "step_score"]
 
-MAX_NUMBER_DIGITS = 60
-MAX_RESULT_BITS = 4096
-MAX_DEPTH = 40
 MAX_EXPR_CHARS = 400
 MAX_CLAIMS = 200
 MAX_CHAIN_PARTS = 64  # parts of one `a = b = c ...` chain that are looked at
 MAX_EVALUATIONS = 2000  # expression evaluations per step
 MAX_STEP_CHARS = 200_000  # longer steps are checked on their first part only
+MAX_CHECK_CHARS = 65_536  # steps starting beyond this many characters of step text are not checked (None)
 
-# Character normalisation: Unicode operators and full-width forms to ASCII.
-_TRANSLATE = str.maketrans({
-    "×": "*", "✕": "*", "·": "*", "⋅": "*", "∙": "*", "÷": "/", "−": "-", "＋": "+", "－": "-", "＊": "*",
-    "／": "/", "＝": "=", "（": "(", "）": ")", "％": "%", "＾": "^", "．": ".",
-    **{chr(0xFF10 + i): str(i) for i in range(10)},
-})
 _LATEX = [
     (re.compile(r"\\[dt]?frac\s*\{([0-9+\-*/.() ]{1,60})\}\s*\{([0-9+\-*/.() ]{1,60})\}"), r"((\1)/(\2))"),
     (re.compile(r"\\(?:times|cdot|ast)(?![A-Za-z])"), "*"),
@@ -65,6 +63,7 @@ _LATEX = [
 _RUN = re.compile(r"[0-9.+\-*/^()%= \t]+")
 _CJK_PUNCT = set("，。：；、！？「」『』“”‘’《》…【】") | set("→⇒⟹∴∵")  # arrows and therefore-signs end a claim
 _SAFE_ASCII_PUNCT = set(",;:!?.")
+_OPERATIONS = ("+", "-", "*", "/", "^", "pct")
 
 
 class Claim(NamedTuple):
@@ -75,180 +74,31 @@ class Claim(NamedTuple):
     ok: bool
 
 
-class _ParseError(Exception):
-    pass
-
-
-_TOKEN = re.compile(r"\s*(?:(\d+(?:\.\d*)?|\.\d+)|([-+*/^()%]))")
-
-
-def _tokenize(s: str) -> list[tuple[str, object]]:
-    out, pos, n = [], 0, len(s)
-    while pos < n:
-        m = _TOKEN.match(s, pos)
-        if m is None:
-            if s[pos:].strip() == "":
-                break
-            raise _ParseError("bad character")
-        pos = m.end()
-        if m.group(1) is not None:
-            lit = m.group(1)
-            if len(lit.replace(".", "")) > MAX_NUMBER_DIGITS:
-                raise _ParseError("number too long")
-            out.append(("num", lit))
-        else:
-            out.append(("op", m.group(2)))
-    return out
-
-
-class _Parser:
-    """Recursive descent: expr := term (+|- term)* ; term := unary ((*|/) unary | implicit '(')* ;
-    unary := (+|-) unary | power ; power := atom (^ unary)? ; atom := number %? | ( expr ) %?"""
-
-    def __init__(self, tokens):
-        self.toks, self.i, self.depth, self.n_ops = tokens, 0, 0, 0
-
-    def peek(self):
-        return self.toks[self.i] if self.i < len(self.toks) else (None, None)
-
-    def take(self):
-        tok = self.peek()
-        self.i += 1
-        return tok
-
-    def parse(self) -> Fraction:
-        if not self.toks:
-            raise _ParseError("empty")
-        v = self.expr()
-        if self.i != len(self.toks):
-            raise _ParseError("trailing tokens")
-        return v
-
-    def expr(self) -> Fraction:
-        v = self.term()
-        while self.peek() in (("op", "+"), ("op", "-")):
-            op = self.take()[1]
-            rhs = self.term()
-            v = v + rhs if op == "+" else v - rhs
-            self.n_ops += 1
-        return v
-
-    def term(self) -> Fraction:
-        v = self.unary()
-        while True:
-            kind, val = self.peek()
-            if (kind, val) in (("op", "*"), ("op", "/")):
-                self.take()
-                rhs = self.unary()
-                if val == "/":
-                    if rhs == 0:
-                        raise _ParseError("division by zero")
-                    v = v / rhs
-                else:
-                    v = v * rhs
-            elif (kind, val) == ("op", "("):
-                v = v * self.unary()  # implicit multiplication: 2(3+4)
-            else:
-                return v
-            self.n_ops += 1
-            _check_size(v)
-
-    def unary(self) -> Fraction:
-        kind, val = self.peek()
-        if (kind, val) in (("op", "-"), ("op", "+")):
-            self.take()
-            self._enter()
-            v = self.unary()
-            self.depth -= 1
-            return -v if val == "-" else v
-        return self.power()
-
-    def power(self) -> Fraction:
-        base = self.atom()
-        if self.peek() == ("op", "^"):
-            self.take()
-            self._enter()
-            exp = self.unary()
-            self.depth -= 1
-            self.n_ops += 1
-            return _safe_pow(base, exp)
-        return base
-
-    def atom(self) -> Fraction:
-        kind, val = self.take()
-        if kind == "num":
-            v = Fraction(val.rstrip(".") if val.endswith(".") else val)
-        elif (kind, val) == ("op", "("):
-            self._enter()
-            v = self.expr()
-            self.depth -= 1
-            if self.take() != ("op", ")"):
-                raise _ParseError("unbalanced parenthesis")
-        else:
-            raise _ParseError("expected a number")
-        while self.peek() == ("op", "%"):
-            self.take()
-            v = v / 100
-            self.n_ops += 1
-        return v
-
-    def _enter(self):
-        self.depth += 1
-        if self.depth > MAX_DEPTH:
-            raise _ParseError("too deep")
-
-
-def _bits(v: Fraction) -> int:
-    return v.numerator.bit_length() + v.denominator.bit_length()
-
-
-def _check_size(v: Fraction) -> None:
-    if _bits(v) > MAX_RESULT_BITS:
-        raise _ParseError("result too large")
-
-
-def _safe_pow(base: Fraction, exp: Fraction) -> Fraction:
-    if exp.denominator != 1:
-        raise _ParseError("non-integer exponent")  # irrational results are not exact arithmetic
-    e = exp.numerator
-    if base == 0:
-        if e < 0:
-            raise _ParseError("zero to a negative power")
-        return Fraction(1) if e == 0 else Fraction(0)
-    if abs(e) * max(_bits(base), 1) > MAX_RESULT_BITS:
-        raise _ParseError("power too large")
-    return base ** e
-
-
 def evaluate(expr: str) -> Fraction | None:
     """Exact value of an arithmetic expression in the grammar above, or None (malformed, too large, 1/0)."""
     if not isinstance(expr, str):
         return None
-    v, _ = _evaluate(_normalise(expr))
-    return v
+    node, _ = _parse(_normalise(expr))
+    return None if node is None else ev.exact(node)
 
 
-def _evaluate(expr) -> tuple[Fraction | None, int]:
-    """(value, number of operations) or (None, 0), for already normalised text."""
+def _parse(expr) -> tuple[tuple | None, int]:
+    """(tree, number of operations) of already normalised text when it is exact arithmetic, else (None, 0)."""
     if not isinstance(expr, str) or len(expr) > MAX_EXPR_CHARS:
         return None, 0
     try:
-        p = _Parser(_tokenize(expr))
-        return p.parse(), p.n_ops
-    except (_ParseError, ValueError, ZeroDivisionError, OverflowError, RecursionError, MemoryError):
+        node = parse_arithmetic(expr)
+        ev.exact(node)
+    except (ParseError, ev.NotExact, ValueError, ZeroDivisionError, OverflowError, RecursionError, MemoryError):
         return None, 0
+    return node, sum(1 for nd in ev.walk(node) if nd[0] in _OPERATIONS)
 
 
 def _normalise(text: str) -> str:
-    text = text.translate(_TRANSLATE)
+    text = text.translate(MATH_CHARS)
     for rx, rep in _LATEX:
         text = rx.sub(rep, text)
     return text
-
-
-def _is_han(c: str) -> bool:
-    o = ord(c)
-    return 0x4E00 <= o <= 0x9FFF or 0x3400 <= o <= 0x4DBF or 0xF900 <= o <= 0xFAFF
 
 
 def _edge_is_safe(text: str, run_start: int, run_end: int, left: bool, part: str) -> bool:
@@ -263,13 +113,13 @@ def _edge_is_safe(text: str, run_start: int, run_end: int, left: bool, part: str
     if pos < 0 or pos >= len(text):
         return True
     c = text[pos]
-    if c in "\n\r" or _is_han(c) or c in _CJK_PUNCT or c == "$":
+    if c in "\n\r" or is_han(c) or c in _CJK_PUNCT or c == "$":
         return True
     if c in _SAFE_ASCII_PUNCT:
         if left:
             return spaced
         nxt = text[pos + 1] if pos + 1 < len(text) else "\n"
-        return nxt.isspace() or _is_han(nxt) or nxt in _CJK_PUNCT or nxt == "$"
+        return nxt.isspace() or is_han(nxt) or nxt in _CJK_PUNCT or nxt == "$"
     if c.isalpha() and spaced and not edge_op:
         # A separate word: "total 3 + 4 = 7", "= 7 apples" are fine; a lone letter ("2 x 3", "= 4 y") is not.
         lo, hi = pos, pos
@@ -295,22 +145,6 @@ def _trim_parens(part: str, left: bool) -> str:
     if not left and excess > 0 and part.rstrip().endswith("("):
         return part.rstrip()[:-1]  # "= 5 (correct)": the "(" opens a remark
     return part
-
-
-def _decimal_places(part: str) -> int | None:
-    """Number of decimals when the part is a bare decimal literal such as 0.33 or -1.50, else None."""
-    m = re.fullmatch(r"\s*[-+]?\d*\.(\d+)\s*", part)
-    return len(m.group(1)) if m else None
-
-
-def _equal(a: Fraction, b: Fraction, a_text: str, b_text: str) -> bool:
-    if a == b:
-        return True
-    for lit in (a_text, b_text):
-        k = _decimal_places(lit)
-        if k is not None and k <= 30:
-            return abs(a - b) <= Fraction(1, 2 * 10 ** k)
-    return False
 
 
 # "3+4=7 5+6=11": whitespace between an operand and a number separates two expressions. Not before "(":
@@ -340,7 +174,7 @@ def _chain_claims(text: str, start: int, end: int, left_edge: bool, right_edge: 
     parts = chain.split("=", MAX_CHAIN_PARTS)
     truncated = len(parts) > MAX_CHAIN_PARTS  # the rest of a very long chain is not looked at
     parts = parts[:MAX_CHAIN_PARTS]
-    values: list[tuple[Fraction | None, int]] = []
+    values: list[tuple[tuple | None, int]] = []
     for i, part in enumerate(parts):
         budget[0] -= 1
         if len(part) > 2 * MAX_EXPR_CHARS or budget[0] < 0:
@@ -354,14 +188,14 @@ def _chain_claims(text: str, start: int, end: int, left_edge: bool, right_edge: 
             part = _trim_parens(part, left=False)
             usable = usable and _edge_is_safe(text, start, end, False, part)
         parts[i] = part
-        values.append(_evaluate(part) if usable and part.strip() else (None, 0))
+        values.append(_parse(part) if usable and part.strip() else (None, 0))
     if not any(v is not None and n_ops > 0 for v, n_ops in values):
         return []
     claims = []
     for i in range(len(parts) - 1):
         (a, _), (b, _) = values[i], values[i + 1]
         if a is not None and b is not None:
-            claims.append(Claim(parts[i].strip(), parts[i + 1].strip(), _equal(a, b, parts[i], parts[i + 1])))
+            claims.append(Claim(parts[i].strip(), parts[i + 1].strip(), ev.exact_equal(a, b) is True))
     return claims
 
 
@@ -400,9 +234,15 @@ def check_step(step) -> float | None:
 
 
 def check_steps(text) -> list[float | None]:
-    """Score of every step of a solution (see module docstring); [] when there are no step markers."""
+    """Score of every step of a solution (see module docstring); [] when there are no step markers. One entry
+    per step of rewards.parse.step_spans(text), always: steps after the first MAX_CHECK_CHARS characters of
+    step text are None (not checked), which bounds the cost of a huge text."""
     try:
-        return [check_step(s) for s in split_steps(text)]
+        scores, seen = [], 0
+        for step in split_steps(text):
+            scores.append(check_step(step) if seen < MAX_CHECK_CHARS else None)
+            seen += len(step)
+        return scores
     except Exception:  # noqa: BLE001
         return []
 

@@ -34,11 +34,13 @@ from fractions import Fraction
 
 from rewards import _verify_eval as ev
 from rewards._verify_worker import get_worker
-from rewards.mathparse import FUNCS, GREEK, ParseError, parse_answer
+from rewards.mathparse import ParseError, parse_answer
+from rewards.parse import ANSWER_WINDOW, answer_candidates
+from rewards.text import deeper_than
 
 MAX_INPUT_CHARS = 200_000   # longer inputs are rejected outright
 MAX_ANSWER_CHARS = 2_000    # an extracted answer longer than this is rejected
-MAX_TAIL_CHARS = 20_000     # only the end of a long solution is searched for its answer
+MAX_TAIL_CHARS = ANSWER_WINDOW  # only the end of a long solution is searched for its answer (rewards.parse)
 MAX_ITEMS = 64              # elements of a set / list / tuple / matrix
 REL_TOL = 1e-9              # numeric agreement between two floats
 MAX_PM = 4                  # +- signs expanded into 2**MAX_PM values at most
@@ -74,158 +76,15 @@ def _plain_number(s: str):
     return None
 
 
-def _finite_decimal_digits(value: Fraction) -> int | None:
-    """Number of decimals needed to write value exactly, None if it is not a finite decimal."""
-    den = value.denominator
-    twos = fives = 0
-    while den % 2 == 0:
-        den //= 2
-        twos += 1
-    while den % 5 == 0:
-        den //= 5
-        fives += 1
-    return max(twos, fives) if den == 1 else None
-
-
-def _rounded_match(dec_value, ndec: int | None, other_value, other_ndec: int | None) -> bool:
-    """A decimal written with ndec >= 2 digits equals the other value rounded to ndec digits,
-    when the other value is more precise (irrational, a repeating or a longer decimal)."""
-    if not ndec or ndec < 2:
-        return False
-    if other_ndec is not None:
-        return False  # two decimals: both were rounded by someone, only equality counts
-    if isinstance(other_value, Fraction):
-        digits = _finite_decimal_digits(other_value)
-        if digits is not None and digits <= ndec:
-            return False
-        return abs(Fraction(dec_value) - other_value) <= Fraction(1, 2 * 10 ** ndec)
-    return abs(complex(dec_value) - complex(other_value)) <= 0.5 * 10.0 ** -ndec * (1 + 1e-9) + 1e-12
-
-
-def _numbers_equal(a, a_ndec, b, b_ndec) -> bool:
-    if a == b:
-        return True
-    return _rounded_match(a, a_ndec, b, b_ndec) or _rounded_match(b, b_ndec, a, a_ndec)
-
-
-def _plain_equal(pa, pb) -> bool:
-    (va, da, pcta), (vb, db, pctb) = pa, pb
-    if pcta == pctb:
-        return _numbers_equal(va, da, vb, db)
-    # "28%" matches both 28 and 0.28
-    if pcta:
-        return _numbers_equal(va, da, vb, db) or va / 100 == vb
-    return _numbers_equal(va, da, vb, db) or vb / 100 == va
+def _plain_node(plain) -> tuple:
+    """The parser tree of a plain number, so the fast path applies the same equality rule as the parser."""
+    value, ndec, is_percent = plain
+    node = ("num", value, ndec)
+    return ("pct", node) if is_percent else node
 
 
 # ---------------------------------------------------------------------------------------------
-# 2. final-answer extraction from longer text
-
-_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
-_BRACE = re.compile(r"(?<!\\)[{}]")
-_ANCHOR = re.compile(r"(?:final answer is|answer is|final answer:|answer:|答案[：:]|最终答案[：:])",
-                     re.IGNORECASE)
-_CHOICE = re.compile(r"^\s*\(?([A-E])\)?\s*[.:)]\s+\S")
-_CODE_LIKE = re.compile(r"__|\b(?:lambda|import|eval|exec|os|sys|open|system)\b|[\"`]|\\(?:input|include|write|immediate|openout|read)\b")
-_SENTENCE_END = re.compile(r"\n|\.\s|I hope|<\|")
-# each alternative stops at the next opener of its kind, so scanning stays linear in the text
-_REGIONS = re.compile(r"(?<!\\)\$\$((?:(?!\$\$).)+?)\$\$|\\\[((?:(?!\\\[).)+?)\\\]"
-                      r"|\\\(((?:(?!\\\()[^\n])+?)\\\)|(?<!\\)\$((?:[^$\n\\]|\\.)+?)\$", re.DOTALL)
-_LAST_NUMBER = re.compile(r"(?<![\w.])(?:-?\d+\s*/\s*\d+(?!\d|[.,]\d)|-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:[.,]\d+)?|-?\.\d+)(?:\s*%)?")
-_GAP_WORDS = re.compile(r"\\text\s*\{([^{}]*)\}|\\[a-zA-Z]+|[$,;.:()\[\]\\]")
-_PROSE_WORD = re.compile(r"(?<![\\a-zA-Z0-9])[a-zA-Z]*[a-z][a-zA-Z]*(?![a-zA-Z0-9])")
-_LATEX_CMD_ARG = re.compile(r"\\[a-zA-Z]+\s*(?:\{[^{}]*\})?")
-_MATH_WORDS = {"sqrt", "frac", "dfrac", "tfrac", "cdot", "times", "infty", "infinity", "percent",
-               "percentage", "text", "left", "right", "boxed", "sin", "cos", "tan", "log", "ceil",
-               "floor", "units", "pmatrix", "bmatrix", "matrix", "begin", "end", "mathrm"}
-
-
-def _boxed_contents(text: str) -> list[tuple[int, int, str]]:
-    """(start, end, content) of every \\boxed{...} / \\fbox{...}, braces matched in one pass."""
-    closing, stack = {}, []
-    for m in _BRACE.finditer(text):
-        if m.group() == "{":
-            stack.append(m.start())
-        elif stack:
-            closing[stack.pop()] = m.start()
-    out = []
-    for m in _BOXED.finditer(text):
-        close = closing.get(m.end() - 1)
-        if close is not None:
-            out.append((m.start(), close + 1, text[m.end():close]))
-        elif not out or out[-1][1] <= m.start():  # unclosed last box (cut-off output): the rest
-            out.append((m.start(), len(text), text[m.end():]))
-            break
-    return out
-
-
-def _short_gap(gap: str) -> bool:
-    """Text between two answers that only connects them (",", "and", "for part (a) and"), as
-    opposed to a correction ("first 3, then corrected: 4", where the last answer wins)."""
-    words = _GAP_WORDS.sub(lambda m: " " + (m.group(1) or "") + " ", gap).split()
-    if not any(ch.isalnum() for w in words for ch in w):
-        return True
-    return len(words) <= 4 and any(w.lower() in ("and", "or", "&", "和", "或") for w in words)
-
-
-def _join_trailing(spans: list[tuple[int, int, str]], text: str) -> str:
-    """The last answer, joined with the answers before it when only short connectors separate them."""
-    run = [spans[-1]]
-    for prev in reversed(spans[:-1]):
-        if prev[1] <= run[0][0] and _short_gap(text[prev[1]:run[0][0]]):
-            run.insert(0, prev)
-        else:
-            break
-    return ", ".join(s[2] for s in run)
-
-
-def _regions(text: str) -> list[tuple[int, int, str]]:
-    return [(m.start(), m.end(), next(g for g in m.groups() if g is not None))
-            for m in _REGIONS.finditer(text)]
-
-
-def _is_prose(text: str) -> bool:
-    text = _LATEX_CMD_ARG.sub(" ", text)
-    words = [w for w in _PROSE_WORD.findall(text)
-             if len(w) >= 3 and w.lower() not in _MATH_WORDS and w not in FUNCS and w not in GREEK]
-    # one long word ("Soucis: 2,74") or two short ones ("not it's not 10"); "2abc" is algebra
-    return any(len(w) >= 4 for w in words) or len(words) >= 2
-
-
-def _candidates(text: str) -> list[str]:
-    """Answer strings to try, best first."""
-    text = text[-MAX_TAIL_CHARS:]  # the final answer is at the end; keeps every scan cheap
-    choice = _CHOICE.match(text)
-    if choice:
-        return [choice.group(1), text]
-    boxes = _boxed_contents(text)
-    anchors = list(_ANCHOR.finditer(text))
-    if boxes and (not anchors or anchors[-1].start() < boxes[-1][1]):
-        return [_join_trailing(boxes, text)]
-    if anchors:
-        tail = text[anchors[-1].end():]
-        tail = _SENTENCE_END.split(tail.strip(), maxsplit=1)[0].strip().rstrip(". ")
-        if re.search(r"\bis\b", tail):
-            tail = re.split(r"\bis\b", tail)[-1].strip()
-        regions = _regions(tail)
-        if regions:
-            return [_join_trailing(regions, tail)]
-        nums = _LAST_NUMBER.findall(tail)
-        last = [nums[-1]] if nums else []
-        return last + [tail] if _is_prose(tail) else [tail] + last
-    regions = _regions(text)
-    if regions:
-        after = _LAST_NUMBER.findall(text[regions[-1][1]:])
-        if after and len(text) > 80:  # prose after the last formula ends in a number
-            return [after[-1]]
-        return [_join_trailing(regions, text)]
-    nums = _LAST_NUMBER.findall(text)
-    if text.count("$") >= 2 or "\\(" in text or "\\[" in text or _CODE_LIKE.search(text):
-        nums = []  # broken math delimiters: the text does not state a clean answer
-    if _is_prose(text):
-        return ([nums[-1]] if nums else []) + [text]
-    return [text]  # formula-only text that does not parse states no answer
-
+# 2. the answer to compare: rewards.parse.answer_candidates (the one extractor), parsed
 
 def _parse_first(cands: list[str]):
     for c in cands:
@@ -530,21 +389,17 @@ class _Comparer:
 
     # -- scalars
     def scalars(self, a, b) -> bool:
-        if a[0] == "pct" or b[0] == "pct":
-            if a[0] == "pct" and b[0] == "pct":
-                return self.scalars(a[1], b[1])
-            pct, other = (a, b) if a[0] == "pct" else (b, a)
-            return self.scalars(pct[1], other) or self.scalars(("/", pct[1], _HUNDRED), other)
+        """Numbers by the shared equality rule (rewards._verify_eval: exact rationals, rounding, percent);
+        otherwise complex floats, at random points when there are symbols."""
+        same = ev.exact_equal(a, b)
+        if same is not None:
+            return same
+        return any(self.inexact(x, y) for x, y in ev.percent_readings(a, b))
+
+    def inexact(self, a, b) -> bool:
         inf_a, inf_b = _infinity_sign(a), _infinity_sign(b)
         if inf_a or inf_b:
             return inf_a == inf_b
-        nd_a, nd_b = _decimal_places(a), _decimal_places(b)
-        try:
-            xa, xb = ev.exact(a), ev.exact(b)
-        except ev.NotExact:
-            pass
-        else:
-            return _numbers_equal(xa, nd_a, xb, nd_b)
         names = ev.symbols(a) | ev.symbols(b)
         if not names:
             try:
@@ -553,25 +408,16 @@ class _Comparer:
                 return False
             if abs(va - vb) <= REL_TOL * max(1.0, abs(va), abs(vb)):
                 return True
-            return _rounded_match(va, nd_a, vb, nd_b) or _rounded_match(vb, nd_b, va, nd_a)
+            return ev.numbers_equal(va, ev.decimal_places(a), vb, ev.decimal_places(b))
         agree = 0
         bombs = 0
         points = ev.sample_points(names)
         for env in points:
             try:
-                va = ev.numeric(a, env)
+                va, vb = _value_at(a, env), _value_at(b, env)
             except ev.Bomb:
                 bombs += 1
                 continue
-            except ev.EvalError:
-                va = None
-            try:
-                vb = ev.numeric(b, env)
-            except ev.Bomb:
-                bombs += 1
-                continue
-            except ev.EvalError:
-                vb = None
             if va is None and vb is None:
                 continue
             if va is None or vb is None:
@@ -591,7 +437,16 @@ class _Comparer:
         return agree >= 2
 
 
-_HUNDRED = ("num", Fraction(100), None)
+def _value_at(node, env) -> complex | None:
+    """The node's value at a point, None outside its domain (Bomb propagates)."""
+    try:
+        return ev.numeric(node, env)
+    except ev.Bomb:
+        raise
+    except ev.EvalError:
+        return None
+
+
 _STRONG_POINTS = 4          # agreeing random points that settle an analytic identity
 _PIECEWISE = {"floor", "ceiling"}
 
@@ -629,12 +484,6 @@ def _infinity_sign(node) -> int:
     return 0
 
 
-def _decimal_places(node) -> int | None:
-    if node[0] == "neg":
-        return _decimal_places(node[1])
-    return node[2] if node[0] == "num" else None
-
-
 # ---------------------------------------------------------------------------------------------
 # public API
 
@@ -656,34 +505,20 @@ def _as_text(value) -> str | None:
 MAX_NESTING = 100            # brackets nested deeper than this reject the input
 
 
-def _too_deep(text: str) -> bool:
-    if text.count("{") + text.count("(") + text.count("[") <= MAX_NESTING:
-        return False
-    depth = 0
-    for ch in text:
-        if ch in "{([":
-            depth += 1
-            if depth > MAX_NESTING:
-                return True
-        elif ch in "})]":
-            depth -= 1
-    return False
-
-
 def _is_equiv(pred, gold, timeout: float) -> bool:
     pred, gold = _as_text(pred), _as_text(gold)
     if pred is None or gold is None:
         return False
     if len(pred) > MAX_INPUT_CHARS or len(gold) > MAX_INPUT_CHARS or "\x00" in pred:
         return False
-    if _too_deep(pred) or _too_deep(gold):
+    if deeper_than(pred, MAX_NESTING) or deeper_than(gold, MAX_NESTING):
         return False
     deadline = time.monotonic() + timeout
     pa, pb = _plain_number(pred), _plain_number(gold)
     if pa is not None and pb is not None:
-        return _plain_equal(pa, pb)
-    node_p, text_p = _parse_first(_candidates(pred))
-    node_g, text_g = _parse_first(_candidates(gold))
+        return ev.exact_equal(_plain_node(pa), _plain_node(pb)) is True
+    node_p, text_p = _parse_first(answer_candidates(pred))
+    node_g, text_g = _parse_first(answer_candidates(gold))
     if node_p is None or node_g is None:
         return _same_text(text_p, text_g)
     try:

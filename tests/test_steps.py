@@ -47,11 +47,18 @@ def test_evaluate_precedence_and_forms():
 
 
 @pytest.mark.parametrize("expr", [
-    "", "1/0", "2^(1/2)", "0^-1", "9^9^9^9", "2^100000", "1" * 100, "(" * 50 + "1" + ")" * 50, "1 +", "abc",
-    "__import__('os')", None, 5, "1" * 1000,
+    "", "1/0", "2^(1/2)", "0^-1", "9^9^9^9", "2^100000", "2^10001", "3^7000*3^7000", "(" * 50 + "1" + ")" * 50,
+    "1 +", "abc", "3 4", "1 000", "2x", "__import__('os')", None, 5, "1" * 1000,
 ])
 def test_evaluate_rejects(expr):
     assert evaluate(expr) is None
+
+
+def test_evaluate_limits_are_the_verifiers():
+    """Exact arithmetic stops where rewards._verify_eval stops: exponents up to 10,000, results under 20,000 bits."""
+    assert evaluate("1" * 100) == int("1" * 100)
+    assert evaluate("2^10000") == 2 ** 10000
+    assert evaluate("3^6000*3^6000") == 3 ** 12000
 
 
 @pytest.mark.parametrize("step,score", [
