@@ -20,7 +20,18 @@ as lists and dict keys as strings, so expected values are normalised the same wa
 Arguments may be any Python literal (tuples, sets, bytes, negative numbers, keyword arguments). Any other
 statement is refused: the whole call scores 0.0 with `error="unsupported test: ..."` and nothing runs.
 
-The sandbox layers are described in docs/security.md; ExecConfig holds the limits.
+How a run is contained (details and what each mode guarantees: docs/security.md). A trusted supervisor
+process (rewards/_code_harness.py) makes private mount, network and pid namespaces (plus a user namespace
+when not root), forks the runner, enforces the wall-clock limit and kills everything the run left behind;
+it dies with this process. Before any candidate code the runner switches to a fresh unused uid (as root) or
+drops every capability (user namespace), sets resource limits and no_new_privs, and installs Landlock
+(writes only in its own temporary directory, reads only in system and Python directories, no TCP, no
+signals out) and a seccomp filter (no sockets, ptrace, mounts, namespaces, io_uring; no fork / exec and no
+signals to other processes unless allow_processes). These are kernel state: nothing the candidate does in
+its own process can undo them. An audit hook gives early, readable refusals but is not relied on. The
+environment is PATH, LANG, TMPDIR and HOME only. A layer that cannot be installed is reported in
+ExecResult.sandbox and warned about once (SandboxWarning); refuse_weak=True refuses to run without
+namespaces instead.
 """
 from __future__ import annotations
 
@@ -39,15 +50,14 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 
 __all__ = ["ExecConfig", "ExecResult", "run_function_tests", "run_function_tests_detailed", "run_tests",
-           "run_tests_detailed", "parse_test", "netns_available"]
+           "run_tests_detailed", "parse_test", "SandboxWarning"]
 
 _HARNESS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_code_harness.py")
 _UID_BASE = 1 << 28  # sandbox uids: far above any real account; one per run
 _uid_counter = itertools.count()
-_netns_cache: dict[str, bool] = {}
-_netns_lock = threading.Lock()
 _MAX_INT_DIGITS = 100_000  # longest integer accepted in a result (decimal digits)
 
 
@@ -62,10 +72,13 @@ class ExecConfig:
     file_size_mb: int = 8  # RLIMIT_FSIZE, largest file the code may write
     max_procs: int = 16  # RLIMIT_NPROC (only meaningful with a private uid or user namespace)
     max_open_files: int = 64  # RLIMIT_NOFILE
-    network_namespace: bool = True  # use `unshare -n` when available (the socket audit hook is always on)
+    namespaces: bool = True  # private mount, network and pid namespaces (+ a user namespace when not root)
     drop_privileges: bool = True  # as root: run the code under a fresh unused uid/gid
+    landlock: bool = True  # kernel file-system / TCP / signal confinement (Linux >= 5.13)
+    seccomp: bool = True  # kernel system-call filter (x86_64): no sockets, ptrace, mounts; fork/exec per allow_processes
+    refuse_weak: bool = False  # score 0.0 instead of running when namespaces cannot be made
     allow_processes: bool = False  # let the code fork / exec (still bounded by max_procs)
-    audit_hook: bool = True  # the in-process guard; switch off only to test the other layers
+    audit_hook: bool = True  # in-process early refusals (a courtesy, not a guarantee: see docs/security.md)
     max_code_chars: int = 200_000  # longer code + case arguments give 0.0 without running
     max_output_chars: int = 1_000_000  # longest JSON text of one return value
     python: str | None = None  # interpreter for the sandbox; None = sys.executable
@@ -82,7 +95,8 @@ class ExecConfig:
                 raise ValueError(f"ExecConfig.{name} must be an int >= 1, got {v!r}")
         if self.memory_mb < 64:
             raise ValueError(f"ExecConfig.memory_mb must be >= 64 (the interpreter needs it), got {self.memory_mb}")
-        for name in ("network_namespace", "drop_privileges", "allow_processes", "audit_hook"):
+        for name in ("namespaces", "drop_privileges", "landlock", "seccomp", "refuse_weak", "allow_processes",
+                     "audit_hook"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"ExecConfig.{name} must be a bool, got {getattr(self, name)!r}")
         if self.python is not None and not isinstance(self.python, str):
@@ -339,20 +353,20 @@ def _score(code, cases: list[_Case], cfg: ExecConfig | None, t0: float) -> ExecR
 
 
 # ----------------------------------------------------------------------------------------------- sandbox
-def netns_available() -> bool:
-    """Whether `unshare -n` works here (root with CAP_SYS_ADMIN and util-linux); checked once."""
-    with _netns_lock:
-        if "ok" not in _netns_cache:
-            ok = False
-            exe = shutil.which("unshare")
-            if exe and os.geteuid() == 0:
-                try:
-                    ok = subprocess.run([exe, "-n", "true"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL, timeout=10).returncode == 0
-                except (OSError, subprocess.SubprocessError):
-                    ok = False
-            _netns_cache["ok"] = ok
-        return _netns_cache["ok"]
+class SandboxWarning(RuntimeWarning):
+    """The code sandbox runs with fewer layers than it would as root on a recent Linux kernel."""
+
+
+_warned: set[str] = set()
+_warn_lock = threading.Lock()
+
+
+def _warn_once(message: str) -> None:
+    with _warn_lock:
+        if message in _warned:
+            return
+        _warned.add(message)
+    warnings.warn(message, SandboxWarning, stacklevel=4)
 
 
 def _next_uid() -> int:
@@ -360,82 +374,70 @@ def _next_uid() -> int:
     return _UID_BASE + ((os.getpid() & 0x3FFFFF) << 6) + (next(_uid_counter) & 0x3F)
 
 
-def _kill_uid(uid: int, rounds: int = 3) -> None:
-    """SIGKILL every process of a sandbox uid (kill(-1) run as that uid, through setpriv)."""
-    if uid < _UID_BASE:
-        return  # never for a real account
-    exe = shutil.which("setpriv")
-    if not exe:
-        return
-    for _ in range(rounds):  # a fork bomb may still be forking while we kill: repeat
-        try:
-            subprocess.run([exe, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "kill", "-9", "-1"],
-                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                           timeout=5)
-        except (OSError, subprocess.SubprocessError):
-            return
-
-
 def _run(code: str, cases: list[_Case], cfg: ExecConfig, t0: float) -> ExecResult:
     is_root = os.geteuid() == 0
-    drop = cfg.drop_privileges and is_root
-    uid = _next_uid() if drop else None
-    use_netns = cfg.network_namespace and netns_available()
-    workdir = tempfile.mkdtemp(prefix="codeexec-")
-    r_fd = w_fd = -1
+    uid = _next_uid() if (cfg.drop_privileges and is_root) else None
+    workdir = os.path.realpath(tempfile.mkdtemp(prefix="codeexec-"))
+    fds: list[int] = []
     proc = None
     try:
-        if drop:
+        if uid is not None:
             os.chown(workdir, uid, uid)
         os.chmod(workdir, 0o700)
-        r_fd, w_fd = os.pipe()
+        res_r, res_w = os.pipe()
+        st_r, st_w = os.pipe()
+        fds += [res_r, res_w, st_r, st_w]
         nonce = secrets.token_hex(16)
         payload = json.dumps({
-            "fd": w_fd, "nonce": nonce, "uid": uid, "code": code,
-            "calls": [[c.func, c.args_src, c.kwargs_src] for c in cases], "cpu_s": cfg.cpu_s,
+            "result_fd": res_w, "status_fd": st_w, "parent_pid": os.getpid(), "nonce": nonce, "uid": uid,
+            "workdir": workdir, "code": code, "calls": [[c.func, c.args_src, c.kwargs_src] for c in cases],
+            "deadline_s": max(0.1, cfg.timeout_s - (time.monotonic() - t0)), "cpu_s": cfg.cpu_s,
             "memory_mb": cfg.memory_mb, "file_size_mb": cfg.file_size_mb, "max_open_files": cfg.max_open_files,
             "max_procs": cfg.max_procs, "per_call_timeout_s": cfg.per_test_timeout_s,
-            "max_output_chars": cfg.max_output_chars,
-            "allow_processes": cfg.allow_processes, "audit_hook": cfg.audit_hook,
+            "max_output_chars": cfg.max_output_chars, "allow_processes": cfg.allow_processes,
+            "audit_hook": cfg.audit_hook, "namespaces": cfg.namespaces, "landlock": cfg.landlock,
+            "seccomp": cfg.seccomp, "refuse_weak": cfg.refuse_weak,
         }).encode("utf-8")
         cmd = [cfg.python or sys.executable, "-I", "-S", _HARNESS_PATH]
-        if use_netns:
-            cmd = [shutil.which("unshare"), "-n", "--"] + cmd
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
+        # A clean environment: nothing of this process's (secrets, paths) reaches the run.
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TMPDIR": workdir, "HOME": workdir}
         err_path = os.path.join(workdir, ".stderr")
         with open(err_path, "wb") as err_file:
-            if drop:
+            if uid is not None:
                 os.chown(err_path, uid, uid)
             proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                    stderr=err_file, pass_fds=(w_fd,), close_fds=True, start_new_session=True)
-        os.close(w_fd)
-        w_fd = -1
+                                    stderr=err_file, pass_fds=(res_w, st_w), close_fds=True, start_new_session=True)
+        for fd in (res_w, st_w):
+            os.close(fd)
+            fds.remove(fd)
         try:
             proc.stdin.write(payload)
             proc.stdin.close()
         except (BrokenPipeError, OSError):
             pass
-        lines, timed_out = _read_reports(r_fd, proc, t0 + cfg.timeout_s, _out_cap(cfg, len(cases)))
-        return _result(lines, nonce, cases, timed_out, workdir, t0,
-                       {"netns": use_netns, "dropped_uid": drop, "audit_hook": cfg.audit_hook})
+        # The supervisor enforces timeout_s itself; the grace covers its start-up and clean-up.
+        lines, status, timed_out = _read(res_r, st_r, t0 + cfg.timeout_s + 3.0, _out_cap(cfg, len(cases)))
+        layers = _layers(status, cfg, uid)
+        _warn_if_weak(layers, cfg, is_root)
+        if layers.get("refused"):
+            return ExecResult([False] * len(cases), 0.0, error="sandbox: refused (no namespaces, refuse_weak=True)",
+                              seconds=time.monotonic() - t0, sandbox=layers, case_errors=["refused"] * len(cases))
+        return _result(lines, nonce, cases, timed_out or layers.get("timeout", False), workdir, t0, layers)
     finally:
         if proc is not None:
             try:
-                os.killpg(proc.pid, signal.SIGKILL)
+                os.killpg(proc.pid, signal.SIGKILL)  # normally gone already
             except (ProcessLookupError, PermissionError, OSError):
                 pass
             try:
                 proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
-            if uid is not None:
-                _kill_uid(uid, rounds=3)
-        for fd in (r_fd, w_fd):
-            if fd >= 0:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
         shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -444,37 +446,68 @@ def _out_cap(cfg: ExecConfig, n_cases: int) -> int:
     return n_cases * (cfg.max_output_chars + 128) + 4096
 
 
-def _read_reports(r_fd: int, proc, deadline: float, cap: int) -> tuple[list[str], bool]:
-    """Read report lines until the harness says done, the pipe closes, or the deadline passes."""
-    chunks, size = [], 0
-    tail = b""
-    while True:
+def _read(res_r: int, st_r: int, deadline: float, cap: int) -> tuple[list[str], list[str], bool]:
+    """Read the result pipe (the candidate's process) and the status pipe (the trusted supervisor) until both
+    close (the supervisor exits only after every process of the run is gone) or the deadline passes. No line
+    on either pipe ends the reading early, so a forged "done" cannot cut the results short."""
+    bufs = {res_r: bytearray(), st_r: bytearray()}
+    caps = {res_r: cap, st_r: 1 << 16}
+    open_fds = {res_r, st_r}
+    timed_out = False
+    while open_fds:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            return _lines(chunks), True
-        ready, _, _ = select.select([r_fd], [], [], min(remaining, 0.5))
-        if ready:
-            chunk = os.read(r_fd, 1 << 16)
-            if not chunk:
-                return _lines(chunks), False
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > cap:
-                return _lines(chunks), False
-            tail = (tail + chunk)[-64:]
-            if b" D\n" in tail:
-                return _lines(chunks), False
-        elif proc.poll() is not None:
-            # The harness is gone; a forked child may still hold the pipe open. Take what is there.
-            ready, _, _ = select.select([r_fd], [], [], 0)
-            if not ready:
-                return _lines(chunks), False
+            timed_out = True
+            break
+        ready, _, _ = select.select(list(open_fds), [], [], min(remaining, 0.5))
+        for fd in ready:
+            chunk = os.read(fd, 1 << 16)
+            if chunk:
+                bufs[fd] += chunk
+            if not chunk or len(bufs[fd]) > caps[fd]:
+                open_fds.discard(fd)
+    return (bufs[res_r].decode("utf-8", "replace").split("\n"), bufs[st_r].decode("utf-8", "replace").split("\n"),
+            timed_out)
 
 
-def _lines(chunks) -> list[str]:
-    return b"".join(chunks).decode("utf-8", "replace").split("\n")
+def _layers(status_lines: list[str], cfg: ExecConfig, uid) -> dict:
+    """What the supervisor (P) and the runner (C, before any candidate code) report about the layers."""
+    out = {"audit_hook": cfg.audit_hook}
+    for line in status_lines:
+        who, _, text = line.partition(" ")
+        if who not in ("P", "C"):
+            continue
+        try:
+            obj = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            out.update(obj)
+    out["dropped_uid"] = uid is not None and out.get("uid") == uid
+    out.pop("end", None)
+    return out
 
 
+def _warn_if_weak(layers: dict, cfg: ExecConfig, is_root: bool) -> None:
+    """Say once, loudly, when a layer that was asked for could not be installed."""
+    if "uid" not in layers:
+        return  # the runner did not start; the result carries the error
+    missing = []
+    if cfg.namespaces and not layers.get("ns"):
+        missing.append("namespaces (" + layers.get("ns_error", "unavailable") + "): the parent's environment and "
+                       "network are hidden only by Landlock / seccomp, and only processes re-parented to the "
+                       "supervisor are killed")
+    if cfg.landlock and not layers.get("landlock"):
+        missing.append("Landlock (kernel >= 5.13): no file-system confinement beyond the audit hook")
+    elif cfg.landlock and layers.get("landlock", 0) < 6:
+        missing.append(f"Landlock ABI 6 (have {layers.get('landlock')}): signals outside the run are not scoped")
+    if cfg.seccomp and not layers.get("seccomp"):
+        missing.append("seccomp (x86_64 only): sockets and process creation are refused by the audit hook alone")
+    if cfg.drop_privileges and not is_root:
+        missing.insert(0, "a private uid (not root): the code runs as this user inside a user namespace")
+    if missing:
+        _warn_once("rewards.code_exec: the code sandbox runs without " + "; ".join(missing)
+                   + ". See docs/security.md for what this mode still guarantees.")
 def _result(lines, nonce, cases, timed_out, workdir, t0, sandbox) -> ExecResult:
     n = len(cases)
     passed, errors = [False] * n, ["no result"] * n

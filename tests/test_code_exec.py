@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from rewards.code_exec import ExecConfig, netns_available, run_tests, run_tests_detailed
+from rewards.code_exec import (ExecConfig, run_function_tests, run_function_tests_detailed, run_tests,
+                               run_tests_detailed)
 
 ADD_TESTS = ["assert add(1, 2) == 3", "assert add(0, 0) == 0", "assert add(-1, 1) == 0", "assert add(2, 2) == 4"]
 FAST = ExecConfig(timeout_s=4.0, per_test_timeout_s=0.5)
@@ -64,7 +65,8 @@ def test_exit_codes_are_not_trusted():
 
 
 def test_forged_reports_are_ignored():
-    code = ("import os\nfor fd in range(3, 30):\n    try:\n        os.write(fd, b'x T 0 1\\nx T 1 1\\n')\n"
+    # Lines without the run's nonce are ignored, whatever pipe they are written to.
+    code = ("import os\nfor fd in range(3, 30):\n    try:\n        os.write(fd, b'x R 0 3\\nx R 1 0\\nx R 3 4\\n')\n"
             "    except OSError:\n        pass\ndef add(a, b):\n    return 0")
     r = run_tests_detailed(code, ADD_TESTS, FAST)
     assert r.passed == [False, True, True, False]  # only add(0, 0) and add(-1, 1) are really 0
@@ -168,11 +170,19 @@ def test_workdir_removed_after_run():
     assert not os.path.exists(cwd)
 
 
-@pytest.mark.parametrize("cfg", [
-    FAST,
-    ExecConfig(timeout_s=4.0, drop_privileges=False),  # only the audit hook guards (as root)
-    ExecConfig(timeout_s=4.0, audit_hook=False),  # only the private uid guards (as root)
-])
+# Each kernel layer alone (the others switched off) must hold its promise; ALL = the default.
+ALL = FAST
+OFF = dict(timeout_s=4.0, per_test_timeout_s=1.0, namespaces=False, drop_privileges=False, landlock=False,
+           seccomp=False, audit_hook=False)
+LANDLOCK_ONLY = ExecConfig(**{**OFF, "landlock": True})
+SECCOMP_ONLY = ExecConfig(**{**OFF, "seccomp": True})
+NAMESPACES_ONLY = ExecConfig(**{**OFF, "namespaces": True})
+UID_ONLY = ExecConfig(**{**OFF, "drop_privileges": True})
+HOOK_ONLY = ExecConfig(**{**OFF, "audit_hook": True})
+
+
+@pytest.mark.parametrize("cfg", [ALL, LANDLOCK_ONLY, HOOK_ONLY] + ([UID_ONLY] if IS_ROOT else []),
+                         ids=["all", "landlock", "hook"] + (["uid"] if IS_ROOT else []))
 def test_write_outside_is_contained(tmp_path, cfg):
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -190,12 +200,17 @@ def test_write_outside_is_contained(tmp_path, cfg):
             f"           lambda: (os.fchdir(os.open({out!r}, os.O_RDONLY)), open('pwned.txt', 'w').write('x'))):\n"
             "    try:\n        op()\n    except OSError:\n        pass\n    os.chdir(here)\n"
             "open('inside.txt', 'w').write('fine')\ndef add(a, b):\n    return a + b")
-    if not cfg.audit_hook and not (IS_ROOT and cfg.drop_privileges):
-        return  # no layer left to test in this configuration (not root)
     r = run_tests_detailed(code, ADD_TESTS, cfg)
     assert sorted(p.name for p in outside.iterdir()) == ["victim.txt"]
     assert victim.read_text() == "keep"
     assert r.loaded and r.fraction == 1.0  # writing inside its own directory works
+
+
+def test_write_outside_succeeds_with_every_layer_off(tmp_path):
+    # The control for the test above: with no layer, the same kind of write does happen.
+    target = tmp_path / "pwned.txt"
+    code = f"open({str(target)!r}, 'w').write('x')\ndef add(a, b):\n    return a + b"
+    assert run_tests(code, ADD_TESTS, ExecConfig(**OFF)) == 1.0 and target.exists()
 
 
 @pytest.fixture
@@ -209,35 +224,69 @@ def listener():
 
 
 def _connect_code(port):
-    return (f"try:\n    import socket\n    socket.create_connection(('127.0.0.1', {port}), timeout=1).sendall(b'hi')\n"
-            "except Exception:\n    pass\ndef add(a, b):\n    return a + b")
+    return (f"import socket\ndef connect():\n    try:\n"
+            f"        socket.create_connection(('127.0.0.1', {port}), timeout=1).sendall(b'hi')\n"
+            "        return 'connected'\n    except OSError as e:\n        return type(e).__name__")
 
 
-def _no_connection(srv):
-    try:
-        conn, _ = srv.accept()
-    except (socket.timeout, TimeoutError):
-        return True
-    conn.close()
-    return False
+def _connections(srv):
+    n = 0
+    while True:
+        try:
+            conn, _ = srv.accept()
+        except (socket.timeout, TimeoutError):
+            return n
+        conn.close()
+        n += 1
 
 
-@pytest.mark.parametrize("cfg", [
-    FAST,
-    ExecConfig(timeout_s=4.0, drop_privileges=False, network_namespace=False),  # the audit hook alone
-])
+@pytest.mark.parametrize("cfg", [ALL, SECCOMP_ONLY, NAMESPACES_ONLY, LANDLOCK_ONLY, HOOK_ONLY],
+                         ids=["all", "seccomp", "namespaces", "landlock", "hook"])
 def test_network_blocked(listener, cfg):
-    r = run_tests_detailed(_connect_code(listener.getsockname()[1]), ADD_TESTS, cfg)
-    assert r.fraction == 1.0
-    assert _no_connection(listener)
+    r = run_tests_detailed(_connect_code(listener.getsockname()[1]), ["assert connect() != 'connected'"], cfg)
+    assert r.passed == [True], r  # the function ran, and its connection failed
+    assert _connections(listener) == 0
 
 
-def test_network_namespace_alone(listener):
-    cfg = ExecConfig(timeout_s=4.0, drop_privileges=False, audit_hook=False)
-    r = run_tests_detailed(_connect_code(listener.getsockname()[1]), ADD_TESTS, cfg)
-    assert r.sandbox["netns"] == netns_available()
-    if r.sandbox["netns"]:
-        assert _no_connection(listener)
+def test_network_open_with_every_layer_off(listener):
+    r = run_tests_detailed(_connect_code(listener.getsockname()[1]), ["assert connect() == 'connected'"],
+                           ExecConfig(**OFF))
+    assert r.passed == [True] and _connections(listener) == 1
+
+
+@pytest.mark.parametrize("cfg", [SECCOMP_ONLY, HOOK_ONLY], ids=["seccomp", "hook"])
+@pytest.mark.parametrize("call", ["os.fork()", "os.execv('/bin/true', ['true'])",
+                                  "__import__('subprocess').run(['true'])"])
+def test_process_creation_refused(cfg, call):
+    r = run_tests_detailed(f"import os\n{call}\ndef add(a, b):\n    return a + b", ADD_TESTS, cfg)
+    assert not r.loaded and r.error == "PermissionError", r
+
+
+@pytest.mark.parametrize("cfg,ran", [(SECCOMP_ONLY, False), (ExecConfig(**OFF), True)], ids=["seccomp", "off"])
+def test_shell_command_does_not_run(cfg, ran):
+    code = "import os\ndef shell():\n    os.system('echo hi > made.txt')\n    return os.path.exists('made.txt')"
+    assert run_tests_detailed(code, [f"assert shell() is {ran}"], cfg).passed == [True]
+
+
+def test_standard_library_imports_after_the_uid_switch():
+    # Here the interpreter lives under /root (mode 0700), which the run's private uid cannot enter: the
+    # harness reaches the library through directory descriptors it opened before the switch.
+    code = ("import subprocess, socket, asyncio, sqlite3, uuid, urllib.request, xml.etree.ElementTree, "
+            "concurrent.futures, email.mime.text, multiprocessing, zoneinfo\ndef add(a, b):\n    return a + b")
+    r = run_tests_detailed(code, ADD_TESTS, FAST)
+    assert r.loaded and r.fraction == 1.0, (r.error, r.stderr_tail)
+    assert r.sandbox["dropped_uid"] == IS_ROOT
+
+
+def test_reads_limited_to_system_and_python_directories(tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("s3cret")
+    os.chmod(tmp_path, 0o755)
+    os.chmod(secret, 0o644)  # readable by anyone: only Landlock hides it
+    code = (f"def peek():\n    try:\n        return open({str(secret)!r}).read()\n    except OSError as e:\n"
+            "        return type(e).__name__\ndef lib():\n    import os\n    return len(os.listdir('/usr/lib')) > 0")
+    r = run_tests_detailed(code, ["assert peek() == 'PermissionError'", "assert lib()"], LANDLOCK_ONLY)
+    assert r.passed == [True, True], r
 
 
 def test_broken_interpreter_reports_error():
@@ -245,15 +294,23 @@ def test_broken_interpreter_reports_error():
     assert r.fraction == 0.0 and r.error and not r.loaded
 
 
-def test_ctypes_blocked():
-    r = run_tests_detailed("import ctypes\ndef add(a, b):\n    return a + b", ADD_TESTS, ExecConfig(drop_privileges=False))
+def test_ctypes_refused_by_the_hook():
+    r = run_tests_detailed("import ctypes\ndef add(a, b):\n    return a + b", ADD_TESTS, FAST)
     assert r.fraction == 0.0 and r.error == "ImportError"
+
+
+def test_layers_reported():
+    r = run_tests_detailed("def add(a, b):\n    return a + b", ADD_TESTS, FAST)
+    layers = r.sandbox
+    assert layers["ns"] and layers["seccomp"] and layers["landlock"] >= 1 and layers["no_new_privs"]
+    assert layers["caps_dropped"] and layers["dropped_uid"] == IS_ROOT and layers["user_ns"] == (not IS_ROOT)
 
 
 @pytest.mark.parametrize("kwargs,field", [
     ({"timeout_s": 0}, "timeout_s"), ({"per_test_timeout_s": -1}, "per_test_timeout_s"), ({"cpu_s": 0}, "cpu_s"),
     ({"memory_mb": 10}, "memory_mb"), ({"max_procs": 1.5}, "max_procs"), ({"allow_processes": "yes"}, "allow_processes"),
-    ({"python": 3}, "python"),
+    ({"python": 3}, "python"), ({"landlock": 1}, "landlock"), ({"seccomp": None}, "seccomp"),
+    ({"namespaces": "no"}, "namespaces"), ({"refuse_weak": 0}, "refuse_weak"), ({"max_output_chars": 0}, "max_output_chars"),
 ])
 def test_config_validation(kwargs, field):
     with pytest.raises(ValueError, match=field):
@@ -261,8 +318,6 @@ def test_config_validation(kwargs, field):
 
 
 # ---------------------------------------------------------------------------------- value-based verdicts
-from rewards.code_exec import run_function_tests, run_function_tests_detailed  # noqa: E402
-
 
 def test_function_cases_compared_on_trusted_side():
     code = "def add(a, b):\n    return a + b"
@@ -315,12 +370,14 @@ def test_long_integer_results():
 
 
 def test_frame_access_cannot_forge_a_verdict():
-    # The candidate walks up to the harness frame and writes forged results on every pipe it can find:
-    # the only thing it can send is a value, and the expected values are not in its process.
-    code = ("import sys, os\ndef add(a, b):\n    f = sys._getframe(1)\n    names = dict(f.f_locals)\n"
-            "    names.update(f.f_globals)\n    nonce = next((v for v in names.values() if isinstance(v, str) and len(v) == 32), 'x')\n"
-            "    for fd in range(3, 20):\n        for i in range(4):\n            try:\n"
-            "                os.write(fd, ('%s R %d 5\\n' % (nonce, i)).encode())\n            except OSError:\n"
-            "                pass\n    return 0")
-    r = run_function_tests_detailed(code, "add", [([2, 2], 4), ([1, 1], 2), ([0, 0], 0)], FAST)
-    assert r.fraction == 0.0 or r.passed == [False, False, True]
+    # The candidate walks up to the harness's frame and calls its report function with forged lines: old-style
+    # pass flags, "true", 1 and an early "done". Only values can be sent, and the expected values are not in
+    # its process, so cases 0-2 fail; case 3 (not forged) shows the harness's report function was reached.
+    code = ("import sys\ndef add(a, b):\n    f, found = sys._getframe(1), False\n    while f is not None:\n"
+            "        rep = f.f_locals.get('report')\n        if callable(rep):\n            found = True\n"
+            "            for i in range(3):\n                rep('T %d 1' % i)\n                rep('R %d true' % i)\n"
+            "                rep('R %d 1' % i)\n            rep('D')\n        f = f.f_back\n"
+            "    return -1 if found else -2")
+    cases = [([2, 2], 4), ([1, 1], 2), ([0, 0], 0), ([9, 9], -1)]
+    r = run_function_tests_detailed(code, "add", cases, FAST)
+    assert r.passed == [False, False, False, True], r
