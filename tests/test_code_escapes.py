@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -298,3 +299,61 @@ def test_without_kernel_layers_the_environment_is_still_clean_and_daemons_die():
     run = report["runs"]["bare"]
     assert run["passed"] == [True, True] and run["daemons"] == []  # clean; spawned, and killed with the run
     assert len(report["warnings"]) == 1
+
+
+KILLED_PARENT = r'''
+import os, sys, threading, time
+sys.path.insert(0, {repo!r})
+from rewards.code_exec import ExecConfig, run_tests
+
+def descendants(pid):
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            for tid in os.listdir("/proc/%d/task" % p):
+                with open("/proc/%d/task/%s/children" % (p, tid)) as f:
+                    kids = [int(x) for x in f.read().split()]
+                out += kids
+                todo += kids
+        except OSError:
+            pass
+    return out
+
+code = "import time\ndef f():\n    time.sleep(60)\n    return 1"
+cfg = ExecConfig(timeout_s=120, per_test_timeout_s=100, cpu_s=100, **{kwargs})
+threading.Thread(target=run_tests, args=(code, ["assert f() == 1"], cfg), daemon=True).start()
+time.sleep(1.5)
+print(" ".join(map(str, descendants(os.getpid()))), flush=True)
+time.sleep(60)
+'''
+
+
+@pytest.mark.parametrize("user,kwargs", [("root", {}), ("nobody", {}), ("nobody", {"namespaces": False})],
+                         ids=["root", "user_ns", "no_ns"])
+def test_sandbox_dies_with_a_killed_parent(user, kwargs):
+    if (user == "root" and not IS_ROOT) or (user == "nobody" and not (IS_ROOT and shutil.which("setpriv"))):
+        pytest.skip("needs root")
+    script = KILLED_PARENT.format(repo=REPO, kwargs=repr(kwargs))
+    cmd = [sys.executable, "-c", script] if user == "root" else [
+        shutil.which("setpriv"), "--reuid=65534", "--regid=65534", "--clear-groups", SYSTEM_PYTHON, "-c", script]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd="/tmp")
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) >= 2  # the supervisor and the runner (in the middle of the sleeping call)
+        proc.kill()  # SIGKILL: no clean-up code of the parent runs
+        proc.wait()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and any(_alive(p) for p in pids):
+            time.sleep(0.05)
+        assert not any(_alive(p) for p in pids)
+    finally:
+        proc.kill()
+
+
+def _alive(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
