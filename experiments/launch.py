@@ -5,12 +5,14 @@
 
 Steps: load the config file and call its get_config(arg); apply the --config.* overrides
 (the value is parsed as a Python literal when the field holds a number / bool / tuple, else kept
-as text; list entries are addressed as stages[2] or stages.2); print the resolved config;
-validate everything (a bad field exits with status 2 and a message naming it, before any
-compute); write workdir/config.json; run the trainer (which resumes if the workdir already
-holds a checkpoint). Other flags:
+as text; list entries are addressed as stages[2] or stages.2); validate everything, including
+what needs the data and the machine (rl/preflight.py: mesh vs devices, problems the splits can
+supply, prompt and solution lengths, memory); any problem exits with status 2 and a message naming
+the field, before any compute; write workdir/config.json; run the stages (rl/run.py, which
+resumes if the workdir already holds a checkpoint). Other flags:
 
-    --dry_run       validate and print, do not train
+    --dry_run       run every check, do not train
+    --verbose       print the resolved config
     --help_config   print every config field with its default and meaning
 """
 from __future__ import annotations
@@ -29,22 +31,35 @@ from rl import config_validation as cv
 
 
 def load_config_file(spec: str):
-    """'path/to/file.py[:arg]' -> (module, arg or None)."""
+    """'path/to/file.py[:arg]' -> (module, arg or None); ConfigError for a missing, unreadable or broken file."""
     path, _, arg = spec.partition(":")
-    if not os.path.exists(path):
-        raise cv.ConfigError(f"--config: no such file {path!r}")
+    if not os.path.isfile(path):
+        raise cv.ConfigError(f"--config: {path!r} is not a file" + (" (it is a directory)" if os.path.isdir(path) else ""))
     name = "expcfg_" + re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
-    mod_spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(mod_spec)
-    mod_spec.loader.exec_module(module)
-    if not hasattr(module, "get_config"):
+    try:
+        mod_spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(mod_spec)
+        mod_spec.loader.exec_module(module)
+    except Exception as e:  # a syntax error or an exception at import: the user's file, reported as such
+        raise cv.ConfigError(f"--config: {path} failed to load: {type(e).__name__}: {e}") from None
+    if not callable(getattr(module, "get_config", None)):
         raise cv.ConfigError(f"--config: {path} has no get_config(arg=None)")
     return module, (arg or None)
 
 
 def get_config(spec: str) -> ml_collections.ConfigDict:
     module, arg = load_config_file(spec)
-    return module.get_config(arg)
+    try:
+        config = module.get_config(arg)
+    except cv.ConfigError:
+        raise
+    except Exception as e:
+        raise cv.ConfigError(f"--config: get_config({arg!r}) of {spec.partition(':')[0]} raised "
+                             f"{type(e).__name__}: {e}") from None
+    if not isinstance(config, ml_collections.ConfigDict):
+        raise cv.ConfigError(f"--config: get_config() must return an ml_collections.ConfigDict, got "
+                             f"{type(config).__name__}")
+    return config
 
 
 _PART = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
@@ -126,6 +141,7 @@ def parse_args(argv: list[str]):
     ap.add_argument("--workdir", help="output directory (resumes if it holds a checkpoint)")
     ap.add_argument("--dry_run", action="store_true", help="validate and print the config, do not train")
     ap.add_argument("--help_config", action="store_true", help="list every config field")
+    ap.add_argument("--verbose", action="store_true", help="print the resolved config")
     args, rest = ap.parse_known_args(argv)
     overrides = []
     i = 0
@@ -152,11 +168,19 @@ def parse_args(argv: list[str]):
 
 def check_resume_compatible(workdir: str, cfg_dict: dict) -> None:
     """A workdir's existing config.json must match the new one except run.* / log.* (resume safety)."""
+    if os.path.exists(workdir) and not os.path.isdir(workdir):
+        raise cv.ConfigError(f"--workdir {workdir!r} exists and is not a directory")
     path = os.path.join(workdir, "config.json")
     if not os.path.exists(path):
         return
-    with open(path, encoding="utf-8") as f:
-        old = json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            old = json.load(f)
+    except (OSError, ValueError) as e:
+        raise cv.ConfigError(f"{path} is unreadable ({e}); it records the config of the run in that workdir - "
+                             "restore it or use a new --workdir") from None
+    if not os.path.isdir(os.path.join(workdir, "checkpoints")):
+        return  # a run that stopped before its first checkpoint: nothing to resume, the new config may differ
     strip = lambda d: {k: v for k, v in d.items() if k not in ("run", "log")}  # noqa: E731
     if json.loads(json.dumps(strip(old))) != json.loads(json.dumps(strip(cfg_dict))):
         raise cv.ConfigError(
@@ -174,10 +198,14 @@ def main(argv: list[str] | None = None) -> int:
         config = get_config(args.config)
         apply_overrides(config, overrides)
         cfg_dict = cv.to_dict(config)
-        print("resolved config:\n" + json.dumps(cfg_dict, indent=2, default=str))
+        if args.verbose:
+            print("resolved config:\n" + json.dumps(cfg_dict, indent=2, default=str))
         cv.validate(config)
         if args.workdir:
             check_resume_compatible(args.workdir, cfg_dict)
+        from rl import preflight  # data- and machine-dependent checks, still before any compute
+
+        preflight.check_environment(cfg_dict)
     except cv.ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
@@ -187,9 +215,14 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.workdir, exist_ok=True)
     with open(os.path.join(args.workdir, "config.json"), "w", encoding="utf-8") as f:
         json.dump(cfg_dict, f, indent=2, default=str)
-    from rl import trainer  # imported after validation: nothing heavy runs for a bad config
+    print(f"config: {args.config} -> {os.path.join(args.workdir, 'config.json')} (--verbose prints it)", flush=True)
+    from rl import run  # imported after validation: nothing heavy runs for a bad config
 
-    trainer.train(config, args.workdir, config_path=args.config)
+    try:
+        run.train(config, args.workdir, config_path=args.config)
+    except cv.ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

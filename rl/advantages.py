@@ -23,6 +23,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 __all__ = [
     "grpo",
@@ -36,6 +37,8 @@ __all__ = [
     "zero_variance_groups",
     "ESTIMATORS",
     "get_estimator",
+    "group_runs",
+    "grouped",
 ]
 
 
@@ -224,3 +227,37 @@ def get_estimator(name: str) -> Callable[[jax.Array, int], jax.Array]:
     if name not in ESTIMATORS:
         raise ValueError(f"advantage estimator {name!r} unknown; choose one of {sorted(ESTIMATORS)}")
     return ESTIMATORS[name]
+
+
+def group_runs(group_sizes) -> list[tuple[int, int, int]]:
+    """Runs of contiguous groups with the same size: [(first_row, n_rows, group_size), ...].
+
+    A curriculum batch mixes group sizes (e.g. 8 / 16 / 32 samples per problem) with each group's
+    rows contiguous; the jitted estimators take one static group size, so they are called once per run.
+    """
+    runs, row, i = [], 0, 0
+    sizes = [int(k) for k in group_sizes]
+    while i < len(sizes):
+        k, j = sizes[i], i
+        while j < len(sizes) and sizes[j] == k:
+            j += 1
+        runs.append((row, (j - i) * k, k))
+        row += (j - i) * k
+        i = j
+    return runs
+
+
+def grouped(fn: Callable, values, group_sizes, *rest) -> np.ndarray:
+    """`fn(values[rows], k, *rest[rows])` over each run of equal group size k; results stacked on rows.
+
+    `fn` is an outcome estimator (`ESTIMATORS[name]`, returning `[rows]`) or any group-wise function such
+    as `process_grpo` (extra row-aligned arguments in `rest`, e.g. step positions and masks).
+    """
+    out = None
+    for start, n, k in group_runs(group_sizes):
+        sl = slice(start, start + n)
+        part = np.asarray(fn(jnp.asarray(np.asarray(values)[sl]), k, *[np.asarray(r)[sl] for r in rest]))
+        if out is None:
+            out = np.zeros((len(values),) + part.shape[1:], np.float32)
+        out[sl] = part
+    return out

@@ -20,32 +20,28 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rl.config_fields import Checked, boolean, field, integer, num, three_ints, three_weights
+
 EASY, MEDIUM, HARD = 0, 1, 2
 BUCKET_NAMES = ("easy", "medium", "hard")
 
 
-@dataclass(frozen=True)
-class CurriculumConfig:
+@dataclass(frozen=True, kw_only=True)
+class CurriculumConfig(Checked):
     """Bucket thresholds and per-bucket sample counts (the config's `stages[i].curriculum`)."""
 
-    easy_above: float = 0.7  # pass rate >= this -> easy
-    hard_below: float = 0.3  # pass rate <= this -> hard
-    samples: tuple[int, int, int] = (8, 16, 32)  # samples per problem for easy / medium / hard
-    weights: tuple[float, float, float] = (1.0, 1.0, 1.0)  # relative pick probability per problem in each bucket
-    refresh_every: int = 5  # re-bucket every N iterations
-    decay: float = 0.5  # weight of the old estimate when a problem is seen again (EMA)
+    enabled: bool = field(False, "difficulty-stratified sampling (else uniform problems, `samples` each)", boolean)
+    easy_above: float = field(0.7, "pass rate >= this -> easy bucket", num(0.0, 1.0))
+    hard_below: float = field(0.3, "pass rate <= this -> hard bucket", num(0.0, 1.0))
+    samples: tuple[int, int, int] = field((8, 16, 32), "samples per problem for easy / medium / hard", three_ints(1, 4096))
+    weights: tuple[float, float, float] = field((1.0, 1.0, 1.0), "relative pick probability of a problem in each bucket",
+                                                three_weights)
+    refresh_every: int = field(5, "re-bucket every N iterations", integer(1, 10**6))
+    decay: float = field(0.5, "EMA weight of the old pass-rate estimate", num(0.0, 0.999))
 
-    def __post_init__(self):
-        if not 0.0 <= self.hard_below <= self.easy_above <= 1.0:
-            raise ValueError(f"curriculum needs 0 <= hard_below <= easy_above <= 1, got {self.hard_below}, {self.easy_above}")
-        if len(self.samples) != 3 or any(int(s) < 1 for s in self.samples):
-            raise ValueError(f"curriculum.samples must be 3 positive ints, got {self.samples}")
-        if len(self.weights) != 3 or any(w < 0 for w in self.weights) or sum(self.weights) <= 0:
-            raise ValueError(f"curriculum.weights must be 3 non-negative numbers with a positive sum, got {self.weights}")
-        if self.refresh_every < 1:
-            raise ValueError(f"curriculum.refresh_every must be >= 1, got {self.refresh_every}")
-        if not 0.0 <= self.decay < 1.0:
-            raise ValueError(f"curriculum.decay must be in [0, 1), got {self.decay}")
+    def cross_checks(self):
+        if self.hard_below > self.easy_above:
+            yield "hard_below", f"({self.hard_below}) must be <= easy_above ({self.easy_above})"
 
 
 def init_state(n_problems: int) -> dict[str, np.ndarray]:

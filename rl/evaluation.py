@@ -1,8 +1,10 @@
 """Held-out evaluation: pass@1 / pass@k / maj@k, format rate, length, diversity, reward-hacking signs.
 
-Pure metric functions on Python lists (testable against hand-computed values) plus
-`summarize`, which turns per-problem sample records into the eval dict the trainer logs
-and writes into summary.json:
+`evaluate(ctx, params, problems, key, k, temperature)` samples (greedy for pass@1, k at `temperature`
+for pass@k / maj@k / diversity) through the run context, scores with the reward pool and summarises.
+Below it, pure metric functions on Python lists (testable against hand-computed values) and
+`summarize`, which turns per-problem sample records into the eval dict the trainer logs and writes
+into summary.json:
 
     rec = ProblemSamples(greedy_correct=True, greedy_format=1.0, greedy_text="...",
                          correct=[...k bools], answers=[...k str|None], texts=[...k str], formats=[...k floats])
@@ -11,9 +13,10 @@ and writes into summary.json:
     #  "distinct_ngrams", "repetition_share", "sample_accuracy", "n_problems", "k"}
 
 pass@k uses the unbiased estimator 1 - C(n-c, k) / C(n, k) (n samples, c correct), computed
-as a product so it never overflows. maj@k takes the most frequent extracted answer among the
-first k samples (ties go to the answer that appeared first) and scores it as that answer's
-verification result. `hacking_signs` compares two evals (e.g. the first and the latest) and
+as a product so it never overflows. maj@k votes among the first k samples by answer equivalence:
+answers that rewards.verify.is_equiv judges equal (`1/2` and `0.5`) form one cluster; the largest
+cluster wins (ties go to the cluster seen first) and is scored by its first member's verification.
+pass@1 comes with its standard error over problems (`pass@1_se`, binomial). `hacking_signs` compares two evals (e.g. the first and the latest) and
 flags length growth with flat accuracy, and a rise in repetitive samples.
 """
 from __future__ import annotations
@@ -44,22 +47,40 @@ def _norm_answer(a: str | None) -> str | None:
     return key or None
 
 
-def majority_answer(answers: list[str | None]) -> int | None:
-    """Index of the first sample carrying the most frequent (normalised) answer; None if no answers."""
+def answer_clusters(answers: list[str | None], equiv=None) -> list[int | None]:
+    """Cluster id per answer (None for no answer): equal keys share a cluster, and distinct keys are merged when
+    `equiv(a, b)` (default rewards.verify.is_equiv) says they are the same value."""
+    if equiv is None:
+        from rewards.verify import is_equiv as equiv
     keys = [_norm_answer(a) for a in answers]
-    counts = Counter(k for k in keys if k is not None)
+    reps: list[str] = []  # one representative key per cluster
+    by_key: dict[str, int] = {}
+    out: list[int | None] = []
+    for k in keys:
+        if k is None:
+            out.append(None)
+            continue
+        if k not in by_key:
+            by_key[k] = next((c for c, r in enumerate(reps) if equiv(k, r)), len(reps))
+            if by_key[k] == len(reps):
+                reps.append(k)
+        out.append(by_key[k])
+    return out
+
+
+def majority_answer(answers: list[str | None], equiv=None) -> int | None:
+    """Index of the first sample of the largest equivalence cluster; None if no sample has an answer."""
+    clusters = answer_clusters(answers, equiv)
+    counts = Counter(c for c in clusters if c is not None)
     if not counts:
         return None
     best = max(counts.values())
-    for i, k in enumerate(keys):  # first occurrence among the tied winners
-        if k is not None and counts[k] == best:
-            return i
-    return None
+    return next(i for i, c in enumerate(clusters) if c is not None and counts[c] == best)
 
 
-def maj_at_k(answers: list[str | None], correct: list[bool], k: int) -> float:
-    """1.0 if the majority answer among the first k samples is a correct one, else 0.0."""
-    idx = majority_answer(list(answers[:k]))
+def maj_at_k(answers: list[str | None], correct: list[bool], k: int, equiv=None) -> float:
+    """1.0 if the majority (by equivalence) answer among the first k samples is a correct one, else 0.0."""
+    idx = majority_answer(list(answers[:k]), equiv)
     return float(bool(correct[idx])) if idx is not None else 0.0
 
 
@@ -102,8 +123,10 @@ def summarize(records: list[ProblemSamples], k: int, ngram: int = 2, repetition_
     """Aggregate per-problem records into the eval metrics (means over problems)."""
     if not records:
         raise ValueError("summarize needs at least one problem")
+    p1 = float(np.mean([r.greedy_correct for r in records]))
     out = {
-        "pass@1": float(np.mean([r.greedy_correct for r in records])),
+        "pass@1": p1,
+        "pass@1_se": float(np.sqrt(p1 * (1 - p1) / max(len(records) - 1, 1))),
         "format_rate": float(np.mean([r.greedy_format for r in records])),
         "mean_length": float(np.mean([len(r.greedy_text) for r in records])),
         "n_problems": len(records),
@@ -115,8 +138,7 @@ def summarize(records: list[ProblemSamples], k: int, ngram: int = 2, repetition_
         out["sample_accuracy"] = float(np.mean([np.mean(r.correct) for r in records]))
         out["sample_format_rate"] = float(np.mean([np.mean(r.formats) for r in records])) if records[0].formats else 0.0
         out["distinct_answers"] = float(
-            np.mean([len({_norm_answer(a) for a in r.answers[:k] if _norm_answer(a) is not None}) / k for r in records])
-        )
+            np.mean([len({c for c in answer_clusters(r.answers[:k]) if c is not None}) / k for r in records]))
         out["distinct_ngrams"] = float(np.mean([distinct_ngram_ratio(r.texts[:k], ngram) for r in records]))
         reps = [repetition_fraction(t) for r in records for t in r.texts[:k]]
         out["repetition_share"] = float(np.mean([x > repetition_threshold for x in reps])) if reps else 0.0
@@ -144,3 +166,35 @@ def hacking_signs(first: dict, latest: dict, length_growth: float = 0.5, flat_ac
         "length_hack": float(growth > length_growth and abs(acc_delta) < flat_accuracy),
         "repetition_rise": float(rep_delta > 0.1),
     }
+
+
+def evaluate(ctx, params, problems, key, k: int, temperature: float) -> dict:
+    """Greedy pass@1 / format / length plus k-sample pass@k, maj@k, diversity on `problems` (a RunContext
+    from rl.context supplies the sampler, tokenizer and reward pool)."""
+    import jax
+
+    from rewards.parse import extract_answer
+
+    prompts = [ctx.prompt(p) for p in problems]
+    golds = [p.answer for p in problems]
+    n = len(problems)
+    greedy = ctx.sample(params, prompts, [1] * n, jax.random.fold_in(key, 0), temperature=0.0)
+    fut_g = ctx.scorer.submit(greedy.texts, golds, greedy.lengths)
+    samples, s_scores = None, None
+    if k > 0:
+        samples = ctx.sample(params, prompts, [k] * n, jax.random.fold_in(key, 1), temperature=temperature)
+        s_scores = ctx.scorer.result(ctx.scorer.submit(samples.texts, [g for g in golds for _ in range(k)],
+                                                       samples.lengths))
+    g_scores = ctx.scorer.result(fut_g)
+    recs = []
+    for i in range(n):
+        r = ProblemSamples(greedy_correct=bool(g_scores[i]["outcome"] > 0.5), greedy_format=float(g_scores[i]["format"]),
+                           greedy_text=greedy.texts[i])
+        if samples is not None:
+            sl = slice(i * k, (i + 1) * k)
+            r.texts = samples.texts[sl]
+            r.correct = [bool(sc["outcome"] > 0.5) for sc in s_scores[sl]]
+            r.formats = [float(sc["format"]) for sc in s_scores[sl]]
+            r.answers = [extract_answer(t) for t in r.texts]
+        recs.append(r)
+    return summarize(recs, k)

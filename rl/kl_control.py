@@ -1,15 +1,23 @@
 """KL coefficient controllers as pure (init, update) pairs whose state is a dict of arrays.
 
-The state lives in the train state (`state["kl_state"]`), so it is checkpointed and restored with
-everything else, and `update` can run inside or outside `jax.jit`:
+The controller is the one owner of the KL coefficient. The stage keeps its state (checkpointed
+with everything else), updates it once per RL iteration from the measured KL, and passes
+`coef_at(state, iteration)` to the train step (KL in the loss) or to the reward shaping (KL in the
+reward):
 
-    ctl = AdaptiveKL(init_coef=0.05, target=6.0, horizon=10_000)
+    ctl = AdaptiveKL(init_coef=0.05, target=6.0, horizon=10_000, ramp_steps=0)
     kl_state = ctl.init()                                # {"coef": f32[]}
+    coef = ctl.coef_at(kl_state, iteration)              # the coefficient this iteration uses
     kl_state = ctl.update(kl_state, kl=measured_kl, n_steps=batch_size)
-    coef = kl_state["coef"]
+
+The measured KL is the mean over sequences of each sequence's masked token-mean KL, whatever the
+loss aggregation (rl.train_step reports it as `kl`; the RL stages measure it on the sampled batch).
 
 AdaptiveKL is the proportional controller of Ziegler et al. (2019):
-`err = clip(kl / target - 1, -0.2, 0.2)`, `coef <- coef * (1 + err * n_steps / horizon)`.
+`err = clip(kl / target - 1, -0.2, 0.2)`, `coef <- max(coef, min_coef) * (1 + err * n_steps / horizon)`;
+the floor `min_coef` lets a controller started at 0 grow. A non-finite `kl` leaves the state unchanged
+(one bad batch cannot poison the coefficient). `ramp_steps > 0` scales the coefficient linearly from
+1/ramp_steps to 1 over the first `ramp_steps` iterations (both kinds).
 """
 
 from __future__ import annotations
@@ -19,7 +27,18 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-__all__ = ["FixedKL", "AdaptiveKL", "make_kl_controller"]
+__all__ = ["FixedKL", "AdaptiveKL", "make_kl_controller", "ramp_factor"]
+
+
+def ramp_factor(iteration: int, ramp_steps: int) -> float:
+    """1.0 without a ramp, else linear from 1/ramp_steps at iteration 0 to 1 at iteration ramp_steps - 1."""
+    if ramp_steps <= 0:
+        return 1.0
+    return float(min((int(iteration) + 1) / ramp_steps, 1.0))
+
+
+def _finite_or_old(new: jax.Array, old: jax.Array, kl) -> jax.Array:
+    return jnp.where(jnp.isfinite(jnp.asarray(kl, jnp.float32)) & jnp.isfinite(new), new, old)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,10 +46,13 @@ class FixedKL:
     """A constant KL coefficient; `update` returns the state unchanged."""
 
     coef: float
+    ramp_steps: int = 0
 
     def __post_init__(self):
-        if not self.coef >= 0:
-            raise ValueError(f"coef must be >= 0, got {self.coef}")
+        if not 0 <= self.coef < float("inf"):
+            raise ValueError(f"coef must be a finite number >= 0, got {self.coef}")
+        if self.ramp_steps < 0:
+            raise ValueError(f"ramp_steps must be >= 0, got {self.ramp_steps}")
 
     def init(self) -> dict:
         return {"coef": jnp.asarray(self.coef, jnp.float32)}
@@ -38,6 +60,9 @@ class FixedKL:
     def update(self, state: dict, kl: jax.Array, n_steps: int | jax.Array) -> dict:
         del kl, n_steps
         return state
+
+    def coef_at(self, state: dict, iteration: int) -> float:
+        return float(state["coef"]) * ramp_factor(iteration, self.ramp_steps)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,14 +72,20 @@ class AdaptiveKL:
     init_coef: float
     target: float
     horizon: float
+    ramp_steps: int = 0
+    min_coef: float = 1e-4
 
     def __post_init__(self):
-        if not self.init_coef >= 0:
-            raise ValueError(f"init_coef must be >= 0, got {self.init_coef}")
-        if not self.target > 0:
-            raise ValueError(f"target must be > 0, got {self.target}")
-        if not self.horizon > 0:
-            raise ValueError(f"horizon must be > 0, got {self.horizon}")
+        if not 0 <= self.init_coef < float("inf"):
+            raise ValueError(f"init_coef must be a finite number >= 0, got {self.init_coef}")
+        if not 0 < self.target < float("inf"):
+            raise ValueError(f"target must be a finite number > 0, got {self.target}")
+        if not 0 < self.horizon < float("inf"):
+            raise ValueError(f"horizon must be a finite number > 0, got {self.horizon}")
+        if self.ramp_steps < 0:
+            raise ValueError(f"ramp_steps must be >= 0, got {self.ramp_steps}")
+        if not 0 < self.min_coef < float("inf"):
+            raise ValueError(f"min_coef must be a finite number > 0, got {self.min_coef}")
 
     def init(self) -> dict:
         return {"coef": jnp.asarray(self.init_coef, jnp.float32)}
@@ -62,15 +93,20 @@ class AdaptiveKL:
     def update(self, state: dict, kl: jax.Array, n_steps: int | jax.Array) -> dict:
         err = jnp.clip(jnp.asarray(kl, jnp.float32) / self.target - 1.0, -0.2, 0.2)
         mult = 1.0 + err * jnp.asarray(n_steps, jnp.float32) / self.horizon
-        return {"coef": state["coef"] * mult}
+        new = jnp.maximum(state["coef"], self.min_coef) * mult
+        return {"coef": _finite_or_old(new, state["coef"], kl)}
+
+    def coef_at(self, state: dict, iteration: int) -> float:
+        return float(state["coef"]) * ramp_factor(iteration, self.ramp_steps)
 
 
-def make_kl_controller(kind: str, coef: float, target: float | None = None, horizon: float | None = None):
+def make_kl_controller(kind: str, coef: float, target: float | None = None, horizon: float | None = None,
+                       ramp_steps: int = 0):
     """Build a controller from config fields: kind "fixed" or "adaptive" (which needs target and horizon)."""
     if kind == "fixed":
-        return FixedKL(coef)
+        return FixedKL(coef, ramp_steps)
     if kind == "adaptive":
         if target is None or horizon is None:
             raise ValueError("kl controller 'adaptive' needs target and horizon")
-        return AdaptiveKL(init_coef=coef, target=target, horizon=horizon)
+        return AdaptiveKL(init_coef=coef, target=target, horizon=horizon, ramp_steps=ramp_steps)
     raise ValueError(f"kl controller kind {kind!r} unknown; choose 'fixed' or 'adaptive'")

@@ -83,9 +83,14 @@ def _masked_mean(x: jax.Array, m: jax.Array) -> jax.Array:
     return (x * m).sum() / jnp.maximum(m.sum(), 1.0)
 
 
-def token_logprobs(logits: jax.Array, tokens: jax.Array, temperature: float = 1.0) -> jax.Array:
-    """`[B, T]` log p(tokens[:, t] | prefix) under softmax(logits / temperature); column 0 is 0."""
-    logp_all = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32) / temperature, axis=-1)
+def token_logprobs(logits: jax.Array, tokens: jax.Array, temperature=1.0) -> jax.Array:
+    """`[B, T]` log p(tokens[:, t] | prefix) under softmax(logits / temperature); column 0 is 0.
+
+    `temperature` is a scalar or one value per row (`[B]`).
+    """
+    temp = jnp.asarray(temperature, jnp.float32)
+    temp = temp[:, None, None] if temp.ndim == 1 else temp
+    logp_all = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32) / temp, axis=-1)
     picked = jnp.take_along_axis(logp_all, tokens[:, 1:, None].astype(jnp.int32), axis=-1)[..., 0]
     return jnp.pad(picked, ((0, 0), (1, 0)))
 

@@ -7,7 +7,10 @@ Pieces (used by the trainer's rejection and RL stages, and by evaluation):
                                        repeated K_i times, prompts padded to max_prompt_len): the sampler
                                        compiles once per run
   build_batch(prompt_ids, samples, T)  train-step rows: BOS + prompt + response (+EOS), right-padded to T;
-                                       loss_mask on the response tokens
+                                       loss_mask on the response tokens, the sampler's logprobs beside them
+  even_minibatches(order, max_rows)    an epoch's rows split into near-equal minibatches (sizes differ by <= 1)
+  pad_rows(batch, rows)                append empty rows (masks 0) up to a fixed row count: one compiled shape
+  chunked(fn, params, batch, rows)     a forward (logprobs, values) over fixed-size row chunks
   Scorer                               submits a batch to the reward pool's worker processes and returns
                                        at once, so the main thread samples the next batch while this
                                        one is scored (the producer / consumer overlap)
@@ -155,3 +158,58 @@ class Scorer:
 
     def close(self) -> None:
         self.pool.close()
+
+
+def even_minibatches(order: np.ndarray, max_rows: int) -> list[np.ndarray]:
+    """Split the row indices `order` into ceil(n / max_rows) consecutive parts whose sizes differ by at most 1.
+
+    Every optimizer step then sees about the same number of rows: no tiny last minibatch getting a
+    full-size update.
+    """
+    order = np.asarray(order)
+    if max_rows < 1:
+        raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+    n = len(order)
+    if n == 0:
+        return []
+    n_parts = -(-n // max_rows)
+    return [p for p in np.array_split(order, n_parts)]
+
+
+def pad_rows(batch: dict, rows: int) -> dict:
+    """`batch` with empty rows appended up to `rows` (all masks 0, one attended pad token so the attention
+    softmax stays finite; float fields 0). Empty rows change no loss term and no metric."""
+    n = int(batch["tokens"].shape[0])
+    if n > rows:
+        raise ValueError(f"batch has {n} rows, more than the {rows} it should be padded to")
+    if n == rows:
+        return batch
+    out = {k: np.concatenate([np.asarray(v), np.zeros((rows - n,) + np.shape(v)[1:], np.asarray(v).dtype)])
+           for k, v in batch.items()}
+    out["attn_mask"][n:, 0] = 1
+    if "temperature" in out:
+        out["temperature"][n:] = 1.0
+    return out
+
+
+def chunked(fn: Callable, params, batch: dict, rows: int, *args):
+    """`fn(params, tokens, attn_mask, *args)` over fixed-size row chunks (one compile); host float32 results
+    for the real rows. Row-aligned array arguments in `args` (e.g. per-row temperatures) are chunked too."""
+    n = int(batch["tokens"].shape[0])
+    outs = []
+    for s in range(0, n, rows):
+        part = pad_rows({"tokens": batch["tokens"][s : s + rows], "attn_mask": batch["attn_mask"][s : s + rows]}, rows)
+        real = min(rows, n - s)
+        extra = [np.concatenate([a[s : s + rows], np.ones((rows - real,) + a.shape[1:], a.dtype)])
+                 if isinstance(a, np.ndarray) and a.shape[:1] == (n,) else a for a in args]
+        o = fn(params, part["tokens"], part["attn_mask"], *extra)
+        o = o if isinstance(o, tuple) else (o,)
+        outs.append([np.asarray(x, np.float32)[:real] for x in o])
+    res = [np.concatenate([o[i] for o in outs], 0) for i in range(len(outs[0]))]
+    return tuple(res) if len(res) > 1 else res[0]
+
+
+def rows_for_budget(token_budget: int, seq_len: int, multiple: int = 1) -> int:
+    """Rows per train step for a token budget at a fixed padded length, a multiple of the mesh's batch axes."""
+    r = max(1, int(token_budget) // int(seq_len))
+    return max(multiple, (r // multiple) * multiple)

@@ -1,12 +1,12 @@
-"""Schedules over training steps: sampling temperature, learning rate, KL coefficient.
+"""Schedules over training: sampling temperature and learning rate.
 
-Pure Python functions of an integer step, so the trainer can evaluate them on the host
-each iteration (temperature, KL ramp) and the optimizer can use the same learning-rate
-curve (`lr_schedule` returns plain floats; `make_lr_fn` wraps it for optax).
+Pure Python functions evaluated on the host: the temperature once per RL iteration, the learning
+rate once per optimizer step (passed to the jitted train step as a traced scalar). The KL
+coefficient's ramp lives with its controller (rl.kl_control).
 
-    temp = temperature_at(step, total, start=1.0, end=0.7)       # linear anneal
-    lr = lr_at(step, peak=1e-3, warmup=10, total=100)             # warmup, then decay to 10%
-    coef = kl_coef_at(step, target_coef=0.04, ramp_steps=20)      # 0 -> target over 20 steps
+    temp = temperature_at(it, iterations, start=1.0, end=0.7)            # linear anneal
+    p = unit_progress(unit, j, steps_in_unit, n_units)                    # stage progress after step j
+    lr = lr_at(step, p, peak=1e-3, warmup_steps=10, end_fraction=0.1)     # warmup x linear decay
 """
 from __future__ import annotations
 
@@ -35,37 +35,25 @@ def temperature_at(step: int, total: int, start: float = 1.0, end: float = 0.7, 
     raise ValueError(f"temperature kind must be linear|cosine|constant, got {kind!r}")
 
 
-def lr_at(step: int, peak: float, warmup: int, total: int, end_fraction: float = 0.1) -> float:
-    """Learning rate: linear warmup from 0 to `peak` over `warmup` steps, then linear decay
-    to `end_fraction * peak` at step `total` (held there afterwards).
+def unit_progress(unit: int, step_in_unit: int, steps_in_unit: int, n_units: int) -> float:
+    """Fraction of a stage done after optimizer step `step_in_unit` (0-based) of unit `unit`.
 
-    Step indices count optimizer updates from 0; the first update uses peak/warmup (never 0,
-    so the first step always moves the parameters).
+    A unit (SFT epoch, rejection round, RL iteration) may take a different number of optimizer
+    steps each time (filtering decides how many rows are trained); measuring progress by units
+    keeps the schedule exact anyway: the last step of the last unit is at progress 1.0.
     """
-    if warmup > 0 and step < warmup:
-        return float(peak * (step + 1) / warmup)
-    decay_steps = max(total - warmup, 1)
-    p = min(max((step - warmup) / decay_steps, 0.0), 1.0)
-    return float(peak * (1.0 - (1.0 - end_fraction) * p))
+    if steps_in_unit < 1 or n_units < 1:
+        raise ValueError(f"unit_progress needs steps_in_unit >= 1 and n_units >= 1, got {steps_in_unit}, {n_units}")
+    return float(min((unit + (step_in_unit + 1) / steps_in_unit) / n_units, 1.0))
 
 
-def make_lr_fn(peak: float, warmup: int, total: int, end_fraction: float = 0.1):
-    """An optax-compatible schedule (count -> lr) with the same curve as `lr_at`, traceable in jit."""
-    import jax.numpy as jnp
+def lr_at(step: int, progress: float, *, peak: float, warmup_steps: int = 0, end_fraction: float = 0.1) -> float:
+    """Learning rate of optimizer step `step` (0-based, counted over the stage) at stage `progress` in [0, 1].
 
-    def fn(count):
-        count = jnp.asarray(count, jnp.float32)
-        warm = peak * (count + 1.0) / max(warmup, 1)
-        decay_steps = max(total - warmup, 1)
-        p = jnp.clip((count - warmup) / decay_steps, 0.0, 1.0)
-        dec = peak * (1.0 - (1.0 - end_fraction) * p)
-        return jnp.where(count < warmup, warm, dec) if warmup > 0 else dec
-
-    return fn
-
-
-def kl_coef_at(step: int, target_coef: float, ramp_steps: int = 0) -> float:
-    """KL coefficient ramp: linear from 0 to `target_coef` over `ramp_steps` (constant if 0)."""
-    if ramp_steps <= 0:
-        return float(target_coef)
-    return float(target_coef * min((step + 1) / ramp_steps, 1.0))
+    peak * warmup(step) * decay(progress): linear warmup over the first `warmup_steps` updates (the first
+    update already uses peak / warmup_steps, never 0) times a linear decay from peak at progress 0 to
+    `end_fraction * peak` at progress 1, so the last step of a stage runs at exactly end_fraction * peak.
+    """
+    warm = min((step + 1) / warmup_steps, 1.0) if warmup_steps > 0 else 1.0
+    p = min(max(float(progress), 0.0), 1.0)
+    return float(peak * warm * (1.0 - (1.0 - end_fraction) * p))

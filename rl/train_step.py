@@ -1,69 +1,67 @@
 """The functional train step shared by SFT, GRPO and PPO, plus its configs, optimizer and helpers.
 
-One jitted pure function `(state, batch) -> (state, metrics)` serves all three modes. It runs the
-policy forward once, derives per-token logprobs and entropy from the same logits, and sums
+One jitted pure function `(state, batch, hparams) -> (state, metrics)` serves all three modes. It
+runs the policy forward once, derives per-token logprobs and entropy from the same logits (divided
+by each row's sampling temperature), and sums
   policy loss (or masked cross-entropy for SFT)
   + kl_coef * KL(policy || ref)          (when the batch has ref_logp and kl_in_loss)
   - entropy_coef * entropy
   + value_coef * clipped value loss      (PPO: linear value head on the final hidden state)
   + router_aux_coef * sum(load-balancing) + router_z_coef * sum(z-loss)   (MoE layers)
-and reports every term separately. A batch whose loss or gradient is not finite leaves params,
-optimizer state and step untouched and increments `n_skipped`. `make_train_step(...,
-microbatches=n)` accumulates the gradient over n row slices in a `lax.scan` for one update (same
-result, about n-fold less activation memory).
+and reports every term separately. `hparams = {"lr": scalar, "kl_coef": scalar}` comes from the
+host each step: the learning-rate schedule (rl.schedules.lr_at) and the KL controller
+(rl.kl_control) each have one owner outside the step, and a traced scalar never recompiles.
+
+A step whose loss, gradient or parameter update is not finite, or whose batch holds a non-finite
+value at a position that counts (masks 1), leaves params, optimizer state and step untouched and
+increments `n_skipped`; values at masked positions (prompt, padding) are ignored, never multiplied
+in. `make_train_step(..., microbatches=n)` accumulates the gradient over n row slices in a
+`lax.scan` for one update (same result, about n-fold less activation memory).
 
     model_cfg = ModelConfig(...)
-    loss_cfg = LossConfig(mode="grpo", clip_high=0.28, kl_coef_init=0.04)
-    optim_cfg = OptimConfig(learning_rate=1e-5, warmup_steps=10, total_steps=500)
-    ctl = AdaptiveKL(0.04, target=0.05, horizon=10_000)          # or None for FixedKL(kl_coef_init)
-    state = init_train_state(model_cfg, loss_cfg, optim_cfg, jax.random.key(0), mesh=mesh, kl_controller=ctl)
-    step = make_train_step(model_cfg, loss_cfg, optim_cfg, ctl, mesh=mesh)
-    logprobs = make_logprob_fn(model_cfg, mesh=mesh)               # old / ref logprobs
-    for mb in minibatches(batch, token_budget=16_384):
-        state, metrics = step(state, mb)                         # state is donated
+    loss_cfg = LossConfig(mode="grpo", clip_high=0.28)
+    optim_cfg = OptimConfig(weight_decay=0.0, grad_clip=1.0)
+    state = init_train_state(model_cfg, loss_cfg, optim_cfg, jax.random.key(0), mesh=mesh)
+    step = make_train_step(model_cfg, loss_cfg, optim_cfg, mesh=mesh)
+    state, metrics = step(state, batch, {"lr": 1e-5, "kl_coef": 0.04})   # state is donated
 
 Batch (dict of arrays, all rows first; rows must divide the mesh's batch axes):
   tokens [B, T] int32 prompt+response right-padded; attn_mask [B, T]; loss_mask [B, T] (1 where
-  token t is a response token, predicted from t - 1); advantages [B, T] or [B] (broadcast);
-  old_logp [B, T] (optional: absent means on-policy, old = stop_gradient(logp)); ref_logp [B, T]
-  (optional: absent means no KL term); PPO also old_values [B, T] and returns [B, T].
+  token t is a response token, predicted from t - 1); temperature [B] (optional, default 1: the
+  temperature the row was sampled at; logprobs are taken under softmax(logits / T), the sampler's
+  distribution); advantages [B, T] or [B] (broadcast); old_logp [B, T] (optional: the behaviour
+  policy's logprobs, i.e. the sampler's; absent means on-policy, old = stop_gradient(logp));
+  ref_logp [B, T] (optional: absent means no KL term); PPO also old_values [B, T] and returns [B, T].
 Value alignment matches logprobs: values[:, t] is the head applied to hidden[:, t - 1] (the state
 before token t), values[:, 0] = 0.
 
-The KL coefficient lives in `state["kl_state"]`; with `update_kl_in_step=True` (default) the
-controller is updated after every applied step from the measured `kl` metric and the number of
-rows with response tokens; trainers that prefer one update per iteration pass False and call
-`update_kl(state, ctl, kl, n_steps)`.
+Metrics: `kl` is the mean over sequences of each sequence's masked token-mean KL (the quantity an
+adaptive controller reads, whatever the loss aggregation); `loss/kl` is the KL term as aggregated
+in the loss.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterator
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from rl import losses
-from rl.kl_control import FixedKL
 
 __all__ = [
     "LossConfig",
     "OptimConfig",
-    "lr_schedule",
     "make_optimizer",
     "init_train_state",
     "state_shardings",
     "make_train_step",
-    "update_kl",
     "make_logprob_fn",
     "compute_logprobs",
-    "minibatches",
 ]
 
 MODES = ("sft", "grpo", "ppo")
@@ -82,13 +80,11 @@ class LossConfig:
     dual_clip: float | None = None  # c > 1 bounds the loss of negative-advantage tokens
     agg: str = "token-mean"  # one of rl.losses.AGG_MODES
     max_len_norm: int | None = None  # constant divisor for seq-mean-token-sum-norm (None = T)
-    kl_coef_init: float = 0.0  # coefficient of FixedKL when no controller is given
     kl_kind: str = "k3"  # k1 | k2 | k3 estimator of KL(policy || ref)
     kl_in_loss: bool = True  # False: KL is only measured (the trainer puts it in the rewards)
     value_coef: float = 0.5  # PPO value-loss weight
     value_clip: float | None = 0.2  # PPO value clip (None = unclipped)
     entropy_coef: float = 0.0  # entropy bonus weight (loss -= entropy_coef * entropy)
-    temperature: float = 1.0  # logits / T before logprobs: match the sampler's temperature
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -106,86 +102,63 @@ class LossConfig:
             raise ValueError(f"LossConfig.agg must be one of {losses.AGG_MODES}, got {self.agg!r}")
         if self.max_len_norm is not None and not self.max_len_norm > 0:
             raise ValueError(f"LossConfig.max_len_norm must be None or > 0, got {self.max_len_norm}")
-        if not self.kl_coef_init >= 0:
-            raise ValueError(f"LossConfig.kl_coef_init must be >= 0, got {self.kl_coef_init}")
         if self.kl_kind not in KL_KINDS:
             raise ValueError(f"LossConfig.kl_kind must be one of {KL_KINDS}, got {self.kl_kind!r}")
+        if self.mode != "sft" and self.kl_in_loss and self.kl_kind == "k1":
+            raise ValueError("LossConfig.kl_kind 'k1' cannot be used in the loss: the gradient of k1 = logp - ref_logp "
+                             "is the score function, whose expectation is zero, so it does not pull towards the "
+                             "reference; use k3 (or k2) in the loss, or k1 in the reward")
         if not self.value_coef >= 0:
             raise ValueError(f"LossConfig.value_coef must be >= 0, got {self.value_coef}")
         if self.value_clip is not None and not self.value_clip > 0:
             raise ValueError(f"LossConfig.value_clip must be None or > 0, got {self.value_clip}")
         if not self.entropy_coef >= 0:
             raise ValueError(f"LossConfig.entropy_coef must be >= 0, got {self.entropy_coef}")
-        if not self.temperature > 0:
-            raise ValueError(f"LossConfig.temperature must be > 0, got {self.temperature}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class OptimConfig:
-    """AdamW with linear warmup, linear decay to `end_lr_fraction * learning_rate`, global-norm clip."""
+    """AdamW (decoupled weight decay on matrices) after an optional global-norm clip.
 
-    learning_rate: float = 3e-4  # peak learning rate
-    warmup_steps: int = 0  # linear warmup from peak / warmup_steps to peak
-    total_steps: int = 1000  # the decay reaches end_lr_fraction * peak here, and stays
-    end_lr_fraction: float = 0.1  # final lr as a fraction of the peak
-    weight_decay: float = 0.0  # decoupled, on matrices only (ndim >= 2)
+    The learning rate is not part of it: the step takes it from the host each call
+    (rl.schedules.lr_at), so a stage's schedule can follow the optimizer steps it really takes.
+    """
+
+    weight_decay: float = 0.0  # decoupled, on matrices only (ndim >= 2), scaled by the learning rate
     b1: float = 0.9
     b2: float = 0.999
     eps: float = 1e-8
     grad_clip: float | None = 1.0  # global-norm clip; None disables
 
     def __post_init__(self):
-        if not self.learning_rate > 0:
-            raise ValueError(f"OptimConfig.learning_rate must be > 0, got {self.learning_rate}")
-        if not (isinstance(self.warmup_steps, int) and self.warmup_steps >= 0):
-            raise ValueError(f"OptimConfig.warmup_steps must be an int >= 0, got {self.warmup_steps!r}")
-        if not (isinstance(self.total_steps, int) and self.total_steps >= 1):
-            raise ValueError(f"OptimConfig.total_steps must be an int >= 1, got {self.total_steps!r}")
-        if self.warmup_steps > self.total_steps:
-            raise ValueError(f"OptimConfig.warmup_steps ({self.warmup_steps}) exceeds total_steps ({self.total_steps})")
-        if not 0.0 <= self.end_lr_fraction <= 1.0:
-            raise ValueError(f"OptimConfig.end_lr_fraction must be in [0, 1], got {self.end_lr_fraction}")
-        if not self.weight_decay >= 0:
-            raise ValueError(f"OptimConfig.weight_decay must be >= 0, got {self.weight_decay}")
+        if not 0 <= self.weight_decay < float("inf"):
+            raise ValueError(f"OptimConfig.weight_decay must be a finite number >= 0, got {self.weight_decay}")
         for name in ("b1", "b2"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"OptimConfig.{name} must be in [0, 1), got {getattr(self, name)}")
-        if not self.eps > 0:
+        if not 0 < self.eps < float("inf"):
             raise ValueError(f"OptimConfig.eps must be > 0, got {self.eps}")
-        if self.grad_clip is not None and not self.grad_clip > 0:
-            raise ValueError(f"OptimConfig.grad_clip must be None or > 0, got {self.grad_clip}")
+        if self.grad_clip is not None and not 0 < self.grad_clip < float("inf"):
+            raise ValueError(f"OptimConfig.grad_clip must be None or a finite number > 0, got {self.grad_clip}")
 
 
 # ------------------------------------------------------------------------------------- optimizer
-def lr_schedule(cfg: OptimConfig):
-    """Learning rate at optimizer update `count` (0-based), same curve as rl.schedules.lr_at.
-
-    Warmup: peak * (count + 1) / warmup (the first update already moves the parameters); then a
-    straight line from peak to end_lr_fraction * peak at total_steps, held afterwards.
-    """
-    peak, warm, total, end = cfg.learning_rate, cfg.warmup_steps, cfg.total_steps, cfg.end_lr_fraction
-
-    def schedule(count):
-        step = jnp.asarray(count, jnp.float32)
-        warm_lr = peak * (step + 1.0) / max(warm, 1)
-        frac = jnp.clip((step - warm) / max(total - warm, 1), 0.0, 1.0)
-        return jnp.where(step < warm, warm_lr, peak * (1.0 - (1.0 - end) * frac))
-
-    return schedule
-
-
 def _decay_mask(params):
     # Decay matrices only: norms' scales and biases are not regularised towards zero.
     return jax.tree.map(lambda p: p.ndim >= 2, params)
 
 
 def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
-    """Global-norm clipping then AdamW on the warmup / linear-decay schedule."""
-    adamw = optax.adamw(lr_schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
-                        weight_decay=cfg.weight_decay, mask=_decay_mask)
-    if cfg.grad_clip is None:
-        return adamw
-    return optax.chain(optax.clip_by_global_norm(cfg.grad_clip), adamw)
+    """Global-norm clipping, Adam scaling and decoupled weight decay: the AdamW direction at lr 1.
+
+    The step multiplies the result by -lr (optax.adamw(lr) is exactly this chain followed by
+    scale_by_learning_rate(lr)).
+    """
+    parts = [] if cfg.grad_clip is None else [optax.clip_by_global_norm(cfg.grad_clip)]
+    parts += [optax.scale_by_adam(b1=cfg.b1, b2=cfg.b2, eps=cfg.eps)]
+    if cfg.weight_decay:
+        parts += [optax.add_decayed_weights(cfg.weight_decay, mask=_decay_mask)]
+    return optax.chain(*parts)
 
 
 # ------------------------------------------------------------------------------------- state
@@ -211,7 +184,7 @@ def state_shardings(model_cfg, loss_cfg, optim_cfg, mesh, rules=None) -> dict:
     """NamedShardings for every leaf of the train state on `mesh`.
 
     Params follow models.sharding.param_shardings; the optimizer moments mirror their parameter;
-    counters, KL state, RNG and the value head are replicated.
+    counters, RNG and the value head are replicated.
     """
     from models import sharding
 
@@ -224,12 +197,12 @@ def state_shardings(model_cfg, loss_cfg, optim_cfg, mesh, rules=None) -> dict:
     opt_abstract = jax.eval_shape(opt.init, _abstract_params(model_cfg, loss_cfg))
     opt_sh = optax.tree_map_params(opt, lambda _, sh: sh, opt_abstract, p_sh,
                                    transform_non_params=lambda _: rep)
-    return {"params": p_sh, "opt_state": opt_sh, "step": rep, "kl_state": {"coef": rep}, "rng": rep, "n_skipped": rep}
+    return {"params": p_sh, "opt_state": opt_sh, "step": rep, "rng": rep, "n_skipped": rep}
 
 
 def init_train_state(model_cfg, loss_cfg: LossConfig, optim_cfg: OptimConfig, key, mesh=None, rules=None,
-                     params=None, kl_controller=None) -> dict:
-    """Fresh train state: {params, opt_state, step, kl_state, rng, n_skipped}.
+                     params=None) -> dict:
+    """Fresh train state: {params, opt_state, step, rng, n_skipped}.
 
     `params` (e.g. from an SFT checkpoint) are used when given, else initialised (sharded when a
     mesh is given). PPO adds params["value_head"] = {"w": [d_model], "b": []}; other modes drop it.
@@ -247,13 +220,11 @@ def init_train_state(model_cfg, loss_cfg: LossConfig, optim_cfg: OptimConfig, ke
         params.setdefault("value_head", _value_head(model_cfg.d_model))
     else:
         params.pop("value_head", None)
-    ctl = kl_controller if kl_controller is not None else FixedKL(loss_cfg.kl_coef_init)
     opt = make_optimizer(optim_cfg)
     state = {
         "params": params,
         "opt_state": None,
         "step": jnp.zeros((), jnp.int32),
-        "kl_state": ctl.init(),
         "rng": k_rng,
         "n_skipped": jnp.zeros((), jnp.int32),
     }
@@ -263,12 +234,9 @@ def init_train_state(model_cfg, loss_cfg: LossConfig, optim_cfg: OptimConfig, ke
     sh = state_shardings(model_cfg, loss_cfg, optim_cfg, mesh, rules)
     state["params"] = jax.device_put(params, sh["params"])
     state["opt_state"] = jax.jit(opt.init, out_shardings=sh["opt_state"])(state["params"])
+    # A PRNG key array cannot be device_put onto a mesh spanning several processes; its raw uint32 data can.
+    state["rng"] = jax.random.wrap_key_data(jax.device_put(jax.random.key_data(state["rng"]), sh["rng"]))
     return jax.device_put(state, sh)
-
-
-def update_kl(state: dict, kl_controller, kl, n_steps) -> dict:
-    """Pure: a new state whose kl_state is the controller's update from the measured `kl`."""
-    return {**state, "kl_state": kl_controller.update(state["kl_state"], kl, n_steps)}
 
 
 # ------------------------------------------------------------------------------------- the step
@@ -284,18 +252,41 @@ def _router_terms(aux: dict, model_cfg) -> tuple[jax.Array, jax.Array]:
     return lb.sum(), z.sum()
 
 
+def _row_temperature(batch: dict, rows: int) -> jax.Array:
+    t = batch.get("temperature")
+    if t is None:
+        return jnp.ones((rows,), jnp.float32)
+    return jnp.broadcast_to(jnp.asarray(t, jnp.float32), (rows,))
+
+
+def _masked_inputs(batch: dict, mask: jax.Array) -> tuple[dict, jax.Array]:
+    """Float inputs with masked positions zeroed by selection (a NaN there never spreads), and the number of
+    non-finite values at positions that count."""
+    out, bad = {}, jnp.zeros((), jnp.float32)
+    for k in ("old_logp", "ref_logp", "advantages", "old_values", "returns"):
+        if k not in batch:
+            continue
+        x = jnp.asarray(batch[k], jnp.float32)
+        m = mask if x.ndim == 2 else (mask.sum(-1) > 0).astype(jnp.float32)
+        counts = m > 0
+        bad = bad + jnp.sum(counts & ~jnp.isfinite(x))
+        out[k] = jnp.where(counts, x, 0.0)
+    return out, bad
+
+
 # Metrics combined across microbatches by max; all others are pre-scaled so that they add up.
 _MAX_METRICS = ("policy/ratio_max",)
 
 
-def _make_loss_fn(model_cfg, loss_cfg: LossConfig, mesh, rules):
+def make_loss_fn(model_cfg, loss_cfg: LossConfig, mesh, rules):
     """loss_fn(params, batch, kl_coef, share) -> (total, metrics).
 
     `share` describes the batch as a part of a larger one (gradient accumulation): `denom` is the
-    whole batch's aggregation denominator, `tok_w` / `real_w` its fraction of the loss tokens /
-    attended tokens. Losses use `denom`; masked-mean metrics are scaled by `tok_w` and router terms
-    by `real_w`, so summing over the parts gives the whole-batch values (router load-balancing loss:
-    the token-weighted mean of the parts' losses, the usual accumulation approximation).
+    whole batch's aggregation denominator, `tok_w` / `real_w` / `row_w` its fraction of the loss
+    tokens / attended tokens / rows with loss tokens. Losses use `denom`; masked-mean metrics are
+    scaled by `tok_w`, sequence means by `row_w` and router terms by `real_w`, so summing over the
+    parts gives the whole-batch values (router load-balancing loss: the token-weighted mean of the
+    parts' losses, the usual accumulation approximation).
     """
     from models import transformer
 
@@ -307,44 +298,47 @@ def _make_loss_fn(model_cfg, loss_cfg: LossConfig, mesh, rules):
         denom = None if share is None else share["denom"]
         tok_w = 1.0 if share is None else share["tok_w"]
         real_w = 1.0 if share is None else share["real_w"]
+        row_w = 1.0 if share is None else share["row_w"]
         tokens = batch["tokens"].astype(jnp.int32)
         mask = batch["loss_mask"].astype(jnp.float32)
+        inputs, n_bad = _masked_inputs(batch, mask)
         logits, aux = transformer.forward(_model_params(params), tokens, model_cfg, attn_mask=batch["attn_mask"],
                                           return_hidden=is_ppo, mesh=mesh, rules=rules)
-        temp = 1.0 if is_sft else loss_cfg.temperature
-        # One log-softmax feeds both the sampled-token logprobs and the entropy.
-        logp_all = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32) / temp, axis=-1)
+        temp = jnp.ones((tokens.shape[0],), jnp.float32) if is_sft else _row_temperature(batch, tokens.shape[0])
+        # One log-softmax at the sampling temperature feeds both the sampled-token logprobs and the entropy.
+        logp_all = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32) / temp[:, None, None], axis=-1)
         logp = jnp.take_along_axis(logp_all, tokens[:, 1:, None], axis=-1)[..., 0]
         logp = jnp.pad(logp, ((0, 0), (1, 0)))
         ent_tok = jnp.pad(-(jnp.exp(logp_all) * logp_all).sum(-1), ((0, 0), (1, 0)))
         entropy = losses.aggregate(ent_tok, mask, agg, max_len, denom)
-        metrics: dict[str, Any] = {"entropy": entropy}
+        metrics: dict[str, Any] = {"entropy": entropy, "nonfinite_inputs": n_bad}
 
         if is_sft:
             policy = losses.aggregate(-logp, mask, agg, max_len, denom)
         else:
-            adv = batch["advantages"].astype(jnp.float32)
+            adv = inputs["advantages"]
             if adv.ndim == 1:
                 adv = adv[:, None]
             adv = jnp.broadcast_to(adv, mask.shape)
-            old = batch["old_logp"].astype(jnp.float32) if "old_logp" in batch else jax.lax.stop_gradient(logp)
+            old = inputs["old_logp"] if "old_logp" in inputs else jax.lax.stop_gradient(logp)
             policy, pmet = policy_fn(logp, old, adv, mask, loss_cfg.clip_low, loss_cfg.clip_high,
                                      loss_cfg.dual_clip, agg, max_len, denom)
             metrics.update({f"policy/{k}": v if f"policy/{k}" in _MAX_METRICS else v * tok_w
                             for k, v in pmet.items()})
         total = policy - loss_cfg.entropy_coef * entropy
 
-        kl = jnp.zeros((), jnp.float32)
-        if not is_sft and "ref_logp" in batch:
-            kl_tok = losses.kl_penalty(logp, batch["ref_logp"], loss_cfg.kl_kind)
-            kl = losses.aggregate(kl_tok, mask, agg, max_len, denom)
+        kl_loss = kl_seq = jnp.zeros((), jnp.float32)
+        if not is_sft and "ref_logp" in inputs:
+            kl_tok = losses.kl_penalty(logp, inputs["ref_logp"], loss_cfg.kl_kind)
+            kl_loss = losses.aggregate(kl_tok, mask, agg, max_len, denom)
+            kl_seq = losses.aggregate(kl_tok, mask, "seq-mean-token-mean") * row_w
             if loss_cfg.kl_in_loss:
-                total = total + kl_coef * kl
+                total = total + kl_coef * kl_loss
 
         vloss = jnp.zeros((), jnp.float32)
         if is_ppo:
             values = _shifted_values(params, aux["hidden"])
-            vloss, vmet = losses.value_loss(values, batch["old_values"], batch["returns"], mask,
+            vloss, vmet = losses.value_loss(values, inputs["old_values"], inputs["returns"], mask,
                                             loss_cfg.value_clip, agg, max_len, denom)
             total = total + loss_cfg.value_coef * vloss
             metrics.update({f"value/{k}": v * tok_w for k, v in vmet.items()})
@@ -355,11 +349,11 @@ def _make_loss_fn(model_cfg, loss_cfg: LossConfig, mesh, rules):
         metrics.update({
             "loss/total": total,
             "loss/policy": policy,
-            "loss/kl": kl,
+            "loss/kl": kl_loss,
             "loss/value": vloss,
             "loss/router_aux": r_lb,
             "loss/router_z": r_z,
-            "kl": kl,
+            "kl": kl_seq,
             "n_tokens": mask.sum(),
             "n_rows": (mask.sum(-1) > 0).sum().astype(jnp.float32),
         })
@@ -385,20 +379,24 @@ def _accumulated_value_and_grad(loss_fn, params, batch, kl_coef, n_micro: int, a
     _, denom = losses.aggregate_parts(mask, mask, agg, max_len)
     n_tok = jnp.maximum(mask.sum(), 1.0)
     n_real = jnp.maximum(batch["attn_mask"].astype(jnp.float32).sum(), 1.0)
+    n_seq = jnp.maximum((mask.sum(-1) > 0).sum().astype(jnp.float32), 1.0)
     split = jax.tree.map(lambda x: jnp.swapaxes(x.reshape(rows // n_micro, n_micro, *x.shape[1:]), 0, 1), batch)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
+    def share_of(mb):
+        m = mb["loss_mask"].astype(jnp.float32)
+        return {"denom": denom, "tok_w": m.sum() / n_tok, "real_w": mb["attn_mask"].astype(jnp.float32).sum() / n_real,
+                "row_w": (m.sum(-1) > 0).sum().astype(jnp.float32) / n_seq}
+
     def body(carry, mb):
         g_acc, m_acc = carry
-        share = {"denom": denom, "tok_w": mb["loss_mask"].astype(jnp.float32).sum() / n_tok,
-                 "real_w": mb["attn_mask"].astype(jnp.float32).sum() / n_real}
-        (_, met), g = grad_fn(params, mb, kl_coef, share)
+        (_, met), g = grad_fn(params, mb, kl_coef, share_of(mb))
         g_acc = jax.tree.map(jnp.add, g_acc, g)
         m_acc = {k: jnp.maximum(m_acc[k], v) if k in _MAX_METRICS else m_acc[k] + v for k, v in met.items()}
         return (g_acc, m_acc), None
 
     first = jax.tree.map(lambda x: x[0], split)
-    met_shape = jax.eval_shape(lambda: grad_fn(params, first, kl_coef, {"denom": denom, "tok_w": 1.0, "real_w": 1.0})[0][1])
+    met_shape = jax.eval_shape(lambda: grad_fn(params, first, kl_coef, share_of(first))[0][1])
     m0 = {k: jnp.full(v.shape, -jnp.inf if k in _MAX_METRICS else 0.0, v.dtype) for k, v in met_shape.items()}
     g0 = jax.tree.map(jnp.zeros_like, params)
     (grads, metrics), _ = jax.lax.scan(body, (g0, m0), split)
@@ -414,53 +412,55 @@ def _batch_sharding(mesh, rules):
     return NamedSharding(mesh, PartitionSpec(lead))
 
 
-def make_train_step(model_cfg, loss_cfg: LossConfig, optim_cfg: OptimConfig, kl_controller=None, mesh=None,
-                    rules=None, update_kl_in_step: bool = True, microbatches: int = 1):
-    """The jitted `(state, batch) -> (state, metrics)`; the state argument is donated.
+def _all_finite(tree) -> jax.Array:
+    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating)]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
 
-    With a mesh, in/out shardings are explicit: the state as in `state_shardings`, batch rows over
-    the mesh's batch axes, metrics replicated. `microbatches > 1` accumulates the gradient over
-    that many row-strided slices of the batch in a `lax.scan` (one optimizer update, same result
-    up to float rounding and the router load-balancing term), cutting activation memory.
+
+def make_train_step(model_cfg, loss_cfg: LossConfig, optim_cfg: OptimConfig, mesh=None, rules=None,
+                    microbatches: int = 1):
+    """The jitted `(state, batch, hparams) -> (state, metrics)`; the state argument is donated.
+
+    hparams = {"lr": scalar, "kl_coef": scalar} (traced: a new value never recompiles). With a
+    mesh, in/out shardings are explicit: the state as in `state_shardings`, batch rows over the
+    mesh's batch axes, hparams and metrics replicated. `microbatches > 1` accumulates the gradient
+    over that many row-strided slices of the batch in a `lax.scan` (one optimizer update, same
+    result up to float rounding and the router load-balancing term), cutting activation memory.
     """
     if not (isinstance(microbatches, int) and microbatches >= 1):
         raise ValueError(f"microbatches must be an int >= 1, got {microbatches!r}")
-    ctl = kl_controller if kl_controller is not None else FixedKL(loss_cfg.kl_coef_init)
     opt = make_optimizer(optim_cfg)
-    schedule = lr_schedule(optim_cfg)
-    loss_fn = _make_loss_fn(model_cfg, loss_cfg, mesh, rules)
-    measures_kl = loss_cfg.mode != "sft"
+    loss_fn = make_loss_fn(model_cfg, loss_cfg, mesh, rules)
 
-    def step(state, batch):
+    def step(state, batch, hparams):
         params = state["params"]
-        kl_coef = state["kl_state"]["coef"]
+        lr = jnp.asarray(hparams["lr"], jnp.float32)
+        kl_coef = jnp.asarray(hparams.get("kl_coef", 0.0), jnp.float32)
         if microbatches == 1:
             (total, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, kl_coef)
         else:
             (total, metrics), grads = _accumulated_value_and_grad(loss_fn, params, batch, kl_coef, microbatches,
                                                                   loss_cfg.agg, loss_cfg.max_len_norm)
         grad_norm = optax.tree.norm(grads)
-        finite = jnp.isfinite(total) & jnp.isfinite(grad_norm)
-        updates, new_opt = opt.update(grads, state["opt_state"], params)
-        new_params = optax.apply_updates(params, updates)
+        direction, new_opt = opt.update(grads, state["opt_state"], params)
+        new_params = jax.tree.map(lambda p, d: (p - lr * d).astype(p.dtype), params, direction)
+        # The update itself is checked too: a finite gradient with an absurd learning rate must not reach the weights.
+        finite = (jnp.isfinite(total) & jnp.isfinite(grad_norm) & (metrics["nonfinite_inputs"] == 0)
+                  & _all_finite(new_params) & _all_finite(new_opt))
 
         def pick(new, old):
-            # The whole update is selected at once: a non-finite batch leaves every leaf as it was.
+            # The whole update is selected at once: a non-finite step leaves every leaf as it was.
             return jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
 
-        kl_state = state["kl_state"]
-        if update_kl_in_step and measures_kl and "ref_logp" in batch:
-            kl_state = pick(ctl.update(kl_state, metrics["kl"], metrics["n_rows"]), kl_state)
         skipped = (~finite).astype(jnp.int32)
         new_state = {
             "params": pick(new_params, params),
             "opt_state": pick(new_opt, state["opt_state"]),
             "step": state["step"] + (1 - skipped),
-            "kl_state": kl_state,
             "rng": jax.random.split(state["rng"])[0],
             "n_skipped": state["n_skipped"] + skipped,
         }
-        metrics.update({"kl_coef": kl_coef, "grad_norm": grad_norm, "lr": schedule(state["step"]), "skipped": skipped,
+        metrics.update({"kl_coef": kl_coef, "grad_norm": grad_norm, "lr": lr, "skipped": skipped,
                         "n_skipped": new_state["n_skipped"]})
         return new_state, metrics
 
@@ -468,7 +468,7 @@ def make_train_step(model_cfg, loss_cfg: LossConfig, optim_cfg: OptimConfig, kl_
         return jax.jit(step, donate_argnums=0)
     st_sh = state_shardings(model_cfg, loss_cfg, optim_cfg, mesh, rules)
     rep = NamedSharding(mesh, PartitionSpec())
-    return jax.jit(step, in_shardings=(st_sh, _batch_sharding(mesh, rules)), out_shardings=(st_sh, rep),
+    return jax.jit(step, in_shardings=(st_sh, _batch_sharding(mesh, rules), rep), out_shardings=(st_sh, rep),
                    donate_argnums=0)
 
 
@@ -489,7 +489,8 @@ def make_logprob_fn(model_cfg, mesh=None, rules=None, with_values: bool = False)
     """Jitted `fn(params, tokens, attn_mask, temperature=1.0) -> logp [B, T]` (and values [B, T] for PPO).
 
     logp[:, t] = log softmax(logits[:, t-1] / temperature)[tokens[:, t]], logp[:, 0] = 0, and 0 on
-    padding. Use it for old-policy and reference logprobs; temperature is traced (no recompiles).
+    padding; temperature is a scalar or one per row, traced (no recompiles). Use it for reference
+    logprobs at the sampling temperature (the behaviour logprobs are the sampler's own).
     """
 
     def fn(params, tokens, attn_mask, temperature=1.0):
@@ -505,41 +506,3 @@ def make_logprob_fn(model_cfg, mesh=None, rules=None, with_values: bool = False)
 def compute_logprobs(params, tokens, attn_mask, cfg, temperature=1.0):
     """Unsharded convenience form of make_logprob_fn: `[B, T]` per-token logprobs."""
     return _logprobs(params, tokens, attn_mask, temperature, cfg, None, None, False)
-
-
-# ------------------------------------------------------------------------------------- minibatches
-def minibatches(batch: dict, token_budget: int, pad_rows_to: int = 1) -> Iterator[dict]:
-    """Split `batch` (host arrays, rows first) into consecutive row blocks of <= token_budget real tokens.
-
-    Real tokens are counted with attn_mask. Row order is kept. A single row over the budget is a
-    ValueError. `pad_rows_to > 1` appends empty rows (all masks 0, one attended pad token so the
-    attention softmax stays finite) until the row count is a multiple of it, to bound recompiles
-    and keep the rows divisible by the mesh's batch axes; empty rows change no loss term.
-    """
-    if not token_budget > 0:
-        raise ValueError(f"token_budget must be > 0, got {token_budget}")
-    if pad_rows_to < 1:
-        raise ValueError(f"pad_rows_to must be >= 1, got {pad_rows_to}")
-    host = {k: np.asarray(v) for k, v in batch.items()}
-    n_rows = host["tokens"].shape[0]
-    lengths = host["attn_mask"].reshape(n_rows, -1).sum(axis=1)
-    if lengths.max(initial=0) > token_budget:
-        raise ValueError(f"token_budget={token_budget} is smaller than the longest row ({int(lengths.max())} tokens)")
-    start, used = 0, 0
-    for row in range(n_rows + 1):
-        if row == n_rows or used + lengths[row] > token_budget:
-            if row > start:
-                yield _pad_rows({k: v[start:row] for k, v in host.items()}, pad_rows_to)
-            start, used = row, 0
-        if row < n_rows:
-            used += lengths[row]
-
-
-def _pad_rows(mb: dict, multiple: int) -> dict:
-    n = mb["tokens"].shape[0]
-    extra = (-n) % multiple
-    if extra == 0:
-        return mb
-    out = {k: np.concatenate([v, np.zeros((extra,) + v.shape[1:], v.dtype)]) for k, v in mb.items()}
-    out["attn_mask"][n:, 0] = 1
-    return out

@@ -49,7 +49,7 @@ def _tiny():
     ("stages[2].agg", "'mean'", "stages[2].agg must be one of"),
     ("stages[0].epochs", "0", "stages[0].epochs must be >= 1, got 0"),
     ("stages[1].temperature", "0", "stages[1].temperature must be > 0.0, got 0"),
-    ("stages[2].curriculum.samples", "(8, 0, 4)", "stages[2].curriculum.samples must be 3 positive ints"),
+    ("stages[2].curriculum.samples", "(8, 0, 4)", "stages[2].curriculum.samples must be 3 ints in [1, 4096]"),
     ("stages[2].samples", "1", "stages[2].samples must be >= 2 for GRPO"),
     ("stages[2].kl_place", "reward", "stages[2].kl_place 'reward' needs kind ppo"),
     ("eval.n_val", "100", "eval.n_val (100) must be <= tasks.n_val (8)"),
@@ -58,6 +58,21 @@ def _tiny():
     ("sampling.max_new_tokens", "1000", "must be <= model.max_seq_len"),
     ("mesh.data", "0", "mesh axis sizes must be >= 1 or -1"),
     ("sharding_rules", "embed=gpu", "sharding_rules: rule 'embed=gpu'"),
+    # ranges, not just types: finite numbers, sane sizes, known sources
+    ("stages[2].lr", "1e999", "stages[2].lr must be a finite number, got inf"),
+    ("stages[2].kl_coef", "1e999", "stages[2].kl_coef must be a finite number"),
+    ("stages[0].lr", "100", "stages[0].lr must be <= 10.0"),
+    ("seed", str(10**30), "seed must be <= 4294967295"),
+    ("tasks.n_train", "1e12", "tasks.n_train must be an int"),
+    ("tasks.n_train", str(10**12), "tasks.n_train must be <= 10000000"),
+    ("tasks.mix", "", "tasks.mix: mix spec must be a non-empty string"),
+    ("tasks.mix", "nosuch:1", "tasks.mix: mix spec 'nosuch:1': unknown source 'nosuch'"),
+    ("tasks.mix", "add:-1", "tasks.mix: mix spec 'add:-1': weight of 'add' must be a positive finite number"),
+    ("stages[1].name", "", "stages[1].name must be a non-empty string"),
+    ("stages[2].kl_kind", "k1", "stages[2].kl_kind 'k1' cannot be used in the loss"),
+    ("stages[2].warmup_steps", "-1", "stages[2].warmup_steps must be >= 0"),
+    ("reward.lang", "fr", "reward.lang must be '' (= tasks.lang), en or zh"),
+    ("run.max_consecutive_skips", "-1", "run.max_consecutive_skips must be >= 0"),
 ])
 def test_bad_field_is_named(path, value, message):
     cfg = _tiny()
@@ -102,6 +117,34 @@ def test_launch_rejects_bad_config_before_compute(tmp_path):
     assert not os.path.exists(tmp_path / "run" / "config.json")  # nothing written, nothing trained
 
 
+def test_documented_off_values_are_accepted_and_mean_off():
+    """'0 = off' means off in every stage: grad_clip, value_clip, dual_clip; warmup longer than the stage is fine."""
+    from rl import stages
+
+    cfg = _tiny()
+    for path, value in (("stages[2].grad_clip", "0"), ("stages[2].warmup_steps", "150"), ("stages[0].grad_clip", "0"),
+                        ("stages[2].dual_clip", "0")):
+        launch.apply_override(cfg, path, value)
+    cv.validate(cfg)
+    loss, optim, ctl = stages.parse_stage(cv.to_dict(cfg)["stages"][2]).components(max_new_tokens=32)
+    assert optim.grad_clip is None and loss.dual_clip is None
+    ppo = stages.parse_stage({**stages.defaults("ppo"), "value_clip": 0.0})
+    loss, _, _ = ppo.components(max_new_tokens=32)
+    assert loss.value_clip is None
+
+
+def test_kl_defaults_and_dr_grpo_constant():
+    from rl import stages
+
+    ppo = stages.parse_stage(stages.defaults("ppo"))
+    loss, _, ctl = ppo.components(max_new_tokens=48)
+    assert ppo.kl_kind == "k1" and ppo.kl_place == "reward" and not loss.kl_in_loss  # k1 in the reward, unbiased
+    grpo = stages.parse_stage({**stages.defaults("grpo"), "agg": "seq-mean-token-sum-norm"})
+    loss, _, _ = grpo.components(max_new_tokens=48)
+    assert loss.max_len_norm == 48  # Dr. GRPO divides by the response budget, not prompt + response length
+    assert stages.parse_stage({**stages.defaults("grpo"), "kl_adaptive": True}).components(48)[2].init_coef == 0.04
+
+
 def test_launch_dry_run_and_help(capsys):
     spec = os.path.join(ROOT, "experiments/configs/quickstart.py") + ":variant=tiny"
     assert launch.main(["--config", spec, "--dry_run"]) == 0
@@ -131,3 +174,49 @@ def test_sweep_grid_table_and_csv(tmp_path):
     assert (tmp_path / "results.csv").read_text().splitlines()[0].startswith("stages[2].clip_high,seed")
     sweep.plot(str(tmp_path / "p.png"), rows, ["stages[2].clip_high"], stages, "pass@1")
     assert (tmp_path / "p.png").stat().st_size > 0
+
+
+def _launch(tmp_path, *argv, config=None):
+    spec = config or os.path.join(ROOT, "experiments/configs/quickstart.py") + ":variant=tiny"
+    return launch.main(["--config", spec, *argv])
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--config.stages[2].grad_clip=0", "--config.stages[2].warmup_steps=150"], None),
+    (["--config.stages[2].clip_high=-1"], "stages[2].clip_high must be >= 0.0, got -1"),
+    (["--config.mesh.data=16"], "needs 16 devices, this machine has 8"),
+    (["--config.tasks.n_test=100000", "--config.eval.n_test=8"], "tasks.n_val / tasks.n_test"),
+    (["--config.tasks.max_prompt_len=4"], "tasks.max_prompt_len (4) is too small"),
+    (["--config.model.d_model=1000000", "--config.model.head_dim=16"], "GiB needed to train this model"),
+    (["--config.model=3"], "model is missing or not a section"),
+])
+def test_dry_run_checks_everything_before_compute(tmp_path, capsys, extra, message):
+    rc = _launch(tmp_path, "--dry_run", *extra)
+    err = capsys.readouterr().err
+    if message is None:
+        assert rc == 0, err
+    else:
+        assert rc == 2 and message in err, err
+
+
+def test_bad_config_files_and_workdirs_exit_2(tmp_path, capsys):
+    bad = {"syntax.py": "def get_config(arg=None:\n", "raises.py": "def get_config(arg=None):\n    raise RuntimeError('boom')\n",
+           "none.py": "def get_config(arg=None):\n    return None\n", "noget.py": "x = 1\n"}
+    for name, src in bad.items():
+        (tmp_path / name).write_text(src)
+        assert _launch(tmp_path, "--dry_run", config=str(tmp_path / name)) == 2, name
+        assert "config error: --config" in capsys.readouterr().err
+    assert _launch(tmp_path, "--dry_run", config=str(tmp_path)) == 2  # a directory
+    assert "is not a file" in capsys.readouterr().err
+    qs = os.path.join(ROOT, "experiments/configs/quickstart.py")
+    assert _launch(tmp_path, "--dry_run", config=qs + ":variant=tiny,seed=abc") == 2
+    assert "seed" in capsys.readouterr().err
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    assert _launch(tmp_path, "--workdir", str(afile)) == 2
+    assert "is not a directory" in capsys.readouterr().err
+    wd = tmp_path / "corrupt"
+    wd.mkdir()
+    (wd / "config.json").write_text("{not json")
+    assert _launch(tmp_path, "--workdir", str(wd)) == 2
+    assert "is unreadable" in capsys.readouterr().err

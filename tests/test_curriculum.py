@@ -47,7 +47,7 @@ def test_pick_is_deterministic_and_respects_weights():
 
 
 def test_config_validation():
-    with pytest.raises(ValueError, match="hard_below <= easy_above"):
+    with pytest.raises(ValueError, match=r"hard_below \(0.5\) must be <= easy_above \(0.2\)"):
         cur.CurriculumConfig(easy_above=0.2, hard_below=0.5)
     with pytest.raises(ValueError, match="samples"):
         cur.CurriculumConfig(samples=(8, 0, 4))

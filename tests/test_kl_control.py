@@ -57,3 +57,32 @@ def test_validation_and_factory():
     assert isinstance(make_kl_controller("adaptive", 0.1, 1.0, 100.0), AdaptiveKL)
     with pytest.raises(ValueError, match="kind"):
         make_kl_controller("pid", 0.1)
+
+
+def test_adaptive_started_at_zero_can_grow():
+    """A multiplicative update of 0 stays 0 forever; the floor lets the controller act."""
+    ctl = AdaptiveKL(init_coef=0.0, target=0.01, horizon=100.0, min_coef=1e-3)
+    s = ctl.init()
+    assert float(s["coef"]) == 0.0
+    for _ in range(3):
+        s = ctl.update(s, 1.0, 50)  # KL far above target
+    coef = 1e-3
+    for _ in range(3):
+        coef = max(coef, 1e-3) * (1 + 0.2 * 50 / 100.0)
+    np.testing.assert_allclose(float(s["coef"]), coef, rtol=1e-6)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_kl_leaves_the_coefficient(bad):
+    ctl = AdaptiveKL(init_coef=0.05, target=0.01, horizon=100.0)
+    s = ctl.update(ctl.init(), bad, 10)
+    assert float(s["coef"]) == pytest.approx(0.05)
+    s = ctl.update(s, 0.02, 10)  # the next finite KL updates normally
+    assert float(s["coef"]) == pytest.approx(0.05 * (1 + 0.2 * 10 / 100.0), rel=1e-6)
+
+
+def test_ramp_applies_to_both_kinds():
+    for ctl in (FixedKL(0.04, ramp_steps=4), AdaptiveKL(init_coef=0.04, target=1.0, horizon=10.0, ramp_steps=4)):
+        st = ctl.init()
+        assert [round(ctl.coef_at(st, u), 6) for u in range(6)] == [0.01, 0.02, 0.03, 0.04, 0.04, 0.04]
+    assert FixedKL(0.04).coef_at(FixedKL(0.04).init(), 0) == pytest.approx(0.04)

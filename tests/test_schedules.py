@@ -20,24 +20,30 @@ def test_temperature_cosine_and_constant():
         schedules.temperature_at(0, 2, kind="exp")
 
 
-def test_lr_warmup_then_linear_decay_to_ten_percent():
-    # warmup 4 over peak 1.0: 0.25, 0.5, 0.75, 1.0 ; then decay over total - warmup = 10 steps to 0.1
-    got = [schedules.lr_at(s, 1.0, 4, 14) for s in range(16)]
-    want = [0.25, 0.5, 0.75, 1.0] + [1.0 - 0.9 * (s - 4) / 10 for s in range(4, 14)] + [0.1, 0.1]
-    want[4] = 1.0
+def test_lr_warmup_times_linear_decay_reaches_end_fraction_exactly():
+    # 3 units of 4 steps, warmup 4, peak 1.0, end 0.1: reference written out by hand
+    got, want = [], []
+    step = 0
+    for u in range(3):
+        for j in range(4):
+            p = schedules.unit_progress(u, j, 4, 3)
+            got.append(schedules.lr_at(step, p, peak=1.0, warmup_steps=4, end_fraction=0.1))
+            want.append(min((step + 1) / 4, 1.0) * (1 - 0.9 * (step + 1) / 12))
+            step += 1
     np.testing.assert_allclose(got, want, rtol=1e-12)
+    assert got[-1] == pytest.approx(0.1)  # the stage's last step is exactly at the end fraction
 
 
-def test_lr_fn_matches_host_curve():
-    fn = schedules.make_lr_fn(3e-3, 5, 40, 0.1)
-    for s in range(0, 45, 3):
-        assert float(fn(s)) == pytest.approx(schedules.lr_at(s, 3e-3, 5, 40, 0.1), rel=1e-5)
-    fn0 = schedules.make_lr_fn(1e-3, 0, 10)
-    assert float(fn0(0)) == pytest.approx(1e-3)
+def test_unit_progress_with_ragged_units():
+    """Units with different step counts (filtering) still end the stage at progress 1."""
+    ps = [schedules.unit_progress(u, j, n, 3) for u, n in enumerate([2, 5, 1]) for j in range(n)]
+    assert ps[1] == pytest.approx(1 / 3) and ps[6] == pytest.approx(2 / 3) and ps[-1] == pytest.approx(1.0)
+    assert all(b > a for a, b in zip(ps, ps[1:]))
+    with pytest.raises(ValueError):
+        schedules.unit_progress(0, 0, 0, 3)
 
 
-def test_kl_ramp():
-    assert schedules.kl_coef_at(0, 0.04, 0) == pytest.approx(0.04)
-    assert schedules.kl_coef_at(0, 0.04, 4) == pytest.approx(0.01)
-    assert schedules.kl_coef_at(3, 0.04, 4) == pytest.approx(0.04)
-    assert schedules.kl_coef_at(9, 0.04, 4) == pytest.approx(0.04)
+def test_lr_without_warmup_and_warmup_longer_than_the_stage():
+    assert schedules.lr_at(0, 0.0, peak=2e-3) == pytest.approx(2e-3)
+    # warmup_steps beyond the stage's steps is allowed: the warmup simply never completes
+    assert schedules.lr_at(9, 1.0, peak=1.0, warmup_steps=150, end_fraction=0.1) == pytest.approx(10 / 150 * 0.1)

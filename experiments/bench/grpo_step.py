@@ -41,8 +41,9 @@ def bench_shape(name: str, reps: int, quick: bool, microbatches: int = 1) -> dic
     if quick:
         rows, seq = max(rows // 8, 2), min(seq, 64)
     cfg = ModelConfig(**(model or REFERENCE))
-    loss_cfg = LossConfig(mode="grpo", clip_high=0.28, kl_coef_init=0.04, kl_kind="k3")
-    optim = OptimConfig(learning_rate=1e-5, total_steps=1000)
+    loss_cfg = LossConfig(mode="grpo", clip_high=0.28, kl_kind="k3")
+    optim = OptimConfig()
+    hparams = {"lr": jax.numpy.float32(1e-5), "kl_coef": jax.numpy.float32(0.04)}
     state = init_train_state(cfg, loss_cfg, optim, jax.random.PRNGKey(0))
     step = make_train_step(cfg, loss_cfg, optim, microbatches=microbatches)
     logprob_fn = make_logprob_fn(cfg)
@@ -58,12 +59,12 @@ def bench_shape(name: str, reps: int, quick: bool, microbatches: int = 1) -> dic
     peak_before = common.matmul_peak_gflops()["peak_gflops"]
 
     t0 = time.perf_counter()
-    state, m = common.block(step(state, batch))
+    state, m = common.block(step(state, batch, hparams))
     compile_s = time.perf_counter() - t0
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
-        state, m = common.block(step(state, batch))
+        state, m = common.block(step(state, batch, hparams))
         times.append(time.perf_counter() - t0)
     lp_s, _ = common.time_call(logprob_fn, state["params"], tokens, attn, 1.0, reps=reps)
     peak_after = common.matmul_peak_gflops()["peak_gflops"]

@@ -109,8 +109,9 @@ def run_setting(kl: float, steps: int, quick: bool, microbatches: int = 4) -> di
 
     n_prompts, new_tokens = (2, 16) if quick else (N_PROMPTS, NEW_TOKENS)
     cfg = ModelConfig(**W1_MODEL)
-    loss_cfg = LossConfig(mode="grpo", kl_coef_init=kl, kl_kind="k3")
-    optim = OptimConfig(learning_rate=1e-6, total_steps=1000)
+    loss_cfg = LossConfig(mode="grpo", kl_kind="k3")
+    optim = OptimConfig()
+    hparams = {"lr": jnp.float32(1e-6), "kl_coef": jnp.float32(kl)}
     state = init_train_state(cfg, loss_cfg, optim, jax.random.PRNGKey(0))
     ref_params = jax.tree.map(jnp.copy, state["params"]) if kl > 0 else None
     n_params = sum(x.size for x in jax.tree.leaves(state["params"]))
@@ -141,7 +142,7 @@ def run_setting(kl: float, steps: int, quick: bool, microbatches: int = 4) -> di
             batch["ref_logp"] = common.block(logprob_fn(ref_params, tokens, attn, 1.0))
         t["logprob"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        state, metrics = common.block(step_fn(state, batch))
+        state, metrics = common.block(step_fn(state, batch, hparams))
         t["update"] = time.perf_counter() - t0
         t["total"] = sum(t.values())
         t["cpu_total"] = time.process_time() - cpu0

@@ -57,7 +57,6 @@ def base_config(args: dict):
     c = default_config()
     c.seed = int(args.get("seed", 0))
     c.tasks.lang = "en"
-    c.reward.lang = "en"  # must match tasks.lang (the format reward checks the markers of that language)
     return c
 
 
@@ -69,18 +68,22 @@ def check_variant(args: dict, variants: tuple[str, ...]) -> str:
 
 
 def tiny_variant(c):
-    """Seconds-long version for tests: tiny model, few problems, one unit per stage (GRPO: three)."""
+    """Seconds-long version for tests that still trains every stage: tiny model, single-digit problems, a cold
+    start long enough to learn the answer format, and a format term in the reward (weight 0.5) so that RL groups
+    differ even before any answer is right: every RL iteration of a tiny run takes real optimizer steps."""
     c.model.update(TINY_MODEL)
-    c.tasks.update(dict(n_train=64, n_val=8, n_test=8, difficulty=1))  # single-digit problems: short answers
+    c.tasks.update(dict(mix="arith:1.0", n_train=64, n_val=8, n_test=8, difficulty=1, max_prompt_len=32))
     c.sampling.update(dict(max_new_tokens=32, batch_rows=16))
     c.eval.update(dict(every=2, k=2, n_val=8, n_test=8))
+    c.reward.w_format = max(float(c.reward.w_format), 0.5)
     c.checkpoint.every = 1
     c.log.update(dict(tensorboard=False, progress=False))
     c.run.reward_workers = 0
     for s in c.stages:
         if s.kind == "sft":
-            s.update(dict(epochs=1, n_problems=32, batch_size=16))
+            s.update(dict(epochs=6, n_problems=32, batch_size=8, lr=1e-2, warmup_steps=0))
         elif s.kind == "rejection":
-            s.update(dict(rounds=1, n_problems=8, samples=4))
-        else:
-            s.update(dict(iterations=3, n_prompts=4, samples=4, token_budget=1024))
+            s.update(dict(rounds=1, n_problems=8, samples=4, min_format=0.5, warmup_steps=0))
+        else:  # no warmup: three iterations are too few to finish one, and the lr must reach its end fraction
+            s.update(dict(iterations=3, n_prompts=4, samples=4, token_budget=1024, temperature_start=1.0,
+                          temperature_end=1.0, warmup_steps=0))

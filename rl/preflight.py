@@ -1,0 +1,109 @@
+"""Checks and estimates that need the data and the machine, run before any compute (also by --dry_run).
+
+    check_environment(cfg)        # ConfigError naming the field: mesh vs devices, problems the splits can supply,
+                                  # prompt / solution lengths, the model's training memory vs this machine's
+    text, totals = compute_estimate(cfg)   # generated tokens, verifier calls, train tokens per stage and in total
+
+`cfg` is a validated config as plain dicts (rl.config_validation.to_dict).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from rl import config_validation as cv
+
+
+def param_count(model_cfg) -> int:
+    """Parameters of the policy, from the abstract init (no memory is allocated)."""
+    import jax
+
+    from models import transformer
+
+    shapes = jax.eval_shape(lambda k: transformer.init(model_cfg, k), jax.random.key(0))
+    return int(sum(math.prod(x.shape) for x in jax.tree.leaves(shapes)))
+
+
+def training_bytes(cfg: dict, n_params: int) -> int:
+    """A lower bound on host/device bytes for training: float32 params, gradients, two Adam moments, and a
+    reference copy when an RL stage keeps one."""
+    stages = cv.parse_stages(cfg)
+    ref = any(getattr(s, "uses_reference", False) for s in stages)
+    return int(n_params * 4 * (4 + (1 if ref else 0)))
+
+
+def check_environment(cfg: dict) -> None:
+    """Raise ConfigError if this machine or the data cannot run `cfg` (see the module docstring)."""
+    import jax
+    import psutil
+
+    from models.tokenizer import ByteTokenizer
+    from rl import context
+    from rl.stages import sft_problem_count
+
+    sizes = dict(cfg["mesh"])
+    n_dev = len(jax.devices())
+    fixed = int(np.prod([v for v in sizes.values() if v != -1]))
+    if -1 in sizes.values():
+        if n_dev % fixed:
+            raise cv.ConfigError(f"mesh {sizes}: the fixed axes ({fixed} devices) do not divide the {n_dev} devices here")
+    elif fixed > n_dev:
+        raise cv.ConfigError(f"mesh {sizes} needs {fixed} devices, this machine has {n_dev} "
+                             f"({jax.devices()[0].platform}); set mesh.* so their product is at most {n_dev}")
+    model_cfg = context.build_model_cfg(cfg)
+    need = training_bytes(cfg, param_count(model_cfg))
+    have = psutil.virtual_memory().total * (fixed if jax.devices()[0].platform != "cpu" else 1)
+    if need > have:
+        raise cv.ConfigError(f"model: {need / 2**30:.1f} GiB needed to train this model (float32 params, gradients, "
+                             f"Adam moments, reference copy) but this machine has "
+                             f"{have / 2**30:.1f} GiB; make model.d_model / n_layers / n_experts / vocab_size smaller")
+    try:
+        train, val, test = context.load_problems(cfg)
+    except ValueError as e:
+        which = "tasks.n_val / tasks.n_test" if "distinct" in str(e) else "tasks.mix"
+        raise cv.ConfigError(f"{which}: {e}") from None
+    for name, probs in (("n_train", train), ("n_val", val), ("n_test", test)):
+        if len(probs) < cfg["tasks"][name]:
+            raise cv.ConfigError(f"tasks.{name}: asked for {cfg['tasks'][name]} problems, the mix supplies {len(probs)}")
+    tok = ByteTokenizer()
+    context.check_fit(cfg, tok, train, sft_problems=sft_problem_count(cfg))
+    context.check_fit(cfg, tok, val + test)
+
+
+def compute_estimate(cfg: dict) -> tuple[str, dict]:
+    """Tokens to generate, verifier calls and train tokens per unit and in total, per stage (upper bounds)."""
+    N = cfg["sampling"]["max_new_tokens"]
+    P = cfg["tasks"]["max_prompt_len"]
+    e = cfg["eval"]
+    rows, tot, evals = [], {"gen_tokens": 0, "verifier_calls": 0, "train_tokens": 0}, 0
+    for s in cv.parse_stages(cfg):
+        if s.kind == "sft":
+            n = s.n_problems or cfg["tasks"]["n_train"]
+            per = {"gen_tokens": 0, "verifier_calls": 0, "train_tokens": n * (P + N)}
+        elif s.kind == "rejection":
+            g = s.n_problems * s.samples
+            per = {"gen_tokens": g * N, "verifier_calls": g, "train_tokens": s.epochs * g * (P + N)}
+        else:
+            k = float(np.mean(s.curriculum.samples)) if s.curriculum.enabled else s.samples
+            g = int(s.n_prompts * k)
+            per = {"gen_tokens": g * N, "verifier_calls": g, "train_tokens": s.epochs * g * (P + N)}
+        units = s.units
+        n_val_evals = (units - 1) // e["every"] if e["every"] else 0  # mid-stage validation evals
+        evals += 1
+        for kk in tot:
+            tot[kk] += per[kk] * units
+        rows.append((s.name, s.kind, units, per, n_val_evals))
+    per_val, per_test = e["n_val"] * (1 + e["k"]), e["n_test"] * (1 + e["k"])
+    n_answers = (per_val + per_test) * (evals + 1) + per_test + per_val * sum(r[4] for r in rows)
+    tot["gen_tokens"] += n_answers * N
+    tot["verifier_calls"] += n_answers
+    lines = ["compute estimate (upper bounds: every answer runs to max_new_tokens):",
+             f"  {'stage':<16}{'kind':<10}{'units':>6}{'gen tok/unit':>14}{'verifier/unit':>15}{'train tok/unit':>16}"]
+    for name, kind, units, per, _ in rows:
+        lines.append(f"  {name:<16}{kind:<10}{units:>6}{per['gen_tokens']:>14,}{per['verifier_calls']:>15,}"
+                     f"{per['train_tokens']:>16,}")
+    lines.append(f"  evals: {n_answers:,} answers (initial, stage ends, every {e['every']} units, best policy)")
+    lines.append(f"  total: {tot['gen_tokens']:,} generated tokens, {tot['verifier_calls']:,} verifier calls, "
+                 f"{tot['train_tokens']:,} train tokens")
+    return "\n".join(lines), tot

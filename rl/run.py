@@ -1,0 +1,234 @@
+"""The run loop: build, resume, then for each stage and unit: run -> evaluate -> log -> checkpoint.
+
+    summary = train(config, workdir, config_path="experiments/configs/quickstart.py")
+
+`train` validates the config, builds the run context (rl/context.py: model config, mesh, tokenizer,
+problems, reward pool, checkpointer), prints a compute estimate and runs the stages in order, each
+through its kind's runtime (rl/stages/). After every unit it logs metrics (workdir/metrics.jsonl and
+TensorBoard) and, every `checkpoint.every` units and at stage ends, saves a checkpoint, so a run
+started again on the same workdir resumes exactly where it stopped (all randomness derives from
+(seed, purpose, stage, unit); a batch sampled ahead is checkpointed with the rest).
+
+Evaluation: the initial policy (test + validation), validation every `eval.every` units of any stage,
+validation + test at each stage end. The policy with the best validation pass@1 so far is saved in
+workdir/checkpoints/best_policy; at the end it is evaluated on the test split and reported in
+summary.json next to the last stage:
+{"eval": {stage: {"pass@1", "pass@1_se", "pass@1_ci95", "pass@k", "maj@k", "format_rate", "mean_length"}},
+ "best": {"stage", "unit", "val_pass@1", "test": {...}}, "wall_seconds", "config"}.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+
+import jax
+import numpy as np
+
+from rl import config_validation as cv
+from rl import evaluation as ev
+from rl import metrics as mlib
+from rl import stages as stage_lib
+from rl.context import build_context
+
+SUMMARY_KEYS = ("pass@1", "pass@1_se", "pass@1_ci95", "pass@k", "maj@k", "format_rate", "mean_length")
+TABLE_KEYS = ("pass@1", "pass@1_se", "pass@k", "maj@k", "format_rate", "mean_length")
+
+
+def wilson_interval(p: float, n: int, z: float = 1.96) -> list[float]:
+    """95 % Wilson score interval of a proportion p over n trials (better than p +- 1.96 se near 0 and 1)."""
+    if n <= 0:
+        return [0.0, 1.0]
+    den = 1 + z * z / n
+    mid = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return [max(0.0, mid - half), min(1.0, mid + half)]
+
+
+def summary_entry(test_metrics: dict) -> dict:
+    out = {k: float(test_metrics[k]) for k in SUMMARY_KEYS if k in test_metrics and k != "pass@1_ci95"}
+    out["pass@1_ci95"] = wilson_interval(float(test_metrics["pass@1"]), int(test_metrics["n_problems"]))
+    return out
+
+
+class Loop:
+    """The mutable bookkeeping of one run: where it is, what it measured, the best policy so far."""
+
+    def __init__(self, ctx, stage_cfgs, config_path: str):
+        self.ctx, self.stage_cfgs = ctx, stage_cfgs
+        self.summary = {"eval": {}, "wall_seconds": 0.0, "config": config_path}
+        self.history: list[dict] = []  # validation / test metrics per eval point (for hacking signs)
+        self.best = None  # {"stage", "unit", "val_pass@1", "global_unit"}
+        self.si, self.u0, self.gunit, self.wall_before = 0, 0, 0, 0.0
+        self.t_start = time.time()
+        from rl import checkpoint as ckpt_lib
+
+        self.best_ck = ckpt_lib.Checkpointer(os.path.join(ctx.workdir, "checkpoints", "best_policy"), keep=1,
+                                             keep_best=False) if ctx.cfg["checkpoint"]["keep_best"] else None
+
+    def meta(self, run, si: int, u_next: int) -> dict:
+        """Checkpoint meta: the tree belongs to stage `si`, whose next unit is `u_next` (== units: stage done)."""
+        return {"stage": si, "unit": u_next, "global_unit": self.gunit, "summary": self.summary,
+                "history": self.history, "wall_seconds": self.wall(), "best": self.best,
+                "stage_meta": run.meta() if run is not None else {}}
+
+    def load_meta(self, meta: dict) -> None:
+        self.si, self.u0, self.gunit = meta["stage"], meta["unit"], meta["global_unit"]
+        self.summary, self.history, self.best = meta["summary"], meta["history"], meta.get("best")
+        self.wall_before = meta["wall_seconds"]
+
+    def wall(self) -> float:
+        return self.wall_before + (time.time() - self.t_start)
+
+    # -- evaluation ---------------------------------------------------------------------------
+    def evaluate(self, params, si: int, unit: int, splits=("validation", "test")) -> dict:
+        e, ctx = self.ctx.cfg["eval"], self.ctx
+        out = {}
+        for j, split in enumerate(splits):
+            probs = ctx.val[: e["n_val"]] if split == "validation" else ctx.test[: e["n_test"]]
+            key = jax.random.fold_in(ctx.key("eval", si + 2, unit), j)  # si: -2 best policy, -1 initial
+            out[split] = ev.evaluate(ctx, params, probs, key, e["k"], e["temperature"])
+        first = next((h["validation"] for h in self.history if "validation" in h), None)
+        if first is not None and "validation" in out:
+            out["validation"].update({f"hacking/{k}": v for k, v in ev.hacking_signs(first, out["validation"]).items()})
+        return out
+
+    def offer_best(self, params, stage_name: str, unit: int, val_pass1: float) -> None:
+        if self.best_ck is None or (self.best is not None and val_pass1 <= self.best["val_pass@1"]):
+            return
+        self.best = {"stage": stage_name, "unit": unit, "val_pass@1": float(val_pass1), "global_unit": self.gunit}
+        self.best_ck.save(self.gunit, {"policy": params}, dict(self.best))
+
+    def finish(self) -> dict:
+        ctx = self.ctx
+        if self.best_ck is not None and self.best is not None and "test" not in self.best:
+            step = self.best_ck.latest_step()
+            template = {"policy": jax.tree.map(np.asarray, self._policy_template())}
+            params = jax.tree.map(jax.numpy.asarray, self.best_ck.restore(step, template)["policy"])
+            res = self.evaluate(params, -2, 0, splits=("test",))
+            self.best["test"] = summary_entry(res["test"])
+        if self.best is not None:
+            self.summary["best"] = self.best
+        self.summary["wall_seconds"] = self.wall()
+        write_summary(ctx.workdir, self.summary)
+        rows = dict(self.summary["eval"])
+        if self.best is not None and "test" in self.best:
+            rows[f"best ({self.best['stage']} unit {self.best['unit']})"] = self.best["test"]
+        print("\nheld-out test set after each stage (pass@1 +- its standard error):")
+        print(mlib.format_table(rows, list(TABLE_KEYS)))
+        print(f"wall time {self.summary['wall_seconds']:.1f} s; summary in "
+              f"{os.path.join(ctx.workdir, 'summary.json')}", flush=True)
+        return self.summary
+
+    def _policy_template(self):
+        from models import transformer
+
+        return transformer.init(self.ctx.model_cfg, jax.random.key(0))
+
+    def close(self) -> None:
+        if self.best_ck is not None:
+            self.best_ck.close()
+
+
+def write_summary(workdir: str, summary: dict) -> None:
+    with open(os.path.join(workdir, "summary.json"), "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=2)
+
+
+def train(config, workdir: str, config_path: str = "") -> dict:
+    """Run (or resume) every stage of `config` in `workdir`; returns the summary dict."""
+    from rl import preflight
+
+    cv.validate(config)
+    cfg = cv.to_dict(config)
+    stage_cfgs = cv.parse_stages(cfg)
+    if cfg["run"]["distributed"]:
+        jax.distributed.initialize()  # coordinator / process ids from the cluster environment
+    ctx = build_context(cfg, workdir)
+    latest = ctx.ckpt.latest_step()
+    meta = ctx.ckpt.restore_meta(latest) if latest is not None else None
+    ctx.writer = mlib.MetricsWriter(workdir, tensorboard=cfg["log"]["tensorboard"],
+                                    truncate_after_step=(meta["global_unit"] if meta else -1))
+    print(preflight.compute_estimate(cfg)[0], flush=True)
+    loop = Loop(ctx, stage_cfgs, config_path)
+    try:
+        return _run(loop, meta, latest)
+    finally:
+        loop.close()
+        ctx.close()
+
+
+def _run(loop: Loop, meta, latest) -> dict:
+    from tqdm import tqdm
+
+    from models import transformer
+
+    ctx, cfg = loop.ctx, loop.ctx.cfg
+    e, stop_after, ran = cfg["eval"], cfg["run"]["stop_after"], 0
+    run = None
+    if meta is None:
+        params = transformer.init(ctx.model_cfg, ctx.key("init"))
+        if e["initial"]:
+            res = loop.evaluate(params, -1, 0)
+            loop.summary["eval"]["initial"] = summary_entry(res["test"])
+            loop.history.append({"stage": "initial", **res})
+            ctx.writer.write(0, res, stage="initial", phase="eval")
+    else:
+        loop.load_meta(meta)
+        params = transformer.init(ctx.model_cfg, ctx.key("init"))  # replaced by the checkpoint's
+        sc = loop.stage_cfgs[loop.si]
+        run = stage_lib.RUNS[sc.kind](ctx, loop.si, sc, params)
+        run.load(ctx.ckpt.restore(latest, run.template(meta["stage_meta"])), meta["stage_meta"])
+        print(f"resuming from checkpoint {latest}: stage {loop.si} ({sc.name}), unit {loop.u0}", flush=True)
+
+    while loop.si < len(loop.stage_cfgs):
+        si, sc = loop.si, loop.stage_cfgs[loop.si]
+        if run is None:
+            run = stage_lib.RUNS[sc.kind](ctx, si, sc, params)
+        bar = tqdm(total=run.units, initial=loop.u0, desc=f"{sc.name} ({sc.kind})", disable=not cfg["log"]["progress"],
+                   dynamic_ncols=True)
+        for u in range(loop.u0, run.units):
+            t0 = time.time()
+            m = run.run_unit(u)
+            m["time/unit"] = time.time() - t0
+            loop.gunit += 1
+            last = u == run.units - 1
+            val = None
+            if last:
+                res = loop.evaluate(run.policy_params(), si, u)
+                val = res["validation"]
+                loop.summary["eval"][sc.name] = summary_entry(res["test"])
+                loop.history.append({"stage": sc.name, **res})
+                ctx.writer.write(loop.gunit, res, stage=sc.name, phase="eval", unit=str(u))
+            elif e["every"] and (u + 1) % e["every"] == 0:
+                val = loop.evaluate(run.policy_params(), si, u, splits=("validation",))["validation"]
+                ctx.writer.write(loop.gunit, {"validation": val}, stage=sc.name, phase="eval", unit=str(u))
+            if val is not None:
+                loop.offer_best(run.policy_params(), sc.name, u, val["pass@1"])
+            if loop.gunit % cfg["log"]["every"] == 0 or last:
+                ctx.writer.write(loop.gunit, m, stage=sc.name, phase="train", unit=str(u))
+            bar.update(1)
+            bar.set_postfix({k: f"{v:.3f}" for k, v in m.items() if k in ("loss", "reward/mean", "accuracy", "kept_share",
+                                                                         "kl") and isinstance(v, (float, np.floating))})
+            ran += 1
+            stop = bool(stop_after) and ran >= stop_after
+            if last or stop or (u + 1) % cfg["checkpoint"]["every"] == 0:
+                loop.summary["wall_seconds"] = loop.wall()
+                if last:
+                    write_summary(ctx.workdir, loop.summary)  # one entry per finished stage, also while the run goes on
+                ctx.ckpt.save(loop.gunit, run.tree(), loop.meta(run, si, u + 1))
+            if stop and not (last and si + 1 == len(loop.stage_cfgs)):
+                bar.close()
+                print(f"stopping after {ran} units (run.stop_after); rerun the same command to resume", flush=True)
+                loop.summary["wall_seconds"] = loop.wall()
+                return loop.summary
+        bar.close()
+        if getattr(run, "trained_units", None) == 0:
+            print(f"WARNING: stage {sc.name!r} trained in none of its {run.units} iterations: every group had equal "
+                  "rewards (no signal), so every update was skipped; the stage changed nothing. Make the task easier, "
+                  "sample more answers per problem, or start from a stronger policy.", flush=True)
+        params = run.policy_params()
+        run = None
+        loop.si, loop.u0 = si + 1, 0
+    return loop.finish()

@@ -1,0 +1,342 @@
+"""What GRPO and PPO share: the RL stage config and the iteration loop (sample -> score -> advantages -> update).
+
+One iteration (a unit):
+  curriculum (or uniform) picks problems and K per problem
+  -> sampler at the iteration's temperature; its logprobs ARE the behaviour policy (no extra forward)
+  -> reward pool scores the texts while the device computes reference logprobs (and PPO values) at the same
+     temperature, and, when run.overlap is on and no curriculum waits for this iteration's pass rates, samples
+     the next iteration's batch (one update stale; its behaviour logprobs come with it)
+  -> advantages (the kind's `advantages` method), zero-variance groups dropped (GRPO)
+  -> epochs over near-equal minibatches, train-side logprobs at the sampling temperature
+  -> the KL controller reads the sampled batch's KL (mean over sequences of the per-token masked mean)
+
+Every iteration logs `mismatch/logp_max_abs`: the largest |sampler logprob - trainer logprob| over the
+response tokens of the first minibatch-sized chunk of the batch (all rows for PPO, whose value pass
+computes them anyway), for the same parameters and temperature. In float32 it is ~1e-6; a change that
+breaks the sampler / trainer match shows up here at once.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rl import curriculum as cur
+from rl import rollout, schedules
+from rl.config_fields import boolean, choice, field, integer, num
+from rl.stages.base import StageConfig, StageRun, router_metrics, step_stats
+
+AGG = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RLConfig(StageConfig):
+    """Fields of GRPO and PPO stages (grpo.py / ppo.py set the kind-specific defaults and rules)."""
+
+    UNIT_FIELD = "iterations"
+
+    iterations: int = field(50, "RL iterations (sample -> score -> update)", integer(1, 10**6))
+    n_prompts: int = field(16, "problems per iteration", integer(1, 10**6))
+    samples: int = field(8, "answers per problem (GRPO group size K) when the curriculum is off", integer(1, 4096))
+    temperature_start: float = field(1.0, "sampling temperature at the first iteration", num(0.0, 10.0, lo_open=True))
+    temperature_end: float = field(0.7, "sampling temperature at the last iteration", num(0.0, 10.0, lo_open=True))
+    temperature_kind: str = field("linear", "temperature schedule: linear | cosine | constant",
+                                  choice("linear", "cosine", "constant"))
+    epochs: int = field(1, "passes over each iteration's batch", integer(1, 1000))
+    token_budget: int = field(4096, "tokens (rows x padded length) per minibatch; an epoch's rows are split into "
+                                    "near-equal minibatches of at most this many rows", integer(1, 10**9))
+    advantage: str = field("grpo", "grpo (group mean/std) | rloo (leave-one-out); GRPO kind only", choice("grpo", "rloo"))
+    scale_by_std: bool = field(True, "GRPO: divide by the group std (False = Dr. GRPO)", boolean)
+    clip_low: float = field(0.2, "PPO ratio clip below 1 - clip_low", num(0.0, 0.99))
+    clip_high: float = field(0.2, "PPO ratio clip above 1 + clip_high (clip-higher: > clip_low)", num(0.0, 9.99))
+    dual_clip: float = field(0.0, "dual-clip constant c > 1 for negative advantages (0 = off)", num(0.0, 100.0))
+    agg: str = field("token-mean", "loss aggregation: token-mean | seq-mean-token-mean | seq-mean-token-sum | "
+                                   "seq-mean-token-sum-norm (Dr. GRPO: divided by sampling.max_new_tokens)", choice(*AGG))
+    kl_kind: str = field("k3", "KL estimator: k1 | k2 | k3 (k1 only in the reward)", choice("k1", "k2", "k3"))
+    kl_place: str = field("loss", "where the KL goes: loss (GRPO style) | reward (PPO style, per-token penalty)",
+                          choice("loss", "reward"))
+    kl_coef: float = field(0.04, "initial / fixed KL coefficient (0 and not adaptive = no reference policy)",
+                           num(0.0, 100.0))
+    kl_adaptive: bool = field(False, "adaptive KL controller towards kl_target", boolean)
+    kl_target: float = field(0.01, "adaptive KL target (per-token KL, mean over sequences)", num(0.0, 100.0, lo_open=True))
+    kl_horizon: int = field(10000, "adaptive KL horizon (in samples)", integer(1, 10**9))
+    kl_ramp_steps: int = field(0, "ramp the KL coefficient linearly from 0 over N iterations (0 = off)",
+                               integer(0, 10**6))
+    entropy_coef: float = field(0.0, "entropy bonus coefficient", num(0.0, 10.0))
+    filter_zero_variance: bool = field(True, "drop groups whose rewards are all equal (zero advantage)", boolean)
+    step_rewards: bool = field(False, "add step-level rewards (exactly checked arithmetic steps) at step ends", boolean)
+    process_grpo: bool = field(False, "process-supervised GRPO: advantages from normalised step rewards, the answer "
+                                      "line being the last step, scored by the verifier", boolean)
+    step_reward_weight: float = field(0.1, "weight of the step-level rewards", num(0.0, 100.0))
+    gamma: float = field(1.0, "PPO: discount", num(0.0, 1.0))
+    lam: float = field(0.95, "PPO: GAE lambda", num(0.0, 1.0))
+    value_coef: float = field(0.5, "PPO: value loss coefficient", num(0.0, 100.0))
+    value_clip: float = field(0.2, "PPO: value clip range (0 = off)", num(0.0, 1e6))
+    curriculum: cur.CurriculumConfig = dataclasses.field(default_factory=cur.CurriculumConfig,
+                                                         metadata={"doc": "difficulty-stratified sampling"})
+
+    @property
+    def uses_reference(self) -> bool:
+        return self.kl_coef > 0 or self.kl_adaptive
+
+    def group_sizes(self) -> list[int]:
+        return list(self.curriculum.samples) if self.curriculum.enabled else [self.samples]
+
+    def cross_checks(self):
+        yield from super().cross_checks()
+        if self.dual_clip != 0 and self.dual_clip <= 1:
+            yield "dual_clip", f"must be 0 (off) or > 1, got {self.dual_clip}"
+        if self.process_grpo and self.step_rewards:
+            yield "process_grpo", "and step_rewards are alternatives; set only one"
+        try:
+            self.components(max_new_tokens=1)
+        except ValueError as e:  # the loss's own rules (e.g. k1 in the loss), named by the stage field
+            msg = str(e)
+            fld = next((f for f in ("kl_kind", "clip_low", "clip_high", "value_clip", "agg") if f"LossConfig.{f}" in msg),
+                       "kl_kind")
+            yield fld, msg.split(f"LossConfig.{fld} ", 1)[-1]
+
+    def components(self, max_new_tokens: int):
+        from rl.kl_control import AdaptiveKL, FixedKL
+        from rl.train_step import LossConfig
+
+        loss = LossConfig(
+            mode=self.kind, clip_low=float(self.clip_low), clip_high=float(self.clip_high),
+            dual_clip=float(self.dual_clip) if self.dual_clip else None, agg=self.agg,
+            max_len_norm=int(max_new_tokens) if self.agg == "seq-mean-token-sum-norm" else None,
+            kl_kind=self.kl_kind, kl_in_loss=self.kl_place == "loss" and self.uses_reference,
+            entropy_coef=float(self.entropy_coef), value_coef=float(self.value_coef),
+            value_clip=float(self.value_clip) or None)
+        ctl = None
+        if self.kl_adaptive:
+            ctl = AdaptiveKL(init_coef=float(self.kl_coef), target=float(self.kl_target), horizon=float(self.kl_horizon),
+                             ramp_steps=int(self.kl_ramp_steps))
+        elif self.kl_coef > 0:
+            ctl = FixedKL(float(self.kl_coef), ramp_steps=int(self.kl_ramp_steps))
+        return loss, self.optim_config(), ctl
+
+
+class PolicyGradientRun(StageRun):
+    """The RL iteration loop; GRPORun / PPORun provide `advantages(a, texts, scores, rewards, coef)`."""
+
+    def __init__(self, ctx, index, cfg: RLConfig, params):
+        super().__init__(ctx, index, cfg, params)
+        self.max_rows = rollout.rows_for_budget(cfg.token_budget, ctx.seq_len, ctx.row_multiple)
+        self.ref_params = None
+        if cfg.uses_reference:
+            self.ref_params = jax.tree.map(jnp.copy, self.policy_params())
+        self.kl_state = self.kl_ctl.init() if self.kl_ctl is not None else None
+        self.cur_state = cur.init_state(len(ctx.train)) if cfg.curriculum.enabled else None
+        self.pending = None  # a sampled, not yet trained batch (the overlap); checkpointed
+        self.trained_units = 0
+
+    # -- checkpoint ---------------------------------------------------------------------------
+    def tree(self) -> dict:
+        t = super().tree()
+        if self.ref_params is not None:
+            t["ref_params"] = self.ref_params
+        if self.kl_state is not None:
+            t["kl_state"] = self.kl_state
+        if self.cur_state is not None:
+            t["curriculum"] = self.cur_state
+        if self.pending is not None:
+            t["pending"] = self.pending["arrays"]
+        return t
+
+    def meta(self) -> dict:
+        m = {**super().meta(), "trained_units": self.trained_units}
+        if self.pending is not None:
+            m["pending"] = {"shapes": {k: [list(v.shape), str(v.dtype)] for k, v in self.pending["arrays"].items()},
+                            "unit": self.pending["unit"], "temperature": self.pending["temperature"]}
+        return m
+
+    def template(self, meta: dict) -> dict:
+        t = {k: v for k, v in self.tree().items() if k != "pending"}
+        if meta.get("pending"):
+            t["pending"] = {k: np.zeros(s, d) for k, (s, d) in meta["pending"]["shapes"].items()}
+        return t
+
+    def load(self, tree: dict, meta: dict) -> None:
+        super().load(tree, meta)
+        self.trained_units = int(meta.get("trained_units", 0))
+        if "ref_params" in tree:
+            self.ref_params = jax.tree.map(jnp.asarray, tree["ref_params"])
+        if "kl_state" in tree:
+            self.kl_state = {k: jnp.asarray(v, jnp.float32) for k, v in tree["kl_state"].items()}
+        if "curriculum" in tree:
+            self.cur_state = {k: np.asarray(v) for k, v in tree["curriculum"].items()}
+        if "pending" in tree and meta.get("pending"):
+            self.pending = {"arrays": {k: np.asarray(v) for k, v in tree["pending"].items()},
+                            "unit": meta["pending"]["unit"], "temperature": meta["pending"]["temperature"]}
+
+    # -- producing a batch --------------------------------------------------------------------
+    def _pick(self, u: int):
+        ctx, s = self.ctx, self.cfg
+        if self.cur_state is not None:
+            if cur.due_refresh(self.cur_state, u, s.curriculum.refresh_every):
+                self.cur_state = cur.refresh(self.cur_state, u, s.curriculum)
+            seed = int(ctx.rng("rl", self.index).integers(2**31))
+            return cur.pick(self.cur_state, s.curriculum, s.n_prompts, seed, u)
+        ids = ctx.rng("rl", self.index, u).choice(len(ctx.train), size=s.n_prompts, replace=False)
+        return np.sort(ids), np.full((len(ids),), s.samples, np.int64)
+
+    def temperature(self, u: int) -> float:
+        s = self.cfg
+        return schedules.temperature_at(u, s.iterations, s.temperature_start, s.temperature_end, s.temperature_kind)
+
+    def _produce(self, u: int) -> dict:
+        """Sample iteration u's batch with the current params; reference logprobs (and PPO values) at the
+        sampling temperature; the sampler / trainer logprob match measured on the same params."""
+        ctx = self.ctx
+        ids, ks = self._pick(u)
+        temp = self.temperature(u)
+        prompts = [ctx.prompt(ctx.train[i]) for i in ids]
+        params = self.policy_params()
+        t0 = time.time()
+        smpl = ctx.sample(params, prompts, ks, ctx.key("rl", self.index, u), temperature=temp)
+        t_sample = time.time() - t0
+        b = rollout.build_batch([ctx.tok.encode(p, add_bos=True) for p in prompts], smpl, ctx.seq_len,
+                                pad_id=ctx.tok.PAD)
+        b["temperature"] = np.full((len(smpl.texts),), temp, np.float32)
+        t0 = time.time()
+        rows, mask = self.max_rows, b["loss_mask"].astype(np.float32)
+        if self.kind_is_ppo:
+            lp, values = rollout.chunked(ctx.value_fn, self.state["params"], b, rows, b["temperature"])
+            b["old_values"] = values * mask
+            checked = slice(None)
+        else:
+            checked = slice(0, rows)
+            part = {k: b[k][checked] for k in ("tokens", "attn_mask")}
+            lp = rollout.chunked(ctx.logprob_fn, params, part, rows, b["temperature"][checked])
+        diff = np.abs(lp - b["sample_logp"][checked]) * mask[checked]
+        mismatch = float(diff.max(initial=0.0))
+        if self.ref_params is not None:
+            b["ref_logp"] = rollout.chunked(ctx.logprob_fn, self.ref_params, b, rows, b["temperature"]) * mask
+        t_logp = time.time() - t0
+        arrays = {**b, "ids": ids.astype(np.int64), "ks": ks.astype(np.int64), "lengths": smpl.lengths,
+                  "prompt_index": smpl.prompt_index.astype(np.int64),
+                  "stats": np.array([t_sample, t_logp, float(smpl.lengths.sum()), mismatch], np.float64)}
+        return {"arrays": arrays, "unit": u, "temperature": temp}
+
+    @property
+    def kind_is_ppo(self) -> bool:
+        return self.cfg.kind == "ppo"
+
+    def _texts(self, a: dict) -> list[str]:
+        toks, start, lens = a["tokens"], a["resp_start"], a["lengths"]
+        return [self.ctx.tok.decode(toks[r, start[r] : start[r] + lens[r]]) for r in range(toks.shape[0])]
+
+    # -- one iteration ------------------------------------------------------------------------
+    def run_unit(self, u: int) -> dict:
+        ctx = self.ctx
+        if self.pending is None or self.pending["unit"] != u:
+            self.pending = self._produce(u)
+        cur_b, self.pending = self.pending, None
+        a = cur_b["arrays"]
+        texts = self._texts(a)
+        fut = ctx.scorer.submit(texts, [ctx.train[int(a["ids"][p])].answer for p in a["prompt_index"]], a["lengths"])
+        # Producer / consumer: while the reward pool scores this batch, sample the next one, unless the curriculum
+        # must see this iteration's pass rates before it picks the next problems.
+        t0 = time.time()
+        ahead = ctx.cfg["run"]["overlap"] and self.cur_state is None and u + 1 < self.units
+        nxt = self._produce(u + 1) if ahead else None
+        t_overlap = time.time() - t0
+        t0 = time.time()
+        scores = ctx.scorer.result(fut)
+        t_wait = time.time() - t0
+        m = self._update(a, texts, scores, cur_b["temperature"], u)
+        st = a["stats"]
+        m.update({"time/sample": float(st[0]), "time/logprobs": float(st[1]), "time/score_wait": t_wait,
+                  "time/overlap_sample": t_overlap, "sample_tokens_per_s": float(st[2]) / max(float(st[0]), 1e-9),
+                  "mismatch/logp_max_abs": float(st[3])})
+        self.pending = nxt
+        return m
+
+    def _update(self, a: dict, texts: list[str], scores: list[dict], temp: float, u: int) -> dict:
+        from rl import losses
+
+        s = self.cfg
+        rewards = np.array([sc["total"] for sc in scores], np.float64)
+        m = reward_metrics(scores)
+        ks = a["ks"]
+        if self.cur_state is not None:
+            corr = np.array([sc["outcome"] > 0.5 for sc in scores], np.float64)
+            n_corr = np.add.reduceat(corr, np.concatenate([[0], np.cumsum(ks)[:-1]]))
+            self.cur_state = cur.record(self.cur_state, a["ids"], n_corr, ks, s.curriculum.decay)
+            m.update({f"curriculum/{k}": v for k, v in cur.bucket_counts(self.cur_state).items()})
+        mask = a["loss_mask"].astype(np.float32)
+        kl_seq, kl_tok = None, None
+        if "ref_logp" in a:
+            kl_tok = np.asarray(losses.kl_penalty(jnp.asarray(a["sample_logp"]), jnp.asarray(a["ref_logp"]), s.kl_kind))
+            kl_seq = float(losses.aggregate(kl_tok, mask, "seq-mean-token-mean"))
+        coef = self.kl_ctl.coef_at(self.kl_state, u) if self.kl_ctl is not None else 0.0
+        extra, keep_rows = self.advantages(a, texts, scores, rewards, coef, kl_tok)
+        batch = {k: a[k] for k in ("tokens", "attn_mask", "loss_mask", "temperature")}
+        batch["old_logp"] = a["sample_logp"]  # the behaviour policy is the sampler's distribution
+        if "ref_logp" in a and s.kl_place == "loss":
+            batch["ref_logp"] = a["ref_logp"]
+        batch.update(extra)
+        starts = np.concatenate([[0], np.cumsum(ks)[:-1]]).astype(np.int64)
+        m.update({"kept_groups": float(np.mean(keep_rows[starts])), "response_length": float(np.mean(a["lengths"])),
+                  "temperature": temp, "kl_coef": coef})
+        if kl_seq is not None:
+            m["kl"] = kl_seq
+        idx = np.nonzero(keep_rows)[0]
+        if len(idx):
+            batch = {k: np.asarray(v)[idx] for k, v in batch.items()}
+            tm = self.train_on(batch, epochs=s.epochs, rng=self.ctx.rng("rl", self.index, u, 1), max_rows=self.max_rows,
+                               unit=u, kl_coef=coef)
+            self.trained_units += 1
+            m.update({"entropy": tm.get("entropy"), "loss": tm.get("loss/total"), "loss/policy": tm.get("loss/policy"),
+                      "loss/kl": tm.get("loss/kl"), "loss/value": tm.get("loss/value"), "kl/train": tm.get("kl"),
+                      "grad_norm": tm.get("grad_norm"), "train_tokens_per_s":
+                          float(batch["attn_mask"].sum()) * s.epochs / max(tm["time/train"], 1e-9),
+                      **step_stats(tm), **{k: v for k, v in tm.items() if k.startswith(("policy/", "value/"))},
+                      **router_metrics(tm)})
+        else:
+            m["skipped_iteration"] = 1.0
+        if self.kl_ctl is not None and kl_seq is not None:
+            self.kl_state = self.kl_ctl.update(self.kl_state, kl_seq, len(rewards))
+            m["kl_controller_finite_input"] = float(np.isfinite(kl_seq))
+        return m
+
+    def step_scores(self, a: dict, texts: list[str], scores: list[dict] | None = None):
+        """[N, S] exact step checks (1 right, 0 wrong; unchecked steps left out), each step's last-token position
+        and a mask. With `scores`, the answer line is appended as the last step, scored by the verifier, at the
+        response's last token (EOS included)."""
+        from rewards.parse import step_spans
+        from rewards.steps import check_steps
+
+        tok = self.ctx.tok
+        rows = []
+        for r, t in enumerate(texts):
+            start = int(a["resp_start"][r])
+            row = [(float(c), start + len(tok.encode(t[:en], add_bos=False)) - 1)
+                   for (_, en), c in zip(step_spans(t), check_steps(t)) if c is not None]
+            if scores is not None:
+                row.append((float(scores[r]["outcome"] > 0.5), start + int(a["lengths"][r]) - 1))
+            rows.append(row)
+        S = max(1, max(len(r) for r in rows))
+        sc = np.zeros((len(texts), S), np.float32)
+        pos = np.zeros((len(texts), S), np.int32)
+        msk = np.zeros((len(texts), S), np.int32)
+        for i, row in enumerate(rows):
+            for j, (c, p) in enumerate(row):
+                sc[i, j], pos[i, j], msk[i, j] = c, p, 1
+        return sc, pos, msk
+
+
+def reward_metrics(scores: list[dict]) -> dict:
+    """Means of the numeric reward parts, accuracy and format rate of a scored batch."""
+    tot = np.array([sc["total"] for sc in scores], np.float64)
+    m = {"reward/mean": float(tot.mean()), "reward/std": float(tot.std())}
+    for k in scores[0]:
+        vals = [sc[k] for sc in scores if isinstance(sc.get(k), (int, float, bool, np.floating))]
+        if len(vals) == len(scores):
+            m[f"reward/{k}"] = float(np.mean(vals))
+    m["accuracy"] = float(np.mean([sc["outcome"] > 0.5 for sc in scores]))
+    m["format_rate"] = float(np.mean([sc["format"] for sc in scores]))
+    return m

@@ -1,0 +1,89 @@
+"""Rejection sampling (STaR / RFT): sample K answers per problem, keep the verified and well-formed ones,
+fine-tune on them. It samples from the policy the stage starts from and improves, so it can follow a
+cold start or an RL stage (R1's recycling step).
+
+    stage("rejection", "rejection", rounds=4, n_problems=512, samples=8, temperature=0.7, epochs=2)
+
+A unit is one round: sample -> score (reward pool) -> keep (outcome verified, format >= min_format,
+distinct after whitespace normalisation, at most max_keep_per_problem per problem) -> SFT on the kept
+answers. The kept share per round is logged.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+
+from rl.config_fields import field, integer, num
+from rl.stages.base import StageConfig, StageRun, router_metrics, step_stats
+from rl.stages.sft import sft_rows
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RejectionConfig(StageConfig):
+    KIND = "rejection"
+    UNIT_FIELD = "rounds"
+
+    kind: str = field("rejection", "stage kind")
+    rounds: int = field(3, "STaR / RFT rounds (sample, filter, fine-tune)", integer(1, 10**5))
+    n_problems: int = field(64, "problems sampled per round", integer(1, 10**7))
+    samples: int = field(8, "answers sampled per problem (K)", integer(1, 4096))
+    temperature: float = field(0.7, "sampling temperature", num(0.0, 10.0, lo_open=True))
+    epochs: int = field(1, "fine-tuning passes over the kept answers each round", integer(1, 10**4))
+    batch_size: int = field(32, "sequences per optimizer step (near-equal minibatches of at most this many)",
+                            integer(1, 10**5))
+    min_format: float = field(1.0, "keep an answer only if its format reward is >= this", num(0.0, 1.0))
+    max_keep_per_problem: int = field(4, "at most this many distinct kept answers per problem", integer(1, 4096))
+
+
+class RejectionRun(StageRun):
+    def run_unit(self, u: int) -> dict:
+        ctx, s = self.ctx, self.cfg
+        rng = ctx.rng("rejection", self.index, u)
+        ids = rng.choice(len(ctx.train), size=s.n_problems, replace=False)
+        probs = [ctx.train[i] for i in ids]
+        prompts = [ctx.prompt(p) for p in probs]
+        t0 = time.time()
+        smpl = ctx.sample(self.policy_params(), prompts, [s.samples] * len(probs), ctx.key("rejection", self.index, u),
+                          temperature=s.temperature)
+        t_sample = time.time() - t0
+        t0 = time.time()
+        scores = ctx.scorer.result(ctx.scorer.submit(smpl.texts, [probs[i].answer for i in smpl.prompt_index],
+                                                     smpl.lengths))
+        t_score = time.time() - t0
+        kept = keep_verified(smpl.texts, smpl.prompt_index, scores, s.min_format, s.max_keep_per_problem)
+        out = {"kept_share": len(kept) / len(smpl.texts),
+               "problems_with_kept": len({int(smpl.prompt_index[r]) for r in kept}) / len(probs),
+               "sample_accuracy": float(np.mean([sc["outcome"] > 0.5 for sc in scores])), "n_kept": len(kept),
+               "format_rate": float(np.mean([sc["format"] for sc in scores])),
+               "reward/mean": float(np.mean([sc["total"] for sc in scores])),
+               "response_length": float(np.mean(smpl.lengths)),
+               "sample_tokens_per_s": float(smpl.lengths.sum()) / max(t_sample, 1e-9),
+               "time/sample": t_sample, "time/score": t_score}
+        if kept:
+            from rl.sft import build_sft_batch
+
+            batch = build_sft_batch([prompts[smpl.prompt_index[r]] for r in kept], [smpl.texts[r] for r in kept],
+                                    ctx.tok, ctx.seq_len)
+            m = self.train_on(batch, epochs=s.epochs, rng=rng, max_rows=sft_rows(s.batch_size, ctx.row_multiple), unit=u)
+            out.update({"loss": m.get("loss/total"), "grad_norm": m.get("grad_norm"),
+                        "train_tokens_per_s": float(batch["loss_mask"].sum()) * s.epochs / max(m["time/train"], 1e-9),
+                        **step_stats(m), **router_metrics(m)})
+        return out
+
+
+def keep_verified(texts, prompt_index, scores, min_format: float, max_keep: int) -> list[int]:
+    """Rows to keep: verified, format >= min_format, distinct per problem (whitespace-normalised), <= max_keep each."""
+    kept, per_problem, seen = [], {}, set()
+    for r, (text, sc) in enumerate(zip(texts, scores)):
+        if sc["outcome"] <= 0.5 or sc["format"] < min_format:
+            continue
+        pi = int(prompt_index[r])
+        key = (pi, " ".join(text.split()))
+        if key in seen or per_problem.get(pi, 0) >= max_keep:
+            continue
+        seen.add(key)
+        per_problem[pi] = per_problem.get(pi, 0) + 1
+        kept.append(r)
+    return kept

@@ -1,0 +1,47 @@
+"""Cold-start SFT: worked solutions from the tasks, loss on the solution tokens (and EOS) only.
+
+    stage("sft", "cold_start", epochs=5, batch_size=32, n_problems=2000, lr=3e-3)
+
+A unit is one epoch over the first `n_problems` training problems, rendered as prompt + worked
+solution (rl.tasks.render) and batched by rl.sft.build_sft_batch.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from rl.config_fields import field, integer
+from rl.stages.base import StageConfig, StageRun, router_metrics, step_stats
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SFTConfig(StageConfig):
+    KIND = "sft"
+    UNIT_FIELD = "epochs"
+
+    kind: str = field("sft", "stage kind")
+    epochs: int = field(3, "passes over the worked solutions", integer(1, 10**5))
+    batch_size: int = field(32, "sequences per optimizer step (an epoch is split into near-equal minibatches of at "
+                                "most this many)", integer(1, 10**5))
+    n_problems: int = field(0, "training problems used (0 = all of tasks.n_train)", integer(0, 10**7))
+
+
+def sft_rows(batch_size: int, multiple: int) -> int:
+    """Rows per SFT step: the batch size rounded up to the mesh's batch axes (one compiled shape)."""
+    return max(multiple, -(-int(batch_size) // multiple) * multiple)
+
+
+class SFTRun(StageRun):
+    def __init__(self, ctx, index, cfg: SFTConfig, params):
+        super().__init__(ctx, index, cfg, params)
+        from rl.sft import build_sft_batch
+
+        probs = ctx.train[: (cfg.n_problems or len(ctx.train))]
+        self.batch = build_sft_batch([ctx.prompt(p) for p in probs], [ctx.solution(p) for p in probs], ctx.tok,
+                                     ctx.seq_len)
+
+    def run_unit(self, u: int) -> dict:
+        m = self.train_on(self.batch, epochs=1, rng=self.ctx.rng("sft", self.index, u),
+                          max_rows=sft_rows(self.cfg.batch_size, self.ctx.row_multiple), unit=u)
+        n_tok = float(self.batch["loss_mask"].sum())
+        return {"loss": m.get("loss/total"), "grad_norm": m.get("grad_norm"), "n_examples": len(self.batch["tokens"]),
+                "train_tokens_per_s": n_tok / max(m["time/train"], 1e-9), **step_stats(m), **router_metrics(m)}
