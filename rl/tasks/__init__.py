@@ -9,6 +9,9 @@ Source names (`list_sources()` prints them with descriptions):
     fractions                    add / subtract / simplify fractions
     linear linear1 linear2       linear equations in one / two unknowns
     word word_zh                 GSM8K-like template word problems (English / Chinese)
+    code                         function-writing problems with hidden tests (reward "code", rl/tasks/code.py)
+    instructions                 verifiable instructions, IFEval-style (reward "instructions",
+    instructions_zh/_en          rl/tasks/instructions.py); response language drawn per problem / fixed
     mathdataset                  DeepMind mathematics_dataset, default modules (no steps)
     mathdataset@m1+m2            the named mathematics_dataset modules
     jsonl@PATH                   a user's JSONL file (rl/tasks/jsonl_io.py)
@@ -18,24 +21,28 @@ Source names (`list_sources()` prints them with descriptions):
 Mix spec: comma-separated `name[:weight]` items, e.g. "arith:0.5,linear:0.5", "word,word_zh" (equal
 weights), "mathdataset@numbers__gcd:1,arith:3". Weights are positive numbers, normalised to sum to 1; counts
 are allocated by largest remainder, so they always add up to n. Splits: see rl/tasks/base.py (by question
-hash, disjoint, 80/10/10).
+hash, disjoint, 80/10/10). A mix may combine families ("code:0.3,instructions:0.3,add:0.4"): each problem's
+`reward` names the reward that scores it and `check` carries that reward's payload (rl/tasks/base.py).
 """
 from __future__ import annotations
 
 import functools
 import random
 
-from rl.tasks import arith, fractions_, linear, word
-from rl.tasks.base import LEVELS, SPLITS, FixedSource, GeneratedSource, Problem, check_split, question_hash, split_of
+from rl.tasks import arith, code, fractions_, instructions, linear, word
+from rl.tasks.base import (
+    LEVELS, REWARDS, SPLITS, FixedSource, GeneratedSource, Problem, check_split, question_hash, split_of,
+)
 from rl.tasks.render import render_example, render_prompt, render_solution
 
 __all__ = [
-    "Problem", "SPLITS", "LEVELS", "split_of", "get_source", "list_sources", "parse_mix", "allocate", "load_mix",
+    "Problem", "SPLITS", "LEVELS", "REWARDS", "split_of", "get_source", "list_sources", "parse_mix", "allocate", "load_mix",
     "render_prompt", "render_solution", "render_example",
 ]
 
 _GENERATED: dict[str, GeneratedSource] = {
-    s.name: s for s in arith.SOURCES + fractions_.SOURCES + linear.SOURCES + word.SOURCES
+    s.name: s for s in arith.SOURCES + fractions_.SOURCES + linear.SOURCES + word.SOURCES + code.SOURCES
+    + instructions.SOURCES
 }
 _PARAMETERISED = {
     "mathdataset": "DeepMind mathematics_dataset: `mathdataset` (default modules) or `mathdataset@m1+m2`",

@@ -1,7 +1,17 @@
 """The problem record, split assignment by question hash, and the two source shapes every task source uses.
 
 A `Problem` is what every stage consumes: a question, a gold answer string that `rewards.verify.is_equiv`
-accepts, optional gold steps (for the cold-start SFT target), a difficulty level and the source name.
+accepts, optional gold steps (for the cold-start SFT target), a difficulty level and the source name. Problems
+of the other task families also name the reward that scores them and carry its payload:
+    reward  "math" (default: rewards.verify on `answer`), "code" (rewards.code_reward: hidden tests run in the
+            sandbox; `answer` is the gold Python source) or "instructions" (rewards.instructions: the share of
+            constraints met; `answer` is a gold response)
+    check   "" for math; otherwise the payload as canonical JSON text (sorted keys, no spaces), so a Problem
+            stays hashable and serialisable. Construct with a dict or its JSON text; `check_data` parses it.
+            Both families' payloads hold "prompt": {"zh": ..., "en": ...}, the task statement in each language
+            (rl/tasks/render.py renders it); code adds "func", "tests" [[args, expected], ...] and optionally
+            "plan": {"zh", "en"}; instructions add "lang" (the language the response must be in) and
+            "constraints". The payload is validated on construction by the family's reward module.
 
 Splits. A problem's split is a pure function of its normalised question (`split_of`): a SHA-256 of the
 normalised text is mapped to train (80%), validation (10%) or test (10%). Two problems with the same normalised
@@ -24,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import random
 import re
 import unicodedata
@@ -33,6 +44,8 @@ SPLITS = ("train", "validation", "test")
 # Fractions of the 2**64 hash range given to each split, in SPLITS order.
 SPLIT_FRACTIONS = (0.8, 0.1, 0.1)
 LEVELS = (1, 2, 3, 4, 5)
+REWARDS = ("math", "code", "instructions")
+LANGS = ("zh", "en")
 
 _WS = re.compile(r"\s+")
 
@@ -47,6 +60,8 @@ class Problem:
     steps: tuple[str, ...] | None
     difficulty: int
     source: str
+    reward: str = "math"
+    check: str = ""
 
     def __post_init__(self):
         for name in ("id", "question", "answer", "source"):
@@ -58,11 +73,61 @@ class Problem:
                 raise ValueError(f"Problem.steps must be None or a tuple of non-empty strings, got {self.steps!r}")
         if not isinstance(self.difficulty, int) or isinstance(self.difficulty, bool) or self.difficulty < 1:
             raise ValueError(f"Problem.difficulty must be an int >= 1, got {self.difficulty!r}")
+        if self.reward not in REWARDS:
+            raise ValueError(f"Problem.reward must be one of {REWARDS}, got {self.reward!r}")
+        object.__setattr__(self, "check", canonical_check(self.reward, self.check))
+
+    @property
+    def check_data(self) -> dict | None:
+        """The parsed check payload (None for math problems)."""
+        return json.loads(self.check) if self.check else None
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["steps"] = None if self.steps is None else list(self.steps)
         return d
+
+
+def canonical_check(reward: str, check) -> str:
+    """Validate a check payload (dict or JSON text) for `reward` and return its canonical JSON text.
+
+    Math problems take no payload (""). Code and instruction payloads need "prompt" with a non-empty zh and en
+    statement, and pass their reward module's own validation (rewards.code_reward.parse_check,
+    rewards.instructions.parse_constraints). Raises ValueError naming Problem.check."""
+    if reward == "math":
+        if check not in ("", None):
+            raise ValueError(f"Problem.check must be empty for reward 'math', got {check!r}"[:300])
+        return ""
+    data = check
+    if isinstance(check, str):
+        try:
+            data = json.loads(check)
+        except ValueError as e:
+            raise ValueError(f"Problem.check is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"Problem.check for reward {reward!r} must be a JSON object, got {check!r}"[:300])
+    prompt = data.get("prompt")
+    if not isinstance(prompt, dict) or not all(isinstance(prompt.get(k), str) and prompt[k].strip() for k in LANGS):
+        raise ValueError(f"Problem.check needs 'prompt': {{'zh': ..., 'en': ...}} with non-empty statements, "
+                         f"got {prompt!r}"[:300])
+    try:
+        if reward == "code":
+            from rewards.code_reward import parse_check
+            parse_check(data)
+            plan = data.get("plan")
+            if plan is not None and not (isinstance(plan, dict)
+                                         and all(isinstance(plan.get(k), str) and plan[k].strip() for k in LANGS)):
+                raise ValueError(f"'plan' must be {{'zh': ..., 'en': ...}} with non-empty texts, got {plan!r}")
+        else:
+            from rewards.instructions import parse_constraints
+            parse_constraints(data)
+            if data.get("lang") not in LANGS:
+                raise ValueError(f"'lang' (the response language) must be one of {LANGS}, got {data.get('lang')!r}")
+        return json.dumps(data, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    except ValueError as e:
+        raise ValueError(f"Problem.check for reward {reward!r}: {e}"[:500]) from None
+    except TypeError as e:  # values json cannot write
+        raise ValueError(f"Problem.check for reward {reward!r} is not JSON-serialisable: {e}") from None
 
 
 def normalise_question(question: str) -> str:
@@ -115,7 +180,8 @@ MakeFn = Callable[[random.Random, int], tuple]
 
 @dataclasses.dataclass(frozen=True)
 class GeneratedSource:
-    """A procedural source: `make(rng, difficulty)` returns (question, answer, steps or None[, source]).
+    """A procedural source: `make(rng, difficulty)` returns (question, answer, steps or None[, source]), or a
+    dict with those keys plus optional "source", "reward" and "check" (the code and instruction families).
 
     `max_tries_per_problem` bounds the rejection loop (split filter and dedup): when no new problem turns up
     within that many consecutive draws the space is considered exhausted and, if distinct problems were asked
@@ -133,11 +199,17 @@ class GeneratedSource:
 
     def problem(self, rng: random.Random, difficulty: int) -> Problem:
         made = self.make(rng, difficulty)
-        # A 4th element names a sub-source (e.g. "mathdataset/numbers__gcd"); it defaults to the source name.
-        question, answer, steps = made[:3]
-        source = made[3] if len(made) > 3 else self.name
+        extra = {}
+        if isinstance(made, dict):
+            question, answer, steps = made["question"], made["answer"], made.get("steps")
+            source = made.get("source", self.name)
+            extra = {k: made[k] for k in ("reward", "check") if k in made}
+        else:
+            # A 4th element names a sub-source (e.g. "mathdataset/numbers__gcd"); it defaults to the source name.
+            question, answer, steps = made[:3]
+            source = made[3] if len(made) > 3 else self.name
         return Problem(id=make_id(source, question), question=question, answer=answer,
-                       steps=None if steps is None else tuple(steps), difficulty=difficulty, source=source)
+                       steps=None if steps is None else tuple(steps), difficulty=difficulty, source=source, **extra)
 
     def sample(self, n: int, seed: int, split: str, difficulty: int | None = None,
                unique: bool | None = None) -> list[Problem]:

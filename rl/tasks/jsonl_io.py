@@ -8,6 +8,8 @@ One JSON object per line:
     difficulty  optional, int >= 1 (default 1)
     id          optional, non-empty string (default: source name + question hash)
     source      optional, non-empty string (default: the `source` argument)
+    reward      optional, "math" (default), "code" or "instructions" (rl/tasks/base.py)
+    check       the reward's payload, a JSON object (required for code / instructions, absent for math)
 Any other key is an error (it catches typos such as "anwser"). Blank lines are skipped.
 
 Error policy: reading never drops a malformed line silently. `validate_jsonl(path)` returns
@@ -25,7 +27,7 @@ from typing import Iterable
 from rl.tasks.base import Problem, make_id
 
 REQUIRED = ("question", "answer")
-OPTIONAL = ("steps", "difficulty", "id", "source")
+OPTIONAL = ("steps", "difficulty", "id", "source", "reward", "check")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,8 +84,14 @@ def parse_record(obj, line_no: int, source: str) -> tuple[Problem | None, list[L
     if errors:
         return None, errors
     src = obj.get("source", source)
-    return Problem(id=obj.get("id") or make_id(src, question), question=question, answer=answer,
-                   steps=None if steps is None else tuple(steps), difficulty=difficulty, source=src), []
+    try:
+        # reward and check are validated by Problem itself (the payload by the family's reward module).
+        return Problem(id=obj.get("id") or make_id(src, question), question=question, answer=answer,
+                       steps=None if steps is None else tuple(steps), difficulty=difficulty, source=src,
+                       reward=obj.get("reward", "math"), check=obj.get("check", "")), []
+    except ValueError as e:
+        field = "reward" if str(e).startswith("Problem.reward") else "check"
+        return None, [LineError(line_no, field, str(e))]
 
 
 def validate_jsonl(path: str, source: str = "jsonl") -> tuple[list[Problem], list[LineError]]:
@@ -127,6 +135,9 @@ def problem_record(p: Problem) -> dict:
         rec["steps"] = list(p.steps)
     rec["difficulty"] = p.difficulty
     rec["source"] = p.source
+    if p.reward != "math":
+        rec["reward"] = p.reward
+        rec["check"] = p.check_data
     return rec
 
 

@@ -7,6 +7,15 @@ Step numbers are Chinese numerals in zh (一 … 十, 十一, 二十三, 一百�
 line and nothing follows it (the model emits EOS right after). A problem without gold steps renders as the
 answer line alone.
 
+The other task families render from their payload (`Problem.check`), so one problem reads in either language:
+    code          prompt   the payload's statement in `lang` (signature, two examples, the ```python request)
+                  solution 步骤一：{plan}\n步骤二：写出函数：\n```python\n{gold source}```\n答案：{function name}
+                           (en: Step 1: {plan} / Step 2: Write the function: / Answer: {name}); without a plan
+                           the code is step one. The answer line names the function, so the layout keeps
+                           format_reward's steps-then-answer shape; rewards.code_reward reads the code block.
+    instructions  prompt   the payload's task and constraint sentences in `lang`
+                  solution the gold response (`answer`), in the language its constraints require
+
 Used by the SFT / rejection-sampling stages (prompt + solution as the training target) and by the samplers
 (prompt only).
 """
@@ -46,9 +55,10 @@ def _check_lang(lang: str) -> str:
 
 def render_prompt(problem: Problem, lang: str = "zh") -> str:
     """The prompt the model continues with its solution."""
+    question = problem.question if problem.reward == "math" else problem.check_data["prompt"][_check_lang(lang)]
     if _check_lang(lang) == "zh":
-        return f"问题：{problem.question}\n解答：\n"
-    return f"Question: {problem.question}\nSolution:\n"
+        return f"问题：{question}\n解答：\n"
+    return f"Question: {question}\nSolution:\n"
 
 
 def step_marker(i: int, lang: str = "zh") -> str:
@@ -68,8 +78,23 @@ def render_steps(steps, answer: str, lang: str = "zh") -> str:
     return "\n".join(lines)
 
 
+def render_code_solution(problem: Problem, lang: str = "zh") -> str:
+    """The gold solution of a code problem: the plan, the gold source in a ```python block, the answer line."""
+    data = problem.check_data
+    block = "```python\n" + problem.answer.rstrip("\n") + "\n```"
+    write = ("写出函数：\n" if _check_lang(lang) == "zh" else "Write the function:\n") + block
+    steps = [data["plan"][lang], write] if data.get("plan") else [write]
+    return render_steps(steps, data["func"], lang)
+
+
 def render_solution(problem: Problem, lang: str = "zh") -> str:
-    """The gold solution: numbered steps, then the answer line last."""
+    """The gold solution: numbered steps, then the answer line last (see the module docstring for the code
+    and instruction families)."""
+    if problem.reward == "code":
+        return render_code_solution(problem, lang)
+    if problem.reward == "instructions":
+        _check_lang(lang)
+        return problem.answer
     return render_steps(problem.steps, problem.answer, lang)
 
 

@@ -102,6 +102,9 @@ class MathrlTasks(tfds.core.GeneratorBasedBuilder):
 
         cfg = self.builder_config
         for i, p in enumerate(load_mix(cfg.spec, n, cfg.seed, split, cfg.difficulty)):
+            if p.reward != "math":  # the features below hold no reward / check payload: refuse, never drop it
+                raise ValueError(f"TFDS export holds math problems only; {p.source!r} problems (reward "
+                                 f"{p.reward!r}) need their check payload: use rl.tasks.jsonl_io.write_jsonl")
             yield f"{i:09d}", {
                 "index": i, "id": p.id, "question": p.question, "answer": p.answer,
                 "has_steps": p.steps is not None, "steps": list(p.steps or ()), "difficulty": p.difficulty,
