@@ -4,12 +4,14 @@
     r = score("步骤一：3+4=7\\n答案：7", "7", RewardConfig(w_process=0.2))
     r["total"], r["outcome"], r["process"], r["format"], r["error"]
 
-    total = w_outcome   * outcome            outcome: 1.0 if is_equiv(extract_answer(text), gold) else 0.0
-                                             (0.0 without an answer, and 0.0 without reasoning steps when
-                                             requires_reasoning is on)
+    total = w_outcome   * outcome            outcome: 1.0 when the text has a final answer (extract_answer) and
+                                             is_equiv(text, gold): the verifier reads that same answer through
+                                             rewards.parse.answer_candidates (0.0 without an answer, and 0.0
+                                             without reasoning when requires_reasoning is on)
           + w_process   * process            mean of the non-None step scores of rewards.steps.check_steps
                                              (process_default when no step has a checkable claim)
-          + w_format    * format             rewards.format.format_reward(text, lang) in [0, 1]
+          + w_format    * format             rewards.format.format_reward(text, lang) in [0, 1], in the layout
+                                             format_mode ("steps" or "think_answer")
           - w_overlong  * overlong           DAPO soft overlong magnitude in [0, 1] (off when overlong_max_len=0)
           - w_repetition* repetition         repeated n-gram share above repetition_threshold, in [0, 1]
           - w_language  * language           1 - share of the expected script in the reasoning, in [0, 1]
@@ -17,11 +19,18 @@
 Every penalty is stored as a non-negative magnitude and subtracted. score() never raises: any internal
 error gives total 0.0 with error=1 (and error_kind) in the returned dict. The length for the overlong penalty
 is n_tokens when the caller passes it (the sampler's response length), else the UTF-8 byte length of the
-text (the byte tokenizer's count).
+whole text (the byte tokenizer's count).
+
+Cost cap: only the last `max_chars` characters of the text (default 65,536; the final answer is at the end)
+reach the parser, the verifier, the step checker, the format check and the penalties; a longer text is scored
+on that tail with truncated=1 (its steps before the cut are not seen, so its format order usually fails). This
+bounds the cost of one item whatever its length (about 0.2 s for a 1M-character text on one core, most of it
+the UTF-8 length), well under the reward pool's 5 s default deadline.
 
 Returned keys (all numbers except step_scores, answer and error_kind):
     total outcome correct process format overlong repetition language has_reasoning n_steps n_checked
-    step_scores answer length error error_kind
+    step_scores answer length truncated error error_kind
+(step_scores and n_steps describe the scored text, i.e. the tail when truncated=1.)
 """
 from __future__ import annotations
 
@@ -30,8 +39,8 @@ import math
 import numbers
 
 from rewards import penalties
-from rewards.format import LANGS, FormatConfig, format_reward
-from rewards.parse import as_text, extract_answer
+from rewards.format import LANGS, MODES, FormatConfig, format_reward
+from rewards.parse import ANSWER_WINDOW, as_text, extract_answer
 from rewards.steps import check_steps, step_score
 from rewards.verify import is_equiv
 
@@ -48,6 +57,7 @@ class RewardConfig:
     w_process: float = 0.0  # weight of the mean step score (rule-checked arithmetic); 0 = off
     w_format: float = 0.1  # weight of the format reward in [0, 1]
     lang: str = "zh"  # expected solution language: "zh" (步骤一：/答案：) or "en" (Step 1:/Answer:)
+    format_mode: str = "steps"  # format layout: "steps" (markers + answer line) or "think_answer" (<think>/<answer>)
     accept_boxed: bool = True  # a \boxed{} answer satisfies the format's final-answer marker
     overlong_max_len: int = 0  # DAPO overlong: hard length (tokens); 0 = penalty off
     overlong_buffer: int = 0  # DAPO overlong: soft buffer before overlong_max_len (tokens)
@@ -60,6 +70,7 @@ class RewardConfig:
     min_reasoning_steps: int = 1  # steps needed to count as a reasoning process
     process_default: float = 0.0  # process score when no step has a checkable claim
     verify_timeout: float = 1.0  # seconds per is_equiv call
+    max_chars: int = 65_536  # only the last max_chars characters are scored (cost cap); longer -> truncated=1
 
     def __post_init__(self):
         for name in ("w_outcome", "w_process", "w_format", "w_overlong", "w_repetition", "w_language"):
@@ -67,7 +78,8 @@ class RewardConfig:
         _check_number(self, "repetition_threshold", lo=0.0, hi=0.99)
         _check_number(self, "process_default", lo=0.0, hi=1.0)
         _check_number(self, "verify_timeout", lo=1e-3, hi=600.0)
-        for name, lo in (("overlong_max_len", 0), ("overlong_buffer", 0), ("repetition_n", 1), ("min_reasoning_steps", 1)):
+        for name, lo in (("overlong_max_len", 0), ("overlong_buffer", 0), ("repetition_n", 1), ("min_reasoning_steps", 1),
+                         ("max_chars", 1000)):
             v = getattr(self, name)
             if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < lo:
                 raise ValueError(f"RewardConfig.{name} must be an int >= {lo}, got {v!r}")
@@ -76,6 +88,8 @@ class RewardConfig:
                              f"({self.overlong_max_len})")
         if self.lang not in LANGS:
             raise ValueError(f"RewardConfig.lang must be one of {LANGS}, got {self.lang!r}")
+        if self.format_mode not in MODES:
+            raise ValueError(f"RewardConfig.format_mode must be one of {MODES}, got {self.format_mode!r}")
         for name in ("accept_boxed", "requires_reasoning"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"RewardConfig.{name} must be a bool, got {getattr(self, name)!r}")
@@ -91,14 +105,15 @@ def _check_number(cfg, name: str, lo: float, hi: float) -> None:
 
 
 RESULT_KEYS = ("total", "outcome", "correct", "process", "format", "overlong", "repetition", "language",
-               "has_reasoning", "n_steps", "n_checked", "step_scores", "answer", "length", "error", "error_kind")
+               "has_reasoning", "n_steps", "n_checked", "step_scores", "answer", "length", "truncated", "error",
+               "error_kind")
 
 
 def error_result(kind: str = "error") -> dict:
     """The result of an item that could not be scored: every number 0, error=1."""
     return {"total": 0.0, "outcome": 0.0, "correct": 0.0, "process": 0.0, "format": 0.0, "overlong": 0.0,
             "repetition": 0.0, "language": 0.0, "has_reasoning": 0.0, "n_steps": 0, "n_checked": 0,
-            "step_scores": [], "answer": None, "length": 0, "error": 1, "error_kind": str(kind)}
+            "step_scores": [], "answer": None, "length": 0, "truncated": 0, "error": 1, "error_kind": str(kind)}
 
 
 _DEFAULT = RewardConfig()
@@ -117,8 +132,13 @@ def score(text, gold, cfg: RewardConfig | None = None, *, n_tokens=None) -> dict
         cfg = _DEFAULT if cfg is None else cfg
         text = as_text(text)
         gold = gold_text(gold)
+        length = penalties.text_length(text) if n_tokens is None else int(n_tokens)
+        truncated = len(text) > cfg.max_chars
+        if truncated:
+            text = text[-cfg.max_chars:]  # the cost cap: nothing below sees more (the answer is at the end)
         answer = extract_answer(text)
-        correct = bool(answer is not None and gold and is_equiv(answer, gold, timeout=cfg.verify_timeout))
+        correct = bool(answer is not None and gold
+                       and is_equiv(text[-ANSWER_WINDOW:], gold, timeout=cfg.verify_timeout))
         reasoning = penalties.has_reasoning(text, cfg.min_reasoning_steps)
         outcome = 1.0 if correct and (reasoning or not cfg.requires_reasoning) else 0.0
 
@@ -126,8 +146,7 @@ def score(text, gold, cfg: RewardConfig | None = None, *, n_tokens=None) -> dict
         mean_step = step_score(step_scores)
         process = cfg.process_default if mean_step is None else float(mean_step)
 
-        fmt = format_reward(text, cfg.lang, FormatConfig(accept_boxed=cfg.accept_boxed))
-        length = penalties.text_length(text) if n_tokens is None else int(n_tokens)
+        fmt = format_reward(text, cfg.lang, FormatConfig(accept_boxed=cfg.accept_boxed, mode=cfg.format_mode))
         overlong = (penalties.overlong_penalty(length, cfg.overlong_max_len, cfg.overlong_buffer)
                     if cfg.overlong_max_len > 0 else 0.0)
         repetition = (penalties.repetition_penalty(text, cfg.repetition_n, cfg.repetition_threshold)
@@ -144,7 +163,7 @@ def score(text, gold, cfg: RewardConfig | None = None, *, n_tokens=None) -> dict
             "language": float(language), "has_reasoning": float(reasoning), "n_steps": len(step_scores),
             "n_checked": sum(1 for s in step_scores if s is not None), "step_scores": list(step_scores),
             "answer": None if answer is None else answer[:MAX_ANSWER_LOG_CHARS], "length": length,
-            "error": 0, "error_kind": "",
+            "truncated": int(truncated), "error": 0, "error_kind": "",
         }
     except Exception as e:  # noqa: BLE001 - a reward never crashes the training loop
         return error_result(f"{type(e).__name__}")

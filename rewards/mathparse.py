@@ -252,6 +252,7 @@ _MATRIX_ENVS = {"matrix", "pmatrix", "bmatrix", "Bmatrix", "vmatrix", "Vmatrix",
 _DECOR_CMDS = {"\\overline", "\\vec", "\\hat", "\\bar", "\\tilde", "\\overrightarrow", "\\widehat",
                "\\mathbf", "\\underline", "\\boxed", "\\fbox", "\\dot"}
 
+_SIGN_BP = 25  # right binding power of a leading sign: between * / (20) and ^ (30)
 _LBP = {"\\cup": 5, "pm": 10, "\\pm": 10, "\\mp": 10, "+": 10, "-": 10, ":": 8, "*": 20, "/": 20,
         "\\cdot": 20, "\\times": 20, "\\ast": 20, "\\div": 20, "^": 30, "**": 30, "!": 40, "%": 40,
         "'": 40}
@@ -389,11 +390,12 @@ class _Parser:
             if text == ":":
                 return ("ratio", left, self.parse_expression(lbp))
         # implicit multiplication; an integer followed by a fraction of integers is a mixed number
-        mixed = tok == ("cmd", "\\frac") and left[0] == "num" and left[2] is None
+        whole = left[1] if left[0] == "neg" else left  # -2\frac{1}{2} is -(2 + 1/2)
+        mixed = tok == ("cmd", "\\frac") and whole[0] == "num" and whole[2] is None
         right = self.parse_expression(20)
         if mixed and right[0] == "/" and right[1][0] == "num" and right[2][0] == "num" \
                 and right[1][2] is None and right[2][2] is None:
-            return ("+", left, right)
+            return ("neg", ("+", whole, right)) if left[0] == "neg" else ("+", left, right)
         return ("*", left, right)
 
     def parse_exponent(self) -> tuple:
@@ -511,10 +513,11 @@ class _Parser:
         if kind == "op":
             if text in ("(", "[", "{", "\\{"):
                 return self.parse_bracketed(text)
+            # a sign binds tighter than * / and looser than ^: 6 / -2 * 3 = (6 / -2) * 3, -3^2 = -(3^2)
             if text == "-":
-                return ("neg", self.parse_expression(15))
+                return ("neg", self.parse_expression(_SIGN_BP))
             if text == "+":
-                return self.parse_expression(15)
+                return self.parse_expression(_SIGN_BP)
             if text == "pm":
                 return ("pm", None, self.parse_expression(15))
             if text == "|":

@@ -8,19 +8,24 @@ reasoning process" rule: with requires_reasoning on, combine sets the outcome re
     overlong_penalty(length, max_len, buffer)      0 for length <= max_len - buffer, linear up to 1 at max_len,
                                                    1 beyond (DAPO's soft overlong punishment, as a magnitude:
                                                    DAPO's reward term is -overlong_penalty)
-    repetition_share(text, n=4)                    share of n-grams that repeat an earlier n-gram
+    repetition_share(text, n=4)                    share of n-grams that repeat an earlier n-gram: the one repetition
+                                                   measure of the project (evaluation uses it too)
     repetition_penalty(text, n=4, threshold=0.3)   (share - threshold) / (1 - threshold), clipped to [0, 1]
     language_consistency(text, lang)               share of the expected script (Han for zh, Latin for en) among
-                                                   letters of the reasoning (text before the final answer line);
+                                                   letters of the reasoning (text before the final answer line or
+                                                   <answer> tag);
                                                    LaTeX commands and single-letter words (math variables) are
                                                    ignored; 1.0 when there are no letters
     language_penalty(text, lang)                   1 - language_consistency
-    has_reasoning(text, min_steps=1)               at least min_steps non-empty steps
+    has_reasoning(text, min_steps=1)               at least min_steps non-empty steps (without step markers, a
+                                                   non-empty <think>...</think> block counts as one step)
     text_length(text)                              UTF-8 bytes: the token count under the byte tokenizer, used
                                                    when the caller gives no token count
 
 Units for repetition: each Han character, each run of Latin letters / digits, and each other non-space
-character is one token. All functions accept any input and never raise (non-text counts as empty).
+character is one token; repetition_share(text, n) = (N - D) / N over the N = tokens - n + 1 n-grams, D of them
+distinct (0.0 when N <= 1); a text of more than MAX_REPETITION_TOKENS tokens is judged on its last ones. All
+functions accept any input and never raise (non-text counts as empty).
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ import math
 import re
 
 from rewards.parse import as_text, find_answer_markers, is_answer_line, parse_steps
+from rewards.text import is_han
 
 __all__ = [
     "overlong_penalty", "repetition_share", "repetition_penalty", "language_consistency", "language_penalty",
@@ -80,10 +86,8 @@ def repetition_share(text, n: int = 4) -> float:
         total = len(toks) - n + 1
         if total <= 1:
             return 0.0
-        seen = set()
-        for i in range(total):
-            seen.add(hash(tuple(toks[i:i + n])))
-        return (total - len(seen)) / total
+        distinct = len({tuple(toks[i:i + n]) for i in range(total)})
+        return (total - distinct) / total
     except Exception:  # noqa: BLE001 - never raise on model text
         return 0.0
 
@@ -97,18 +101,14 @@ def repetition_penalty(text, n: int = 4, threshold: float = 0.3) -> float:
 
 
 def reasoning_text(text) -> str:
-    """The reasoning part: everything before the last final-answer line (the whole text when there is none)."""
+    """The reasoning part: everything before the last final-answer line or <answer> tag (the whole text when
+    there is none)."""
     text = as_text(text)
     try:
-        lines = [m for m in find_answer_markers(text) if is_answer_line(m)]
+        lines = [m for m in find_answer_markers(text) if is_answer_line(m) or m.kind == "tag"]
         return text[: lines[-1].start] if lines else text
     except Exception:  # noqa: BLE001
         return text
-
-
-def _is_han(c: str) -> bool:
-    o = ord(c)
-    return 0x4E00 <= o <= 0x9FFF or 0x3400 <= o <= 0x4DBF or 0xF900 <= o <= 0xFAFF or 0x20000 <= o <= 0x2FFFF
 
 
 def _is_latin(c: str) -> bool:
@@ -122,7 +122,7 @@ def language_consistency(text, lang: str = "zh") -> float:
         han = other = 0
         for c in body:
             if c.isalpha() and not _is_latin(c):
-                if _is_han(c):
+                if is_han(c):
                     han += 1
                 else:
                     other += 1
@@ -142,9 +142,18 @@ def language_penalty(text, lang: str = "zh") -> float:
     return 1.0 - language_consistency(text, lang)
 
 
+_THINK_BLOCK = re.compile(r"(?:<think>)?(.*?)</think>", re.IGNORECASE | re.DOTALL)
+
+
 def has_reasoning(text, min_steps: int = 1) -> bool:
-    """Whether the solution shows a reasoning process: at least min_steps steps with content."""
+    """Whether the solution shows a reasoning process: at least min_steps steps with content; a text without
+    step markers counts a non-empty <think>...</think> block (R1 style) as one step."""
     try:
-        return sum(1 for s in parse_steps(text) if s.text.strip()) >= max(1, int(min_steps))
+        text = as_text(text)
+        steps = sum(1 for s in parse_steps(text) if s.text.strip())
+        if steps == 0:
+            block = _THINK_BLOCK.match(text.lstrip())
+            steps = int(block is not None and bool(block.group(1).strip()))
+        return steps >= max(1, int(min_steps))
     except Exception:  # noqa: BLE001
         return False

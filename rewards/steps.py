@@ -50,8 +50,19 @@ MAX_EVALUATIONS = 2000  # expression evaluations per step
 MAX_STEP_CHARS = 200_000  # longer steps are checked on their first part only
 MAX_CHECK_CHARS = 65_536  # steps starting beyond this many characters of step text are not checked (None)
 
+def _frac(m: re.Match) -> str:
+    """\\frac{a}{b} -> ((a)/(b)); but after a number ("2\\frac{1}{2}", "(2) \\frac{1}{2}") the answer parser reads
+    a mixed number (or, after an operator, a product), so that notation is left unread and gives no claim."""
+    i = m.start() - 1
+    while i >= 0 and m.string[i] in " \t":
+        i -= 1
+    if i >= 0 and (m.string[i].isdigit() or m.string[i] in ".)"):
+        return m.group(0)
+    return f"(({m.group(1)})/({m.group(2)}))"
+
+
 _LATEX = [
-    (re.compile(r"\\[dt]?frac\s*\{([0-9+\-*/.() ]{1,60})\}\s*\{([0-9+\-*/.() ]{1,60})\}"), r"((\1)/(\2))"),
+    (re.compile(r"\\[dt]?frac\s*\{([0-9+\-*/.() ]{1,60})\}\s*\{([0-9+\-*/.() ]{1,60})\}"), _frac),
     (re.compile(r"\\(?:times|cdot|ast)(?![A-Za-z])"), "*"),
     (re.compile(r"\\div(?![A-Za-z])"), "/"),
     (re.compile(r"\\left(?![A-Za-z])|\\right(?![A-Za-z])"), ""),

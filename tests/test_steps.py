@@ -76,6 +76,9 @@ def test_evaluate_limits_are_the_verifiers():
     ("2 + 3 = 5 (correct)", 1.0), ("2 + 3 = 6 (wrong)", 0.0), ("2×3+4=10 → 10-4=6", 1.0), ("1 + 1 = 2 (mod 3)", 1.0),
     ("√16 = 4", None), ("|-3| = 3", None), ("sin(30) = 0.5", None), ("5 m × 3 = 15 m", None), ("3!=6", None),
     ("3+4=7 5+6=11", 1.0), ("3+4=7 5+6=12", 0.0), ("1 000 + 2 = 1 002", None), ("2 (3+4) = 14", 1.0),
+    # The verifier's rules: one rounding rule (>= 2 decimals), percentages, signs after * and /, mixed numbers.
+    ("1/3 = 0.3", 0.0), ("10/3 = 3.33", 1.0), ("50% = 0.5", 1.0), ("6 / -2 * 3 = -9", 1.0), ("6÷-2×3=-1", 0.0),
+    ("2\\frac{1}{2} = 1", None), ("1 + \\frac{1}{2} = 1.5", 1.0),
 ])
 def test_check_step(step, score):
     assert check_step(step) == score

@@ -100,6 +100,12 @@ def test_numeric_matches_numpy_reference():
     assert cmath.isclose(got, complex(np.power(np.complex128(z), 1.5) + 1 / np.complex128(z)), rel_tol=1e-12)
 
 
+def test_signs_bind_tighter_than_products():
+    assert ev.exact(parse_answer("6/-2*3")) == -9 and ev.exact(parse_answer("-3^2")) == -9
+    assert ev.exact(parse_answer("2^-2")) == ev.Fraction(1, 4) and ev.exact(parse_answer(r"-2\frac{1}{2}")) == ev.Fraction(-5, 2)
+    assert is_equiv("6/-2*3", "-9") and not is_equiv("6/-2*3", "-1")
+
+
 def test_exact_rationals_and_overflow():
     assert ev.exact(parse_answer(r"\frac{3}{4} + 0.25 \cdot 2")) == ev.Fraction(5, 4)
     with pytest.raises(ev.Bomb):
