@@ -254,3 +254,18 @@ def test_response_lang_and_problem_validation():
                    {"constraints": [{"type": "num_steps", "n": -1}]}):
         with pytest.raises(ValueError, match="Problem.check"):
             Problem(**{**base, "check": {**p.check_data, **change}})
+
+
+def test_same_problems_in_another_process_with_another_hash_seed():
+    import os
+    import subprocess
+    import sys
+
+    spec = "code:1,instructions:1"
+    here = [p.to_dict() for p in load_mix(spec, 20, 3, "validation")]
+    script = ("import json; from rl.tasks import load_mix; "
+              f"print(json.dumps([p.to_dict() for p in load_mix({spec!r}, 20, 3, 'validation')]))")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONHASHSEED": "12345"}, cwd=os.path.dirname(os.path.dirname(__file__)))
+    there = json.loads(out.stdout)
+    assert there == json.loads(json.dumps(here))

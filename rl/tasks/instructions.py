@@ -2,9 +2,10 @@
 
     from rl.tasks import load_mix, render_prompt, render_solution
     p = load_mix("instructions_en", n=1, seed=0, split="train")[0]
-    render_prompt(p, "zh")   # '问题：把12、7和30依次相加，每一步写一个部分和。请用英文回答。恰好写2步……\\n解答：\\n'
+    render_prompt(p, "zh")   # '问题：把98、73、39、99和70依次相加，每一步写一个部分和。请用英文回答。恰好写4步
+                             #  （“Step 1:”、“Step 2:”……）。全文不超过150个字符。回答中要用到“total”。\\n解答：\\n'
     render_solution(p, "zh") # the gold response (p.answer), in the language the constraints ask for
-    p.check_data["constraints"]   # [{"type": "language", "lang": "en"}, {"type": "num_steps", "n": 2}, ...]
+    p.check_data["constraints"]   # [{"type": "language", "lang": "en"}, {"type": "num_steps", "n": 4}, ...]
     rewards.instructions.instruction_score(response, p.check)   # share of constraints met
 
 Sources:
