@@ -15,7 +15,9 @@ Any other key is an error (it catches typos such as "anwser"). Blank lines are s
 Error policy: reading never drops a malformed line silently. `validate_jsonl(path)` returns
 (problems, errors) where each `LineError` names the 1-based line number, the field and the reason;
 `read_jsonl(path)` raises a single `JsonlError` listing EVERY bad line (its `.errors` holds them) when there is
-at least one, otherwise returns the problems.
+at least one, otherwise returns the problems. Whatever a line holds (an integer over Python's 4,300-digit
+limit, nesting deeper than the decoder allows, a lone surrogate from a \\ud800 escape, a huge value), it becomes
+an error with its line number, never an exception; messages show at most ~80 characters of a value.
 """
 from __future__ import annotations
 
@@ -54,10 +56,42 @@ def _nonempty_str(value) -> bool:
     return isinstance(value, str) and bool(value.strip())
 
 
+def _short(value, limit: int = 80) -> str:
+    """repr() for an error message: bounded length, and never an exception (deep nesting, huge values)."""
+    try:
+        text = repr(value)
+    except (RecursionError, ValueError, MemoryError):
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _lone_surrogate(obj) -> tuple[str | None, str] | None:
+    """(top-level field, where) of the first string holding a lone surrogate (\\ud800-\\udfff from a JSON
+    escape: not Unicode text, it cannot be encoded as UTF-8), or None."""
+    stack = [(None, obj)]
+    while stack:
+        field, value = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as e:
+                return field, f"a lone surrogate {value[e.start]!r} at character {e.start}"
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                stack.append((k if field is None else field, k))
+                stack.append((k if field is None else field, v))
+        elif isinstance(value, list):
+            stack.extend((field, v) for v in value)
+    return None
+
+
 def parse_record(obj, line_no: int, source: str) -> tuple[Problem | None, list[LineError]]:
     """One decoded JSON value -> (Problem, []) or (None, errors naming the fields)."""
     if not isinstance(obj, dict):
         return None, [LineError(line_no, None, f"expected a JSON object, got {type(obj).__name__}")]
+    bad_text = _lone_surrogate(obj)
+    if bad_text is not None:
+        return None, [LineError(line_no, bad_text[0], f"contains {bad_text[1]}: not valid Unicode text")]
     errors = []
     for key in obj:
         if key not in REQUIRED + OPTIONAL:
@@ -67,20 +101,22 @@ def parse_record(obj, line_no: int, source: str) -> tuple[Problem | None, list[L
             errors.append(LineError(line_no, key, "missing required field"))
     question, answer = obj.get("question"), obj.get("answer")
     if "question" in obj and not _nonempty_str(question):
-        errors.append(LineError(line_no, "question", f"must be a non-empty string, got {question!r}"))
+        errors.append(LineError(line_no, "question", f"must be a non-empty string, got {_short(question)}"))
     if isinstance(answer, int) and not isinstance(answer, bool):
         answer = str(answer)
     if "answer" in obj and not _nonempty_str(answer):
-        errors.append(LineError(line_no, "answer", f"must be a non-empty string or an int, got {obj['answer']!r}"))
+        errors.append(LineError(line_no, "answer",
+                                f"must be a non-empty string or an int, got {_short(obj['answer'])}"))
     steps = obj.get("steps")
     if steps is not None and not (isinstance(steps, list) and all(_nonempty_str(s) for s in steps)):
-        errors.append(LineError(line_no, "steps", f"must be a list of non-empty strings or null, got {steps!r}"))
+        errors.append(LineError(line_no, "steps",
+                                f"must be a list of non-empty strings or null, got {_short(steps)}"))
     difficulty = obj.get("difficulty", 1)
     if not isinstance(difficulty, int) or isinstance(difficulty, bool) or difficulty < 1:
-        errors.append(LineError(line_no, "difficulty", f"must be an int >= 1, got {difficulty!r}"))
+        errors.append(LineError(line_no, "difficulty", f"must be an int >= 1, got {_short(difficulty)}"))
     for key in ("id", "source"):
         if key in obj and not _nonempty_str(obj[key]):
-            errors.append(LineError(line_no, key, f"must be a non-empty string, got {obj[key]!r}"))
+            errors.append(LineError(line_no, key, f"must be a non-empty string, got {_short(obj[key])}"))
     if errors:
         return None, errors
     src = obj.get("source", source)
@@ -113,7 +149,18 @@ def validate_jsonl(path: str, source: str = "jsonl") -> tuple[list[Problem], lis
             except json.JSONDecodeError as e:
                 errors.append(LineError(line_no, None, f"invalid JSON: {e.msg} (column {e.colno})"))
                 continue
-            problem, errs = parse_record(obj, line_no, source)
+            except ValueError as e:  # e.g. an integer longer than Python's 4,300-digit conversion limit
+                errors.append(LineError(line_no, None, f"invalid JSON value: {_short(str(e), 160)} "
+                                                       f"(write very long numbers as strings)"))
+                continue
+            except RecursionError:
+                errors.append(LineError(line_no, None, "invalid JSON: nested too deeply"))
+                continue
+            try:
+                problem, errs = parse_record(obj, line_no, source)
+            except Exception as e:  # noqa: BLE001 - a line that breaks the checks is still reported by number
+                problem, errs = None, [LineError(line_no, None, f"cannot be read: {type(e).__name__}: "
+                                                                f"{_short(str(e), 160)}")]
             errors.extend(errs)
             if problem is not None:
                 problems.append(problem)
