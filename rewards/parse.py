@@ -66,7 +66,7 @@ _LINE_MARKERS = (
     (re.compile(r"(?<![A-Za-z])(?:final\s+)?answer\s*[:：]", re.IGNORECASE), "en"),
     (re.compile(r"(?<![A-Za-z])(?:the\s+)?(?:final\s+)?answer\s+is(?![A-Za-z])\s*[:：]?", re.IGNORECASE), "en_is"),
     # GSM8K: "#### 72" at a line start; not a markdown heading such as "#### Step 1" or "#### 1. Setup"
-    (re.compile(r"^[ \t>]*####[ \t]*(?=[-+]?\$?[ \t]*[0-9０-９.])(?![0-9]+\.?[ \t]+[^\s0-9])", re.MULTILINE), "gsm8k"),
+    (re.compile(r"^[ \t>]*####[ \t]*(?=[-+]?\$?[ \t]*[0-9０-９.])(?![ \t]*[0-9]+\.?[ \t]+[^\s0-9])", re.MULTILINE), "gsm8k"),
 )
 _TAG_OPEN = re.compile(r"<answer>", re.IGNORECASE)
 _TAG_CLOSE = re.compile(r"</answer>|</think>", re.IGNORECASE)  # a line value never runs past these
@@ -223,7 +223,7 @@ _IS = re.compile(r"\bis\b")
 # $$..$$, \[..\], \(..\), $..$; each alternative stops at the next opener of its kind, so scanning stays linear
 _REGIONS = re.compile(r"(?<!\\)\$\$((?:(?!\$\$).)+?)\$\$|\\\[((?:(?!\\\[).)+?)\\\]"
                       r"|\\\(((?:(?!\\\()[^\n])+?)\\\)|(?<!\\)\$((?:[^$\n\\]|\\.)+?)\$", re.DOTALL)
-_LAST_NUMBER = re.compile(r"(?<![\w.])(?:-?\d+\s*/\s*\d+(?!\d|[.,]\d)|-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:[.,]\d+)?"
+_LAST_NUMBER = re.compile(r"(?<![A-Za-z0-9_.])(?:-?\d+\s*/\s*\d+(?!\d|[.,]\d)|-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:[.,]\d+)?"
                           r"|-?\.\d+)(?:\s*%)?")
 _CODE_LIKE = re.compile(r"__|\b(?:lambda|import|eval|exec|os|sys|open|system)\b|[\"`]"
                         r"|\\(?:input|include|write|immediate|openout|read)\b")
@@ -386,7 +386,7 @@ def _readings(raw: str) -> list[str]:
     if regions:
         return [_join_trailing(regions, tail)]
     nums = _LAST_NUMBER.findall(tail)
-    last = [nums[-1]] if nums else []
+    last = [nums[-1]] if nums and nums[-1] != tail else []
     return last + [tail] if _is_prose(tail) else [tail] + last
 
 

@@ -97,7 +97,7 @@ def test_process_default_when_nothing_checkable():
     ("w_outcome", -1.0), ("w_process", float("nan")), ("w_format", "0.1"), ("overlong_max_len", -1),
     ("overlong_buffer", 1.5), ("repetition_n", 0), ("repetition_threshold", 1.0), ("lang", "fr"),
     ("requires_reasoning", 1), ("verify_timeout", 0.0), ("process_default", 2.0), ("min_reasoning_steps", 0),
-    ("w_language", True),
+    ("w_language", True), ("format_mode", "r1"), ("max_chars", 10), ("max_chars", 1.5e5),
 ])
 def test_config_validation_names_field(field, value):
     with pytest.raises(ValueError, match=field):
@@ -143,3 +143,61 @@ def test_hostile_never_raises(text, gold):
     assert np.isfinite(r["total"])
     assert r["answer"] is None or len(r["answer"]) <= 200
     assert time.perf_counter() - t0 < 10.0
+
+
+def test_format_mode_reaches_the_format_reward():
+    r1 = "<think>3+4=7</think><answer>7</answer>"
+    assert score(r1, "7", RewardConfig(lang="en"))["format"] == 0.0
+    r = score(r1, "7", RewardConfig(lang="en", format_mode="think_answer"))
+    assert (r["format"], r["outcome"], r["answer"]) == (1.0, 1.0, "7")
+    assert score(r1, "7", RewardConfig(format_mode="think_answer", requires_reasoning=True))["outcome"] == 1.0
+
+
+def test_outcome_needs_an_extracted_answer():
+    assert score("I think it is 14", "14")["outcome"] == 0.0  # no answer marker: no outcome reward
+    assert score("步骤一：7×2=14\n答案：14个", "14")["outcome"] == 1.0
+    assert score("Step 1: 4*3 = 12\nFinal Answer: The total is 12.", "12", RewardConfig(lang="en"))["outcome"] == 1.0
+
+
+def test_inputs_are_capped_before_the_expensive_parts(monkeypatch):
+    """Timing-free: every function score() calls sees at most max_chars characters of the text."""
+    import rewards.combine as combine
+
+    seen = []
+
+    def spy(fn):
+        def wrapped(text, *args, **kwargs):
+            seen.append((fn.__name__, len(text)))
+            return fn(text, *args, **kwargs)
+        return wrapped
+
+    for name in ("extract_answer", "is_equiv", "check_steps", "format_reward"):
+        monkeypatch.setattr(combine, name, spy(getattr(combine, name)))
+    for name in ("has_reasoning", "repetition_penalty", "language_penalty"):
+        monkeypatch.setattr(combine.penalties, name, spy(getattr(combine.penalties, name)))
+    cfg = RewardConfig(w_process=0.2, w_repetition=0.1, w_language=0.1, max_chars=5000)
+    step = "步骤一：3+4=7，7×2=14\n"
+    text = step * 50_000 + "答案：14"  # about 1M characters
+    r = score(text, "14", cfg)
+    assert r["truncated"] == 1 and r["error"] == 0 and r["outcome"] == 1.0 and r["answer"] == "14"
+    assert r["length"] == len(text.encode())  # the overlong length is the whole response's
+    names = {n for n, _ in seen}
+    assert names == {"extract_answer", "is_equiv", "check_steps", "format_reward", "has_reasoning",
+                     "repetition_penalty", "language_penalty"}
+    assert max(n for _, n in seen) <= cfg.max_chars
+    seen.clear()
+    short = score(step * 3 + "答案：14", "14", cfg)
+    assert short["truncated"] == 0 and short["format"] == pytest.approx(0.75)  # 步骤一 thrice: order fails
+    assert max(n for _, n in seen) == len(step * 3 + "答案：14")
+
+
+@pytest.mark.slow
+def test_million_character_items_score_within_the_pool_deadline():
+    """A generous wall-clock sanity bound (the pool's default deadline is 5 s per item)."""
+    cfg = RewardConfig(w_process=0.3, w_repetition=0.1, w_language=0.1)
+    for text in ("".join(f"Step {i}: {i}*{i}={i * i} and 3 + 4 = 7.\n" for i in range(1, 30_000)) + "Answer: 7",
+                 "步骤一：" + "1+" * 400_000 + "1=2\n答案：2", "<think>" + "3+4=7 " * 170_000 + "</think><answer>7</answer>"):
+        t0 = time.perf_counter()
+        r = score(text, "7", cfg)
+        assert r["error"] == 0 and r["truncated"] == 1
+        assert time.perf_counter() - t0 < 2.5

@@ -62,9 +62,46 @@ def test_custom_weights():
     assert format_reward("答案：1", "zh", cfg) == 0.5
 
 
+R1 = FormatConfig(mode="think_answer")
+
+
+@pytest.mark.parametrize("text,expected", [
+    # (steps = reasoning block, order = tags well formed, answer, end)
+    ("<think>48/2 = 24, 48 + 24 = 72</think><answer>72</answer>", (1, 1, 1, 1)),
+    ("<think>\nwork\n</think>\n\n<answer>\n72\n</answer>\n", (1, 1, 1, 1)),
+    ("work</think><answer>72</answer>", (1, 1, 1, 1)),  # <think> was in the prompt
+    ("<think>work</think>72", (1, 0, 0, 0)),
+    ("<answer>72</answer>", (0, 0, 1, 1)),
+    ("<think> </think><answer>72</answer>", (0, 1, 1, 1)),
+    ("<think>work</think><answer>72</answer> and more", (1, 1, 1, 0)),
+    ("<think>work<answer>1</answer></think><answer>72</answer>", (1, 0, 1, 1)),
+    ("Sure! <think>work</think><answer>72</answer>", (0, 0, 1, 1)),
+    ("<think>work</think>so<answer>72</answer>", (1, 0, 1, 1)),
+    ("<think>work</think><answer> </answer>", (1, 1, 0, 0)),
+    ("<think>work</think><answer>72", (1, 0, 0, 0)),
+    ("<think>a</think><think>b</think><answer>7</answer>", (1, 0, 1, 1)),
+    ("<THINK>work</THINK><ANSWER>72</ANSWER>", (1, 1, 1, 1)),
+    ("Step 1: 3+4=7\nAnswer: 7", (0, 0, 0, 0)),
+    ("", (0, 0, 0, 0)),
+])
+def test_think_answer_components(text, expected):
+    c = format_components(text, "en", R1)
+    assert (c["steps"], c["order"], c["answer"], c["end"]) == expected
+    assert c["total"] == pytest.approx(0.25 * sum(expected))
+    assert format_components(text, "zh", R1) == c  # the tag layout does not depend on the language
+
+
+def test_modes_disagree_on_each_others_layout():
+    r1 = "<think>\nStep 1: 3+4=7\nStep 2: 7*2=14\n</think>\n<answer>14</answer>"
+    steps = "Step 1: 3+4=7\nStep 2: 7*2=14\nAnswer: 14"
+    assert format_reward(r1, "en") == 0.5 and format_reward(r1, "en", R1) == 1.0
+    assert format_reward(steps, "en") == 1.0 and format_reward(steps, "en", R1) == 0.0
+
+
 @pytest.mark.parametrize("kwargs,field", [
     ({"w_steps": 2.0}, "w_steps"), ({"w_end": -0.1}, "w_end"), ({"w_steps": 0.5}, "sum to 1"),
     ({"min_steps": 0}, "min_steps"), ({"accept_boxed": 1}, "accept_boxed"), ({"w_order": "a"}, "w_order"),
+    ({"mode": "r1"}, "mode"),
 ])
 def test_config_validation_names_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
@@ -78,12 +115,13 @@ def test_bad_lang_is_a_config_error():
 
 @pytest.mark.parametrize("text", [
     None, 12, b"\xff\xfe\x00", "\x00" * 1000, "步骤一：" * 50_000, "答案：" * 50_000, "\\boxed{" * 50_000,
-    "Step 1: " + "a" * 1_000_000 + "\nAnswer: 1",
+    "Step 1: " + "a" * 1_000_000 + "\nAnswer: 1", "<think>" * 100_000, "</answer><answer>" * 50_000,
 ])
 def test_hostile(text):
     t0 = time.perf_counter()
     r = format_reward(text, "zh")
     assert 0.0 <= r <= 1.0
+    assert 0.0 <= format_reward(text, "zh", R1) <= 1.0
     assert time.perf_counter() - t0 < 5.0
 
 

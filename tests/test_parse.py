@@ -4,8 +4,10 @@ import time
 import pytest
 
 from rewards.parse import (
-    clean_answer, cn_to_int, extract_answer, find_answer_markers, parse_steps, split_steps, step_spans,
+    ANSWER_WINDOW, answer_candidates, clean_answer, cn_to_int, extract_answer, find_answer_markers, parse_steps,
+    split_steps, step_spans,
 )
+from rewards.text import brace_pairs, deeper_than
 
 ZH = "问题：3加4再乘2？\n解答：\n步骤一：3+4=7\n步骤二：7×2=14\n答案：14"
 EN = "Question: ?\nSolution:\nStep 1: 3 + 4 = 7\nStep 2: 7 * 2 = 14\nAnswer: 14"
@@ -113,6 +115,14 @@ def test_the_answer_is_mid_sentence_does_not_cut_a_step():
     ("Answer:\n\n  42\nmore text", "42"), (r"Answer: \(x^2\)", "x^2"), (r"Answer: \[ 5 \]", "5"),
     ("Answer: 4.5", "4.5"), ("Answer: 3.", "3"),
     (r"\boxed{\{1\}}", r"\{1\}"), ("答案：x = 3", "x = 3"),
+    # GSM8K, R1 tags, Chinese "答案是" / "答：", joined boxes, readings of an answer line
+    ("48 + 24 = 72\n#### 72", "72"), ("#### 1,234", "1,234"), ("<answer>72</answer>", "72"),
+    ("<think>x</think>\n<answer>\n 72 \n</answer>", "72"), (r"<answer>\boxed{7}</answer>", "7"),
+    ("<answer>答案：6个</answer>", "6个"), ("所以答案是6。", "6"), ("答：小明有6个。", "小明有6个"),
+    (r"The roots are \boxed{2} and \boxed{3}", "2, 3"), (r"First \boxed{3}, then corrected: \boxed{4}", "4"),
+    ("The answer is 42. I hope it is correct.", "42"), ("Final Answer: The largest $n$ is 34.", "34"),
+    ("So the answer is $y = 5$, done", "y = 5"), ("Answer: 12 apples in total", "12"), ("答案：14。因为7×2=14", "14"),
+    (r"\boxed{\text{Answer: 5}}", r"\text{Answer: 5}"),
 ])
 def test_extract_answer(text, ans):
     assert extract_answer(text) == ans
@@ -120,7 +130,7 @@ def test_extract_answer(text, ans):
 
 @pytest.mark.parametrize("text", [
     "", "no answer here", "Step 1: 3+4=7", r"\boxed{", r"\boxed{}", "Answer:", "答案：  \n", r"\boxedx",
-    None, 123, ["Answer: 3"], object(),
+    None, 123, ["Answer: 3"], object(), "<answer>72", "<answer> </answer>", "#### Step 1: add", "解答：\n步骤一：a",
 ])
 def test_extract_answer_absent(text):
     assert extract_answer(text) is None
@@ -129,6 +139,37 @@ def test_extract_answer_absent(text):
 def test_last_valid_answer_wins_over_trailing_empty_one():
     assert extract_answer("Answer: 5\nAnswer:") == "5"
     assert extract_answer("Answer: 5 \\boxed{") == "5"
+
+
+def test_answer_is_searched_in_the_last_window_only():
+    assert extract_answer("Answer: 5\n" + "x" * ANSWER_WINDOW) is None
+    assert extract_answer("Answer: 5\n" + "x" * (ANSWER_WINDOW - 20)) == "5"
+
+
+def test_answer_candidates_fallbacks():
+    assert answer_candidates("Answer: 12 apples") == ["12", "12 apples"]
+    assert answer_candidates("In total it costs 1,250 dollars after tax, which is a lot.") == ["1,250",
+        "In total it costs 1,250 dollars after tax, which is a lot."]
+    assert answer_candidates("所以小芳今年31岁") == ["所以小芳今年31岁", "31"]  # Chinese: whole text first
+    assert answer_candidates("(B) because it is larger") == ["B", "(B) because it is larger"]
+    assert answer_candidates(r"Answer \[ 9 \]") == [" 9 "]
+    assert answer_candidates(r"so it is \boxed{\frac{1}{2}") == [r"\frac{1}{2}"]  # a cut-off box, no other answer
+    assert answer_candidates(r"Answer: 5 \boxed{\frac{1}{2}") == ["5"]  # ... but an answer before it wins
+    assert answer_candidates(None) == [""]
+
+
+def test_steps_end_at_answer_tags_and_think_close():
+    text = "<think>Step 1: 3+4=7\nStep 2: 7*2=14</think><answer>14</answer>"
+    assert split_steps(text) == ["3+4=7", "7*2=14"]
+    assert split_steps("Step 1: 3+4=7 <answer>7</answer>") == ["3+4=7"]
+
+
+def test_one_brace_matcher():
+    assert brace_pairs("{a{b}c}") == {0: 6, 2: 4}
+    assert brace_pairs(r"\{x\}") == {}  # escaped braces are literal
+    assert brace_pairs("\\\\{x}") == {2: 4}  # a LaTeX row break then a real brace
+    assert brace_pairs("}{") == {}
+    assert deeper_than("((()))", 2) and not deeper_than("()()()", 1) and not deeper_than("x" * 10, 0)
 
 
 def test_bytes_input():

@@ -100,6 +100,15 @@ def test_reasoning_text_and_has_reasoning():
     assert not has_reasoning("Step 1: a\nAnswer: 1", min_steps=2)
 
 
+def test_think_block_counts_as_reasoning_without_step_markers():
+    assert has_reasoning("<think>48/2 = 24</think><answer>24</answer>")
+    assert has_reasoning("48/2 = 24</think><answer>24</answer>")  # <think> was in the prompt
+    assert not has_reasoning("<think> </think><answer>24</answer>")
+    assert not has_reasoning("<think>a</think><answer>1</answer>", min_steps=2)
+    assert has_reasoning("<think>Step 1: a\nStep 2: b</think><answer>1</answer>", min_steps=2)
+    assert reasoning_text("<think>work</think><answer>1</answer>") == "<think>work</think>"
+
+
 def test_text_length_is_utf8_bytes():
     assert text_length("答案：1") == len("答案：1".encode())
     assert text_length(None) == 0
