@@ -21,7 +21,9 @@ counts generated tokens including the EOS.
 
 Everything that changes shapes (cfg, num_samples, max_new_tokens) is a static argument of
 one `jax.jit`; temperature, top_p, top_k and the eos/pad ids are traced, so a temperature
-schedule or a different filter does not recompile. eos_id=-1 disables stopping (benchmarks).
+schedule or a different filter does not recompile. eos_id is one id or a list of ids (chat
+checkpoints end a turn with any of several); eos_id=-1 disables stopping (benchmarks).
+The prefill computes logits for the last prompt position only (no [B, P, vocab] array).
 
 Exactness of cached decoding against a full forward needs a dropless MoE
 (capacity_factor=None): with a capacity, which tokens drop depends on the batch, and a
@@ -111,13 +113,15 @@ def _generate(params, prompts_BP, mask_BP, key, temperature, top_p, top_k, eos_i
     positions_BP = jnp.maximum(jnp.cumsum(mask_BP, axis=1, dtype=jnp.int32) - 1, 0)
     kv_valid_BL = jnp.concatenate([mask_BP, jnp.zeros((B, N), bool)], axis=1)
     cache = transformer.init_cache(cfg, B, P + N)
-    # attn_mask keeps padding out of the experts and router statistics.
-    logits_BPV, aux = fwd(params, prompts_BP, positions=positions_BP, attn_mask=mask_BP, cache=cache,
-                          cache_index=jnp.int32(0), kv_valid=kv_valid_BL)
+    # attn_mask keeps padding out of the experts and router statistics. Only the last prompt position's logits are
+    # needed: [B, P, vocab] float32 logits would dominate memory at a 150k vocabulary.
+    _, aux = fwd(params, prompts_BP, positions=positions_BP, attn_mask=mask_BP, cache=cache,
+                 cache_index=jnp.int32(0), kv_valid=kv_valid_BL, return_logits=False)
+    last_logits_B1V = transformer.logits_from_hidden(params, aux["hidden"][:, -1:], cfg, mesh=mesh, rules=rules)
 
     # K copies of each prompt's state: row b*K + k <- prompt b.
     cache = jax.tree.map(lambda c: jnp.repeat(c, K, axis=1), aux["cache"])
-    last_logits_RV = jnp.repeat(logits_BPV[:, -1], K, axis=0)
+    last_logits_RV = jnp.repeat(last_logits_B1V[:, 0], K, axis=0)
     kv_valid_RL = jnp.repeat(kv_valid_BL, K, axis=0)
     prompt_len_R = jnp.repeat(prompt_len_B, K, axis=0)
 
@@ -128,7 +132,8 @@ def _generate(params, prompts_BP, mask_BP, key, temperature, top_p, top_k, eos_i
     tokens_RN = jnp.full((R, N), pad_id, jnp.int32).at[:, 0].set(tok_R)
     logprobs_RN = jnp.zeros((R, N), jnp.float32).at[:, 0].set(logp_R)
     lengths_R = jnp.ones((R,), jnp.int32)
-    done_R = tok_R == eos_id
+    is_eos = lambda tok_R: jnp.any(tok_R[:, None] == eos_id[None, :], axis=-1)  # eos_id: [n_eos] ids
+    done_R = is_eos(tok_R)
 
     def cond(carry):
         t, done_R = carry[0], carry[4]
@@ -147,7 +152,7 @@ def _generate(params, prompts_BP, mask_BP, key, temperature, top_p, top_k, eos_i
         tokens_RN = tokens_RN.at[:, t].set(tok_R)
         logprobs_RN = logprobs_RN.at[:, t].set(logp_R)
         lengths_R = lengths_R + (~done_R).astype(jnp.int32)
-        done_R = done_R | (tok_R == eos_id)
+        done_R = done_R | is_eos(tok_R)
         return (t + 1, aux["cache"], kv_valid_RL, tok_R, done_R, tokens_RN, logprobs_RN, lengths_R)
 
     carry = (jnp.int32(1), cache, kv_valid_RL, tok_R, done_R, tokens_RN, logprobs_RN, lengths_R)
@@ -183,7 +188,8 @@ def generate(params, cfg, prompts, key, *, prompt_mask=None, num_samples=1, max_
 
     prompts [B, P] int32; prompt_mask [B, P] (1 = real token; None = no padding). Returns a
     SampleOutput(tokens [B*K, N], logprobs [B*K, N], lengths [B*K]); row b*K + k is sample k
-    of prompt b. temperature 0 is greedy; top_k 0 and top_p 1 disable those filters.
+    of prompt b. temperature 0 is greedy; top_k 0 and top_p 1 disable those filters. eos_id: one id or a list
+    (chat checkpoints stop at any of several, e.g. Qwen's <|im_end|> and <|endoftext|>); -1 never stops.
     mesh/rules are passed through to transformer.forward for sharded models.
     """
     prompts = jnp.asarray(prompts, jnp.int32)
@@ -211,8 +217,11 @@ def generate(params, cfg, prompts, key, *, prompt_mask=None, num_samples=1, max_
             f"exceeds cfg.max_seq_len {cfg.max_seq_len}")
     _check_scalar("temperature", temperature, 0.0, float("inf"))
     _check_scalar("top_p", top_p, 0.0, 1.0, low_open=True)
+    eos_ids = jnp.atleast_1d(jnp.asarray(eos_id, jnp.int32))
+    if eos_ids.ndim != 1 or eos_ids.shape[0] < 1:
+        raise ValueError(f"eos_id must be an id or a non-empty list of ids, got {eos_id!r}")
     return _generate(params, prompts, jnp.asarray(prompt_mask), key, jnp.asarray(temperature, jnp.float32),
                      jnp.asarray(top_p, jnp.float32), jnp.asarray(top_k, jnp.int32),
-                     jnp.asarray(eos_id, jnp.int32), jnp.asarray(pad_id, jnp.int32), cfg=cfg,
+                     eos_ids, jnp.asarray(pad_id, jnp.int32), cfg=cfg,
                      num_samples=int(num_samples), max_new_tokens=int(max_new_tokens), mesh=mesh,
                      rules=rules)

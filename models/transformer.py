@@ -214,7 +214,14 @@ def forward(params, tokens, cfg: ModelConfig, *, positions=None, attn_mask=None,
         aux["cache"] = cache
     if not return_logits:
         return None, aux
+    return logits_from_hidden(params, h_BTD, cfg, mesh=mesh, rules=rules), aux
 
+
+def logits_from_hidden(params, h_BTD, cfg: ModelConfig, *, mesh=None, rules=None):
+    """float32 logits [B, T, vocab] of final-normed hidden states (forward's last step; the sampler applies it to
+    the last prompt position only, so a prefill never holds [B, P, vocab] logits)."""
+    dtype = jnp.dtype(cfg.dtype)
+    h_BTD = h_BTD.astype(dtype)
     w, layout, scale = unembedding(params, cfg)
     if layout == "VD":
         # The scale is folded into the (smaller than activations at training shapes) weight, in the compute dtype.
@@ -223,8 +230,9 @@ def forward(params, tokens, cfg: ModelConfig, *, positions=None, attn_mask=None,
     else:
         logits_BTV = jnp.einsum("BTD,DV->BTV", h_BTD, w.astype(dtype), preferred_element_type=jnp.float32)
     if mesh is not None:
+        rules = sharding.DEFAULT_RULES if rules is None else rules
         logits_BTV = sharding.constrain(logits_BTV, ("batch", "length", "vocab"), mesh, rules)
-    return logits_BTV.astype(jnp.float32), aux
+    return logits_BTV.astype(jnp.float32)
 
 
 def unembedding(params, cfg: ModelConfig):

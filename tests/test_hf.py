@@ -215,3 +215,20 @@ def test_bfloat16_forward_and_sampling_match_float32(arch):
     logp32 = jnp.take_along_axis(jax.nn.log_softmax(step_logits), out.tokens[..., None], axis=-1)[..., 0]
     assert out.logprobs.dtype == jnp.float32
     np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(logp32), atol=0.1)
+
+
+def test_sampler_stops_at_any_of_several_eos_ids():
+    cfg, params = hf.load(DATA / "qwen3")
+    exp = _expected("qwen3")
+    greedy = exp["greedy"]
+    # two "EOS" ids, the rows' last greedy tokens: each row must stop at its first occurrence of either
+    eos = [int(greedy[0, -1]), int(greedy[1, -1])]
+    stops = [int(np.flatnonzero(np.isin(row, eos))[0]) for row in greedy]
+    out = sampling.generate(params, cfg, exp["prompt_ids"], jax.random.key(0), prompt_mask=exp["prompt_mask"],
+                            temperature=0.0, max_new_tokens=greedy.shape[1], eos_id=eos, pad_id=-7)
+    np.testing.assert_array_equal(np.asarray(out.lengths), np.array(stops) + 1)
+    for row, stop in enumerate(stops):
+        np.testing.assert_array_equal(np.asarray(out.tokens[row, :stop + 1]), greedy[row, :stop + 1])
+        assert np.all(np.asarray(out.tokens[row, stop + 1:]) == -7) and np.all(out.logprobs[row, stop + 1:] == 0)
+    with pytest.raises(ValueError, match="eos_id"):
+        sampling.generate(params, cfg, exp["prompt_ids"], jax.random.key(0), max_new_tokens=4, eos_id=[])
