@@ -82,6 +82,9 @@ def _write_frame(fd: int, obj) -> None:
 
 
 def main() -> None:
+    from rewards._lifeline import die_with_parent
+
+    die_with_parent()  # SIGKILLed with the process that started it (a reward worker or the trainer)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         import resource

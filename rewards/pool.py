@@ -12,9 +12,17 @@ Robustness: each item runs under a wall-clock deadline (`timeout` seconds, from 
 it). An item whose worker crashes (segfault, MemoryError during unpickling, os._exit) or runs past its
 deadline gets rewards.combine.error_result ("crash" / "timeout": total 0, error=1); the stuck worker's whole
 process group (it and any sympy child of rewards.verify) is SIGKILLed and replaced, and the other items of
-its chunk are re-queued, so one item never stops the batch. Texts longer than `max_text_chars` get error
-"too_long" without being sent. A worker that cannot start (3 failures in a row while none is ready) fails the
-queued items with "no_worker" rather than hanging.
+its chunk are re-queued, so one item never stops the batch. A worker that cannot start (3 failures in a row
+while none is ready) fails the queued items with "no_worker" rather than hanging.
+
+Input cap: a text or gold longer than `max_text_chars` (default 1,000,000 characters) gets error "too_long"
+and is never sent (no pickling, no worker time). Below that, rewards.combine.score looks only at the last
+RewardConfig.max_chars characters, so an item at the cap costs well under the default 5 s deadline (about
+0.8 s for 1M characters of step lines, the costliest text measured; see docs/security.md).
+
+Dying with the trainer: each worker asks the kernel to SIGKILL it when its parent exits (PR_SET_PDEATHSIG)
+and drops its copy of the forkserver's "alive" pipe, so a SIGKILLed trainer takes the forkserver, every
+worker (even one stuck in C code) and their sympy children with it within moments (rewards/_lifeline.py).
 
 Processes: workers start with the "forkserver" (default) or "spawn" method, never plain fork, because the
 parent holds JAX threads. With forkserver, rewards.combine is preloaded in the fork server so a replacement
@@ -46,6 +54,7 @@ import threading
 import time
 from multiprocessing.connection import wait as mp_wait
 
+from rewards._lifeline import die_with_parent, release_forkserver_lifeline
 from rewards.combine import RewardConfig, error_result, gold_text, score
 from rewards.parse import as_text
 
@@ -60,6 +69,8 @@ def _worker_main(conn, progress, cfg, memory_limit_mb, score_fn):
 
     `progress` (shared doubles) holds [current job id, its start time on the monotonic clock], so the parent
     knows which item is running and since when without a message per item."""
+    die_with_parent()  # the kernel kills a hung worker when its parent (the forkserver or the trainer) exits
+    release_forkserver_lifeline()  # ... and lets the forkserver exit when the trainer does
     try:
         os.setpgid(0, 0)  # own process group: the parent kills it together with its sympy child
     except OSError:
@@ -196,6 +207,8 @@ class RewardPool:
             raise ValueError(f"RewardPool.max_chunk must be an int >= 1, got {max_chunk!r}")
         if cfg is not None and not isinstance(cfg, RewardConfig):
             raise ValueError(f"RewardPool.cfg must be a rewards.combine.RewardConfig, got {type(cfg).__name__}")
+        if not isinstance(max_text_chars, int) or isinstance(max_text_chars, bool) or max_text_chars < 1:
+            raise ValueError(f"RewardPool.max_text_chars must be an int >= 1, got {max_text_chars!r}")
         if not callable(score_fn):
             raise ValueError("RewardPool.score_fn must be a picklable module-level function (text, gold, cfg, n_tokens=)")
         self.score_fn = score_fn
@@ -247,7 +260,7 @@ class RewardPool:
         handle = BatchHandle(len(texts))
         if self.n_workers == 0:
             for i, (t, g, n) in enumerate(zip(texts, golds, toks)):
-                self._record(handle, i, self._too_long(t) or self._inline(t, g, n))
+                self._record(handle, i, self._too_long(t, g) or self._inline(t, g, n))
             return handle
         with self._lock:
             for i, (t, g, n) in enumerate(zip(texts, golds, toks)):
@@ -317,9 +330,11 @@ class RewardPool:
         """Process ids of the live workers (each is also its process group id)."""
         return [w.proc.pid for w in list(getattr(self, "_workers", [])) if w.proc.is_alive()]
 
-    def _too_long(self, text):
-        if isinstance(text, (str, bytes, bytearray)) and len(text) > self.max_text_chars:
-            return error_result("too_long")
+    def _too_long(self, text, gold=None):
+        """The input cap, applied before anything is sent to a worker (see the module docstring)."""
+        for s in (text, gold):
+            if isinstance(s, (str, bytes, bytearray)) and len(s) > self.max_text_chars:
+                return error_result("too_long")
         return None
 
     def _record(self, handle: BatchHandle, index: int, result: dict) -> None:
@@ -370,7 +385,7 @@ class RewardPool:
             items = list(self._inbox)
             self._inbox.clear()
         for handle, index, text, gold, n in items:
-            early = self._too_long(text)
+            early = self._too_long(text, gold)
             if early is not None:
                 self._record(handle, index, early)
                 continue

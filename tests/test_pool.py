@@ -1,6 +1,7 @@
 """Tests for rewards.pool: parallel scoring equals in-process scoring; hangs and crashes are contained."""
 import os
 import signal
+import subprocess
 import sys
 import time
 import types
@@ -199,3 +200,92 @@ def test_workers_that_cannot_start_fail_items_instead_of_hanging(monkeypatch):
         assert p.stats()["no_worker"] == len(TEXTS)
     assert [r["error_kind"] for r in got] == ["no_worker"] * len(TEXTS)
     assert time.monotonic() - t0 < 30.0
+
+
+def test_too_long_gold_and_cap_validation():
+    with RewardPool(n_workers=0, timeout=5.0, max_text_chars=100) as p:
+        got = p.score_batch(["答案：1", "答案：1"], ["1" * 101, "1"])
+    assert got[0]["error_kind"] == "too_long" and got[1]["outcome"] == 1.0
+    with pytest.raises(ValueError, match="max_text_chars"):
+        RewardPool(n_workers=0, max_text_chars=0)
+
+
+def test_items_at_the_cap_finish_inside_the_default_deadline():
+    # The costliest texts measured for rewards.combine.score, at the pool's default cap of 1,000,000 characters:
+    # with the default 5 s deadline none may time out (each costs well under a second on an idle core).
+    n = 1_000_000
+    texts = [("步骤一：3+4=7\n" * n)[:n], ("\\boxed{" * n)[:n], "1" * n, ("答案：12\n" * n)[:n],
+             ("Step 1: 2 * 3 = 6\n" * n)[:n]]
+    with RewardPool(n_workers=2) as p:
+        assert p.max_text_chars == n and p.timeout == 5.0
+        got = p.score_batch(texts, ["12"] * len(texts))
+    assert [r["error_kind"] for r in got] == [""] * len(texts)
+    assert all(r["truncated"] == 1 for r in got)
+
+
+TRAINER = r'''
+import os, sys, time
+sys.path[:0] = [{repo!r}, {tests!r}]
+from rewards.combine import RewardConfig
+from rewards.pool import RewardPool
+from test_pool import hostile_score
+
+
+def descendants(pid):
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        for tid in os.listdir("/proc/%d/task" % p):
+            with open("/proc/%d/task/%s/children" % (p, tid)) as f:
+                kids = [int(x) for x in f.read().split()]
+            out += kids
+            todo += kids
+    return out
+
+
+if __name__ == "__main__":
+    pool = RewardPool(n_workers=2, timeout=600.0, cfg=RewardConfig(verify_timeout=0.5), score_fn=hostile_score)
+    pool.score_batch(["答案：1"] * 4, ["1"] * 4)  # workers up, their sympy children started
+    pool.submit_batch([{mode!r}] * 2, ["1", "1"])  # both workers now stuck in an item
+    time.sleep(1.0)
+    print(" ".join(map(str, descendants(os.getpid()))), flush=True)
+    time.sleep(600)
+'''
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie is dead, waiting to be reaped
+    except OSError:
+        return False
+
+
+def _cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+@pytest.mark.parametrize("mode", ["HANG", "SPIN"])
+def test_workers_die_with_a_killed_trainer(tmp_path, mode):
+    # SPIN holds the GIL in C code: only the kernel (the parent-death signal) can end that worker.
+    script = tmp_path / "trainer.py"
+    script.write_text(TRAINER.format(repo=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                     tests=os.path.dirname(os.path.abspath(__file__)), mode=mode))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=str(tmp_path))
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        kinds = " ".join(_cmdline(p) for p in pids)
+        assert "forkserver" in kinds and kinds.count("rewards._verify_worker") == 2, kinds
+        assert len(pids) >= 5  # the forkserver, 2 workers, their 2 sympy children (+ the resource tracker)
+        proc.kill()  # SIGKILL in the middle of the items: no clean-up code of the trainer runs
+        proc.wait()
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline and any(_alive(p) for p in pids):
+            time.sleep(0.05)
+        assert [(p, _cmdline(p)[:80]) for p in pids if _alive(p)] == []
+    finally:
+        proc.kill()
