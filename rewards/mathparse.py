@@ -77,6 +77,7 @@ _FRACS = re.compile(r"\\[dtc]frac(?![a-zA-Z])")
 _QUALIFIER = re.compile(r"^\s*(?:约等于|约为|约是|约|大约是|大约为|大约|大概是|大概为|大概|近似于|近似为|近似是|近似|"
                         r"approximately|approx\.?|about|around|roughly|\\approx|≈)\s*", re.IGNORECASE)
 _HAN = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+_HAN_CHAR = re.compile(f"[{_HAN}]")
 _CJK_FRACTION = re.compile(r"(\d+(?:\.\d+)?)\s*分之\s*(\d+(?:\.\d+)?)")       # 3分之2 = 2/3
 _CJK_PERCENT = re.compile(r"百分之\s*(\d+(?:\.\d+)?)")                        # 百分之25 = 25%
 _CJK_MULTIPLIER = re.compile(r"(\d+(?:\.\d+)?)\s*([十百千万亿]+)")
@@ -100,7 +101,7 @@ def _cjk_multiplier(m: re.Match) -> str:
 def _read_chinese(s: str) -> str:
     """Qualifiers, Chinese fractions, percentages, multipliers and trailing units (see the module docstring)."""
     s = _QUALIFIER.sub("", s, count=1)
-    if not any("\u3400" <= c for c in s):
+    if _HAN_CHAR.search(s) is None:
         return s
     s = _CJK_FRACTION.sub(r"\2/\1", s)
     s = _CJK_PERCENT.sub(r"\1%", s)
@@ -110,7 +111,7 @@ def _read_chinese(s: str) -> str:
 
 def normalize(text: str) -> str:
     """Rewrites spacing, units, separators and synonyms so the tokenizer sees one spelling."""
-    s = text.translate(FULLWIDTH)
+    s = text if text.isascii() else text.translate(FULLWIDTH)
     if "\\begin" not in s and "\\\\" in s:
         s = _DOUBLED_CMD.sub(r"\\\1", s)  # answers copied from escaped JSON: \\frac -> \frac
     s = s.replace("\u2212", "-").replace("\u00a0", " ").replace("{,}", "")

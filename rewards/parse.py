@@ -37,7 +37,7 @@ import re
 from typing import NamedTuple
 
 from rewards.mathparse import FUNCS, GREEK
-from rewards.text import as_text, brace_pairs, is_han
+from rewards.text import as_text, brace_pairs
 
 __all__ = [
     "Step", "AnswerMarker", "ANSWER_WINDOW", "as_text", "cn_to_int", "parse_steps", "split_steps", "step_spans",
@@ -60,14 +60,45 @@ _EN_STEP = re.compile(rf"(?<![A-Za-z])step\s*(?P<n>[{_DIGITS}]{{1,6}})\s*(?:[:�
 
 # Answer-line markers, each with its lang. "The answer is" / "答案是" only end a step when they start a line
 # (mid-sentence they are prose, though extract_answer still reads them).
-_LINE_MARKERS = (
-    (re.compile(r"(?:最终)?答案\s*[：:]|(?<![\u3400-\u9fff])答\s*[：:]"), "zh"),
-    (re.compile(r"(?:最终)?答案\s*(?:是|为)\s*[：:]?"), "zh_is"),
-    (re.compile(r"(?<![A-Za-z])(?:final\s+)?answer\s*[:：]", re.IGNORECASE), "en"),
-    (re.compile(r"(?<![A-Za-z])(?:the\s+)?(?:final\s+)?answer\s+is(?![A-Za-z])\s*[:：]?", re.IGNORECASE), "en_is"),
+_LINE_MARKERS = (  # (pattern, lang, a substring every match contains: patterns whose key is absent are skipped)
+    (re.compile(r"(?:最终)?答案\s*[：:]|(?<![\u3400-\u9fff])答\s*[：:]"), "zh", "答"),
+    (re.compile(r"(?:最终)?答案\s*(?:是|为)\s*[：:]?"), "zh_is", "答"),
     # GSM8K: "#### 72" at a line start; not a markdown heading such as "#### Step 1" or "#### 1. Setup"
-    (re.compile(r"^[ \t>]*####[ \t]*(?=[-+]?\$?[ \t]*[0-9０-９.])(?![ \t]*[0-9]+\.?[ \t]+[^\s0-9])", re.MULTILINE), "gsm8k"),
+    (re.compile(r"^[ \t>]*####[ \t]*(?=[-+]?\$?[ \t]*[0-9０-９.])(?![ \t]*[0-9]+\.?[ \t]+[^\s0-9])", re.MULTILINE),
+     "gsm8k", "####"),
 )
+_ANY_MARKER = re.compile(r"答|answer|####|\\(?:boxed|fbox)", re.IGNORECASE)  # every marker contains one of these
+# English markers "(final) answer:" (en) and "(the) (final) answer is" (en_is), not after an ASCII letter. They
+# are found from each literal "answer" (a scan for a literal is fast, a pattern with optional words in front is
+# not), trying the word starts just before it from the left: the matches a left-to-right regex scan would give.
+_ANSWER_WORD = re.compile(r"answer", re.IGNORECASE)
+_EN_MARKERS = ((re.compile(r"(?:final\s+)?answer\s*[:：]", re.IGNORECASE), "en"),
+               (re.compile(r"(?:the\s+)?(?:final\s+)?answer\s+is(?![A-Za-z])\s*[:：]?", re.IGNORECASE), "en_is"))
+_WORD_START = re.compile(r"(?<![A-Za-z])[A-Za-z]")
+
+
+def _english_markers(text: str) -> list[tuple[int, int, str]]:
+    """(start, end, lang) of the English answer markers, in order."""
+    out = []
+    for word in _ANSWER_WORD.finditer(text):
+        i = word.start()
+        starts = [m.start() for m in _WORD_START.finditer(text, max(0, i - 24), i)] + [i]
+        found = None
+        for p in starts:
+            if p > 0 and text[p - 1].isascii() and text[p - 1].isalpha():
+                continue
+            for rx, lang in _EN_MARKERS:
+                m = rx.match(text, p)
+                if m is not None and m.end() > i:
+                    found = (p, m.end(), lang)
+                    break
+            if found:
+                break
+        if found and (not out or found[0] >= out[-1][1]):  # a scan resumes after the previous match
+            out.append(found)
+    return out
+
+
 _TAG_OPEN = re.compile(r"<answer>", re.IGNORECASE)
 _TAG_CLOSE = re.compile(r"</answer>|</think>", re.IGNORECASE)  # a line value never runs past these
 _THINK_CLOSE = re.compile(r"</think>", re.IGNORECASE)
@@ -230,6 +261,7 @@ _CODE_LIKE = re.compile(r"__|\b(?:lambda|import|eval|exec|os|sys|open|system)\b|
 _GAP_WORDS = re.compile(r"\\text\s*\{([^{}]*)\}|\\[a-zA-Z]+|[$,;.:()\[\]\\]")
 _PROSE_WORD = re.compile(r"(?<![\\a-zA-Z0-9])[a-zA-Z]*[a-z][a-zA-Z]*(?![a-zA-Z0-9])")
 _LATEX_CMD_ARG = re.compile(r"\\[a-zA-Z]+\s*(?:\{[^{}]*\})?")
+_HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 _MATH_WORDS = {"sqrt", "frac", "dfrac", "tfrac", "cdot", "times", "infty", "infinity", "percent",
                "percentage", "text", "left", "right", "boxed", "sin", "cos", "tan", "log", "ceil",
                "floor", "units", "pmatrix", "bmatrix", "matrix", "begin", "end", "mathrm"}
@@ -290,10 +322,15 @@ def find_answer_markers(text) -> list[AnswerMarker]:
     An answer line inside a box's braces is part of the box, not a marker of its own."""
     try:
         text = as_text(text)
+        if _ANY_MARKER.search(text) is None:
+            return []  # the common case for a bare answer: one cheap scan
+        keys = {"答": "答" in text, "####": "####" in text, "answer": _ANSWER_WORD.search(text) is not None}
         # "Final Answer:" / "最终答案：" are matched once each (regex alternation), so there are no duplicates.
-        lines = sorted((m.start(), m.end(), lang) for rx, lang in _LINE_MARKERS for m in rx.finditer(text))
-        tags = [(m.start(), m.end()) for m in _TAG_OPEN.finditer(text)]
-        closers = [m.start() for m in _TAG_CLOSE.finditer(text)]
+        lines = [(m.start(), m.end(), lang) for rx, lang, key in _LINE_MARKERS if keys[key] for m in rx.finditer(text)]
+        lines = sorted(lines + (_english_markers(text) if keys["answer"] else []))
+        has_tags = "<" in text
+        tags = [(m.start(), m.end()) for m in _TAG_OPEN.finditer(text)] if has_tags else []
+        closers = [m.start() for m in _TAG_CLOSE.finditer(text)] if has_tags else []
         boxes = [(m.start(), m.end()) for m in _BOXED.finditer(text)]
         braces = brace_pairs(text) if boxes else {}
         out = []
@@ -452,7 +489,7 @@ def answer_candidates(text) -> list[str]:
             nums = []  # broken math delimiters: the text does not state a clean answer
         if _is_prose(text):
             return ([nums[-1]] if nums else []) + [text]
-        if nums and sum(map(is_han, text)) >= 2:
+        if nums and _HAN.search(text):
             return [text, nums[-1]]  # Chinese: "6个" reads as a whole, "所以他今年31岁" by its last number
         return [text]  # formula-only text that does not parse states no answer
     except Exception:  # noqa: BLE001

@@ -46,12 +46,12 @@ def is_han(c: str) -> bool:
             or 0x20000 <= o <= 0x2FFFF)
 
 
-_BRACE_TOKEN = re.compile(r"\\.|[{}]", re.DOTALL)
+_BRACE_TOKEN = re.compile(r"\\[\\{}]|[{}]")  # an escape pair (\\ \{ \}) or a brace
 
 
 def brace_pairs(text: str) -> dict[int, int]:
-    """Map each "{" to its matching "}" in one pass. A backslash escapes the next character, so \\{ and \\} are
-    literal braces and \\\\{ is a row break followed by a real brace; unmatched braces are left out."""
+    """Map each "{" to its matching "}" in one pass. \\{ and \\} are literal braces, and \\\\{ is a row break
+    followed by a real brace; unmatched braces are left out."""
     stack, pairs = [], {}
     for m in _BRACE_TOKEN.finditer(text):
         tok = m.group()

@@ -164,6 +164,25 @@ def test_steps_end_at_answer_tags_and_think_close():
     assert split_steps("Step 1: 3+4=7 <answer>7</answer>") == ["3+4=7"]
 
 
+def test_english_markers_match_the_reference_patterns():
+    """The literal-anchored scan finds exactly what the two plain patterns (written here) find."""
+    import random
+    import re
+
+    from rewards.parse import _english_markers
+
+    en = re.compile(r"(?<![A-Za-z])(?:final\s+)?answer\s*[:：]", re.IGNORECASE)
+    en_is = re.compile(r"(?<![A-Za-z])(?:the\s+)?(?:final\s+)?answer\s+is(?![A-Za-z])\s*[:：]?", re.IGNORECASE)
+    words = ["the", "The", "final", "FINAL", "answer", "Answer", "is", "isn't", ":", "：", " ", "\n", "x", "5", "answers",
+             "xanswer", "-", "  "]
+    rnd = random.Random(0)
+    for _ in range(5000):
+        text = "".join(rnd.choice(words) + rnd.choice(["", " "]) for _ in range(rnd.randint(1, 12)))
+        want = sorted([(m.start(), m.end(), "en") for m in en.finditer(text)]
+                      + [(m.start(), m.end(), "en_is") for m in en_is.finditer(text)])
+        assert _english_markers(text) == want, text
+
+
 def test_one_brace_matcher():
     assert brace_pairs("{a{b}c}") == {0: 6, 2: 4}
     assert brace_pairs(r"\{x\}") == {}  # escaped braces are literal
