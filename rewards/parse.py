@@ -70,11 +70,12 @@ _LINE_MARKERS = (  # (pattern, lang, a substring every match contains: patterns 
 _ANY_MARKER = re.compile(r"答|answer|####|\\(?:boxed|fbox)", re.IGNORECASE)  # every marker contains one of these
 # English markers "(final) answer:" (en) and "(the) (final) answer is" (en_is), not after an ASCII letter. They
 # are found from each literal "answer" (a scan for a literal is fast, a pattern with optional words in front is
-# not), trying the word starts just before it from the left: the matches a left-to-right regex scan would give.
+# not): the part after it decides the kind, the leftmost valid prefix before it the start, so the matches are
+# those of a left-to-right scan with the two patterns.
 _ANSWER_WORD = re.compile(r"answer", re.IGNORECASE)
-_EN_MARKERS = ((re.compile(r"(?:final\s+)?answer\s*[:：]", re.IGNORECASE), "en"),
-               (re.compile(r"(?:the\s+)?(?:final\s+)?answer\s+is(?![A-Za-z])\s*[:：]?", re.IGNORECASE), "en_is"))
-_WORD_START = re.compile(r"(?<![A-Za-z])[A-Za-z]")
+_EN_AFTER = re.compile(r"answer(?:\s*[:：]|(\s+is(?![A-Za-z])\s*[:：]?))", re.IGNORECASE)
+_EN_BEFORE = {"en": re.compile(r"(?<![A-Za-z])(?:final\s+)?\Z", re.IGNORECASE),
+              "en_is": re.compile(r"(?<![A-Za-z])(?:the\s+)?(?:final\s+)?\Z", re.IGNORECASE)}
 
 
 def _english_markers(text: str) -> list[tuple[int, int, str]]:
@@ -82,20 +83,13 @@ def _english_markers(text: str) -> list[tuple[int, int, str]]:
     out = []
     for word in _ANSWER_WORD.finditer(text):
         i = word.start()
-        starts = [m.start() for m in _WORD_START.finditer(text, max(0, i - 24), i)] + [i]
-        found = None
-        for p in starts:
-            if p > 0 and text[p - 1].isascii() and text[p - 1].isalpha():
-                continue
-            for rx, lang in _EN_MARKERS:
-                m = rx.match(text, p)
-                if m is not None and m.end() > i:
-                    found = (p, m.end(), lang)
-                    break
-            if found:
-                break
-        if found and (not out or found[0] >= out[-1][1]):  # a scan resumes after the previous match
-            out.append(found)
+        after = _EN_AFTER.match(text, i)
+        if after is None:
+            continue
+        lang = "en_is" if after.group(1) else "en"
+        before = _EN_BEFORE[lang].search(text, max(0, i - 32), i)
+        if before is not None and (not out or before.start() >= out[-1][1]):  # a scan resumes after a match
+            out.append((before.start(), after.end(), lang))
     return out
 
 
@@ -324,10 +318,10 @@ def find_answer_markers(text) -> list[AnswerMarker]:
         text = as_text(text)
         if _ANY_MARKER.search(text) is None:
             return []  # the common case for a bare answer: one cheap scan
-        keys = {"答": "答" in text, "####": "####" in text, "answer": _ANSWER_WORD.search(text) is not None}
+        keys = {"答": "答" in text, "####": "####" in text}
         # "Final Answer:" / "最终答案：" are matched once each (regex alternation), so there are no duplicates.
         lines = [(m.start(), m.end(), lang) for rx, lang, key in _LINE_MARKERS if keys[key] for m in rx.finditer(text)]
-        lines = sorted(lines + (_english_markers(text) if keys["answer"] else []))
+        lines = sorted(lines + _english_markers(text))
         has_tags = "<" in text
         tags = [(m.start(), m.end()) for m in _TAG_OPEN.finditer(text)] if has_tags else []
         closers = [m.start() for m in _TAG_CLOSE.finditer(text)] if has_tags else []

@@ -3,6 +3,7 @@
     python -m experiments.bench.verify             # 800 pairs, single process and a pool of 2
     python -m experiments.bench.verify --quick     # 200 pairs, a smoke run
     python -m experiments.bench.verify --pairs 2000 --workers 4 --json out.json
+    python -m experiments.bench.verify --against 100407f   # also: this tree's is_equiv vs rewards/ at a revision
 
 Reports, for both verifiers on the SAME synthetic mix of answer pairs (integers with separators,
 decimals, fractions, percentages, LaTeX, mathematics_dataset polynomials, equations, intervals,
@@ -14,27 +15,40 @@ sets, tuples, matrices, long solutions ending in \\boxed{}, true and false):
   - the ratio is_equiv / math-verify,
   - agreement with the mix's own labels,
   - agreement on the peer test tables ../shared/peers/mathverify_cases.jsonl and
-    other_equiv_cases.jsonl when they exist (they are read, never copied into the project).
+    other_equiv_cases.jsonl when they exist (they are read, never copied into the project),
+  - agreement on the project's own table of realistic Chinese / GSM8K / R1-style responses
+    (tests/data/answers_zh_en.jsonl: written by us, so flattering to is_equiv; math-verify is
+    given the same whole responses).
 math-verify is called the two ways a user would: verify(parse(gold), parse(pred)) with its
 defaults on the strings as they are ("as-is"), and with bare answers wrapped in $...$ as its
 documentation shows ("$-wrapped": slower, finds more LaTeX answers).  The ratio is taken against
 the faster of the two.  On the peer tables math-verify is also run with the extraction settings
 each of its own tests used ("per-case config"), for reference.
+
+With --against REV, `rewards/` at git revision REV is extracted to a temporary directory and
+both verifiers run on the same mix in alternating subprocesses (3 rounds each); the figure is
+pairs per CPU-second of the process (median of 5 passes), which a machine shared with other
+jobs disturbs far less than wall-clock rates, and the ratio is this tree over REV.
 """
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import random
 import statistics
+import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PEER_DIR = os.path.join(os.path.dirname(ROOT), "shared", "peers")
 PEER_FILES = ("mathverify_cases.jsonl", "other_equiv_cases.jsonl")
+ZH_EN_TABLE = os.path.join(ROOT, "tests", "data", "answers_zh_en.jsonl")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -257,6 +271,56 @@ def peer_agreement() -> list[dict]:
     return results
 
 
+def zh_en_agreement() -> dict | None:
+    """Agreement with the expected verdicts of tests/data/answers_zh_en.jsonl (whole responses)."""
+    from rewards.verify import is_equiv
+
+    if not os.path.exists(ZH_EN_TABLE):
+        return None
+    with open(ZH_EN_TABLE, encoding="utf-8") as fh:
+        rows = [json.loads(line) for line in fh if line.strip()]
+    ours = [is_equiv(r["text"], r["gold"], timeout=2.0) == r["expected"] for r in rows]
+    mv = run_math_verify_raw([(r["text"], r["gold"]) for r in rows])
+    return {"table": "answers_zh_en.jsonl", "n": len(rows), "is_equiv": sum(ours) / len(rows),
+            "math_verify_default": sum(m == r["expected"] for m, r in zip(mv, rows)) / len(rows)}
+
+
+# ---------------------------------------------------------------------------------------------
+# this tree against an earlier revision of rewards/
+
+_CPU_RATE = """
+import statistics, sys, time
+sys.path[:0] = [sys.argv[1], sys.argv[2]]   # the rewards/ to time first, then this tree (for the mix)
+from experiments.bench.verify import make_mix
+from rewards.verify import is_equiv
+pairs = [(p, g) for p, g, _ in make_mix(int(sys.argv[3]))]
+[is_equiv(p, g) for p, g in pairs[:50]]
+rates = []
+for _ in range(5):
+    start = time.process_time()
+    [is_equiv(p, g, timeout=1.0) for p, g in pairs]
+    rates.append(len(pairs) / (time.process_time() - start))
+print(statistics.median(rates))
+"""
+
+
+def cpu_rate_against(rev: str, n_pairs: int, rounds: int = 3) -> dict:
+    """Pairs per CPU-second of this tree's is_equiv and of rewards/ at `rev`, alternating subprocesses."""
+    archive = subprocess.run(["git", "-C", ROOT, "archive", rev, "rewards"], capture_output=True, check=True).stdout
+    with tempfile.TemporaryDirectory() as old:
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            tar.extractall(old, filter="data")
+        rates = {"current": [], rev: []}
+        for _ in range(rounds):
+            for name, path in (("current", ROOT), (rev, old)):
+                out = subprocess.run([sys.executable, "-c", _CPU_RATE, path, ROOT, str(n_pairs)],
+                                     capture_output=True, text=True, check=True, cwd=ROOT)
+                rates[name].append(float(out.stdout.split()[-1]))
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    return {"rev": rev, "rates": rates, "current": med["current"], "baseline": med[rev],
+            "ratio": med["current"] / med[rev]}
+
+
 # ---------------------------------------------------------------------------------------------
 
 def main(argv=None) -> dict:
@@ -266,6 +330,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="200 pairs, 1 repetition")
     ap.add_argument("--json", default=None, help="also write the figures to this file")
+    ap.add_argument("--against", default=None, metavar="REV",
+                    help="also time rewards/ at this git revision against this tree (pairs per CPU-second)")
     args = ap.parse_args(argv)
     if args.quick:
         args.pairs, args.reps = 200, 1
@@ -290,6 +356,9 @@ def main(argv=None) -> dict:
         if rate is not None:
             report["reward_pool"][name] = rate
     report["peers"] = peer_agreement()
+    zh_en = zh_en_agreement()
+    if zh_en is not None:
+        report["peers"].append(zh_en)
     # the ratio is taken against the faster of the two ways of calling math-verify
     if not report["reward_pool"]:
         del report["reward_pool"]
@@ -298,6 +367,8 @@ def main(argv=None) -> dict:
             continue
         best = max(report[mode]["math_verify"], report[mode]["math_verify_raw"])
         report[f"ratio_{mode}"] = report[mode]["is_equiv"] / best
+    if args.against:
+        report["against"] = cpu_rate_against(args.against, args.pairs)
     print_report(report)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
@@ -323,6 +394,10 @@ def print_report(report: dict) -> None:
         if "math_verify_configured" in entry:
             print(f"{'  math-verify, per-case config':30}{'':>14}{'':>14}{entry['math_verify_configured']:>14.1%}")
     print("ratio: is_equiv pairs/s over the faster math-verify column")
+    if "against" in report:
+        a = report["against"]
+        print(f"\nis_equiv pairs per CPU-second, this tree {a['current']:.0f} vs rewards/ at {a['rev']} "
+              f"{a['baseline']:.0f}: {a['ratio']:.3f}x (medians of {len(a['rates']['current'])} alternating runs)")
 
 
 if __name__ == "__main__":
