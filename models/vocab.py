@@ -18,7 +18,8 @@ chunk's logits, so the largest temporaries are a few [B, chunk_len, vocab] float
     d logp / dz_j = onehot_j - p_j          d entropy / dz_j = -p_j (z_j - E[z])
 
 The weight gradient accumulates in float32 across chunks; hidden and weight gradients are returned in the inputs'
-dtypes (bf16 parameters get bf16 gradients). Everything from the logits on is float32.
+dtypes (bf16 parameters get bf16 gradients). Everything from the logits on is float32; the three matmuls take their
+inputs in the compute dtype (hidden's) and accumulate in float32.
 """
 
 from __future__ import annotations
@@ -84,9 +85,12 @@ def _bwd(layout, residuals, cotangents):
         dz_BCV = -p_BCV * (g_logp_BC[..., None] + g_ent_BC[..., None] * (z_BCV - ez_BC[..., None]))
         onehot_BCV = jax.nn.one_hot(tgt_BC, z_BCV.shape[-1], dtype=jnp.float32)
         dz_BCV = (dz_BCV + onehot_BCV * g_logp_BC[..., None]) * s_B[:, None, None]  # through z = s * (h @ w)
-        dh_BCD = jnp.einsum(to_h, dz_BCV, w.astype(jnp.float32)).astype(h_BCD.dtype)
-        dw = dw + jnp.einsum(to_w, h_BCD.astype(jnp.float32), dz_BCV)
-        return dw, dh_BCD
+        # The two gradient matmuls take their inputs in the compute dtype and accumulate in float32, like the
+        # forward matmul (a float32 copy of a bf16 [V, D] table would cost more than the chunks themselves).
+        dz_c = dz_BCV.astype(h_BCD.dtype)
+        dh_BCD = jnp.einsum(to_h, dz_c, w.astype(h_BCD.dtype), preferred_element_type=jnp.float32)
+        dw = dw + jnp.einsum(to_w, h_BCD, dz_c, preferred_element_type=jnp.float32)
+        return dw, dh_BCD.astype(h_BCD.dtype)
 
     dw, dh_nBCD = jax.lax.scan(chunk, jnp.zeros(w.shape, jnp.float32),
                                (h_nBCD, tgt_nBC, lse_nBC, ez_nBC, g_logp_nBC, g_ent_nBC))
