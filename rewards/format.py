@@ -75,7 +75,7 @@ class FormatConfig:
 
 
 _DEFAULT = FormatConfig()
-_ANSWER_LANGS = {"zh": ("zh",), "en": ("en", "en_is")}
+_ANSWER_LANGS = {"zh": ("zh", "zh_is"), "en": ("en", "en_is")}
 
 
 def _final_answers(text: str, lang: str, cfg: FormatConfig, markers):

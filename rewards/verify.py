@@ -5,25 +5,30 @@
     is_equiv(r"\\boxed{\\dfrac{1}{2}}", "0.5")                   # True
     is_equiv("5*o**2 - 1475*o + 16980", "5*(o - 283)*(o - 12)") # True (symbolic)
     is_equiv(r"x \\in [-2, 7]", r"-2 \\le x \\le 7")              # True
+    is_equiv("最终答案：６个", "6"), is_equiv("#### 72", "72")     # True, True
 
 How a pair is decided (cheapest first):
-1. Both sides plain numbers (separators, decimals, a/b, percent): exact Fraction comparison,
-   in-process, no parser and no sympy.
-2. Otherwise each side is reduced to its final answer (last \\boxed{}, "final answer is", last
-   $...$ region, or the last number of a long text), parsed by rewards.mathparse (own tokenizer
-   and Pratt parser: model text is never passed to eval/exec/sympify/parse_expr/parse_latex) and
-   compared structurally: sets and lists without order, tuples and intervals with order and
-   brackets, matrices element-wise, equations and inequalities up to a constant factor,
-   "x = 3" against "3", text answers by normalised words.
-3. Scalars: exact rationals; then complex-float evaluation at deterministic random points, three
-   positive reals and two complex values with positive real part (a mismatch is final;
-   agreement at >= 4 points settles an analytic identity).  Where that argument is weak
-   (floor/ceiling/factorial, too few points in the domain) sympy is asked for a proof in a
-   killable worker process (rewards._verify_worker) within the remaining time; if sympy cannot
-   decide in time, the numeric agreement stands.
+1. Both sides plain numbers (separators, decimals, a/b, percent): the shared equality rule
+   (rewards._verify_eval.exact_equal) on exact Fractions, in-process, no parser and no sympy.
+2. Otherwise each side is reduced to its final answer by the one extractor,
+   rewards.parse.answer_candidates (the readings of extract_answer's occurrence: last \\boxed{},
+   answer line, #### line or <answer> tag; else the last $...$ region or the last number of a
+   long text), parsed by rewards.mathparse (own tokenizer and Pratt parser: model text is never
+   passed to eval/exec/sympify/parse_expr/parse_latex; Chinese units, qualifiers and full-width
+   forms are read there) and compared structurally: sets and lists without order, tuples and
+   intervals with order and brackets, matrices element-wise, equations and inequalities up to a
+   constant factor, "x = 3" against "3", text answers by normalised words.
+3. Scalars: the shared equality rule when both are exact rationals (the same rule the step
+   checker rewards.steps uses, so the two agree); then complex-float evaluation at deterministic
+   random points, three positive reals and two complex values with positive real part (a
+   mismatch is final; agreement at >= 4 points settles an analytic identity).  Where that
+   argument is weak (floor/ceiling/factorial, too few points in the domain) sympy is asked for a
+   proof in a killable worker process (rewards._verify_worker) within the remaining time; if
+   sympy cannot decide in time, the numeric agreement stands.
 Decimal answers are accepted when they are the other side rounded to their own number of
-decimals (at least 2).  Anything that overflows a float (9^{9^{9^9}}, 10**10**10,
-factorial(10**9)) or exceeds the size limits is rejected: it returns False, never raises.
+decimals (at least 2; rewards._verify_eval states the rule).  Anything that overflows a float
+(9^{9^{9^9}}, 10**10**10, factorial(10**9)) or exceeds the size limits is rejected: it returns
+False, never raises.
 """
 from __future__ import annotations
 

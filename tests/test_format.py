@@ -15,6 +15,7 @@ from rewards.format import FormatConfig, format_components, format_reward
     ("Step 1: a\nStep 2: b\nAnswer: \\boxed{14}", "en"),
     ("Step 1: a\nStep 2: so x = \\boxed{14}", "en"),
     ("Step 1: so the answer is 3\nAnswer: 3", "en"),
+    ("步骤一：3+3=6\n答案是6个", "zh"), ("步骤一：3+3=6\n答：6个", "zh"), ("步骤一：所以答案是6\n答案：6", "zh"),
 ])
 def test_perfect_format(text, lang):
     assert format_reward(text, lang) == 1.0
