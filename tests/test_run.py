@@ -98,8 +98,8 @@ def test_rl_iterations_train_and_match_the_sampler(full_run):
 
 def test_resume_after_stop_is_exact(full_run, tmp_path, capsys):
     part = tmp_path / "part"
-    # stop after 8 units (6 SFT epochs, the rejection round, GRPO iteration 0: a sampled-ahead batch is pending)
-    _run(part, "--config.run.stop_after=8")
+    # stop after 12 units (10 SFT epochs, the rejection round, GRPO iteration 0: a sampled-ahead batch is pending)
+    _run(part, "--config.run.stop_after=12")
     partial = json.loads((part / "summary.json").read_text())  # written after every finished stage
     assert list(partial["eval"]) == ["initial", "cold_start", "rejection"]
     assert "rerun the same command to resume" in capsys.readouterr().out
@@ -148,7 +148,7 @@ def test_sharded_mesh_run_resumes_exactly(tmp_path):
     mesh = ["--config.mesh.data=2", "--config.mesh.expert=2", "--config.mesh.tensor=2", "--config.stages[2].iterations=2"]
     full, part = tmp_path / "full", tmp_path / "part"
     _run(full, *mesh)
-    _run(part, *mesh, "--config.run.stop_after=8")
+    _run(part, *mesh, "--config.run.stop_after=12")
     _run(part, *mesh)
     assert json.loads((part / "summary.json").read_text())["eval"] == json.loads((full / "summary.json").read_text())["eval"]
     _assert_same_records(_train_records(full), _train_records(part))

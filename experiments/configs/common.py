@@ -81,7 +81,7 @@ def tiny_variant(c):
     c.run.reward_workers = 0
     for s in c.stages:
         if s.kind == "sft":
-            s.update(dict(epochs=6, n_problems=32, batch_size=8, lr=1e-2, warmup_steps=0))
+            s.update(dict(epochs=10, n_problems=64, batch_size=16, lr=1e-2, warmup_steps=0))
         elif s.kind == "rejection":
             s.update(dict(rounds=1, n_problems=8, samples=4, min_format=0.5, warmup_steps=0))
         else:  # no warmup: three iterations are too few to finish one, and the lr must reach its end fraction

@@ -33,30 +33,45 @@ class GRPOConfig(RLConfig):
             yield "kl_place", "'reward' needs kind ppo (GRPO's sequence advantages have no per-token reward)"
 
 
+def grpo_token_advantages(cfg: GRPOConfig, rewards: np.ndarray, ks, loss_mask: np.ndarray, steps=None):
+    """Token advantages [N, T] of a GRPO batch and the rows to train (groups with signal).
+
+    rewards [N] with each group's K rows contiguous (group sizes `ks`); `steps` = (scores, end positions, mask)
+    of the exactly checked steps (rl.stages.policy_gradient.step_scores), needed for step_rewards and
+    process_grpo (where the answer line must be among them as the last step).
+    """
+    ks = np.asarray(ks)
+    N, T = loss_mask.shape
+    name = "rloo" if cfg.advantage == "rloo" else ("grpo" if cfg.scale_by_std else "dr_grpo")
+    if cfg.process_grpo:
+        sc, pos, msk = steps
+        adv = advm.grouped(lambda x, k, p, m: advm.process_grpo(x, p, m, k, T), sc, ks, pos, msk)
+    else:
+        seq_adv = advm.grouped(advm.get_estimator(name), rewards.astype(np.float32), ks)
+        adv = np.broadcast_to(seq_adv[:, None], (N, T)).astype(np.float32)
+        if cfg.step_rewards:
+            sc, pos, msk = steps
+            placed = np.asarray(advm.place_step_rewards(sc - 0.5, pos, T, msk))  # +-0.5 for a right / wrong step
+            adv = adv + cfg.step_reward_weight * np.flip(np.cumsum(np.flip(placed, 1), 1), 1)
+    adv = adv * loss_mask
+    keep = np.ones(N, bool)
+    if cfg.filter_zero_variance:
+        for start, n, k in advm.group_runs(ks):
+            for g in range(start, start + n, k):
+                rows = slice(g, g + k)
+                # with step scores a group can carry signal when its outcomes do not
+                keep[rows] = np.any(adv[rows] != 0) if cfg.process_grpo else rewards[rows].max() != rewards[rows].min()
+    return adv, keep
+
+
 class GRPORun(PolicyGradientRun):
     def advantages(self, a, texts, scores, rewards, coef, kl_tok):
-        """Token advantages [N, T] and the rows to train (groups with signal)."""
         del coef, kl_tok  # GRPO's KL is in the loss
         s = self.cfg
-        ks, T = a["ks"], a["tokens"].shape[1]
-        name = "rloo" if s.advantage == "rloo" else ("grpo" if s.scale_by_std else "dr_grpo")
-        seq_adv = advm.grouped(advm.get_estimator(name), rewards.astype(np.float32), ks)
+        steps = None
         if s.process_grpo:
-            sc, pos, msk = self.step_scores(a, texts, scores)
-            adv = advm.grouped(lambda x, k, p, m: advm.process_grpo(x, p, m, k, T), sc, ks, pos, msk)
-        else:
-            adv = np.broadcast_to(seq_adv[:, None], (len(rewards), T)).astype(np.float32)
-            if s.step_rewards:
-                sc, pos, msk = self.step_scores(a, texts)
-                placed = np.asarray(advm.place_step_rewards(sc - 0.5, pos, T, msk))  # +-0.5 for a right / wrong step
-                adv = adv + s.step_reward_weight * np.flip(np.cumsum(np.flip(placed, 1), 1), 1)
-        adv = adv * a["loss_mask"]
-        keep = np.ones(len(rewards), bool)
-        if s.filter_zero_variance:
-            for start, n, k in advm.group_runs(ks):
-                for g in range(start, start + n, k):
-                    rows = slice(g, g + k)
-                    # with step scores a group can carry signal when its outcomes do not
-                    signal = np.any(adv[rows] != 0) if s.process_grpo else rewards[rows].max() != rewards[rows].min()
-                    keep[rows] = signal
+            steps = self.step_scores(a, texts, rewards)  # the answer line is the last step, scored by the reward
+        elif s.step_rewards:
+            steps = self.step_scores(a, texts)
+        adv, keep = grpo_token_advantages(s, rewards, a["ks"], a["loss_mask"].astype(np.float32), steps)
         return {"advantages": adv}, keep

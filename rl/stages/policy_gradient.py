@@ -240,10 +240,10 @@ class PolicyGradientRun(StageRun):
         fut = ctx.scorer.submit(texts, [ctx.train[int(a["ids"][p])].answer for p in a["prompt_index"]], a["lengths"])
         # Producer / consumer: while the reward pool scores this batch, sample the next one, unless the curriculum
         # must see this iteration's pass rates before it picks the next problems.
-        t0 = time.time()
         ahead = ctx.cfg["run"]["overlap"] and self.cur_state is None and u + 1 < self.units
+        t0 = time.time()
         nxt = self._produce(u + 1) if ahead else None
-        t_overlap = time.time() - t0
+        t_overlap = time.time() - t0 if ahead else 0.0
         t0 = time.time()
         scores = ctx.scorer.result(fut)
         t_wait = time.time() - t0
@@ -303,30 +303,34 @@ class PolicyGradientRun(StageRun):
             m["kl_controller_finite_input"] = float(np.isfinite(kl_seq))
         return m
 
-    def step_scores(self, a: dict, texts: list[str], scores: list[dict] | None = None):
-        """[N, S] exact step checks (1 right, 0 wrong; unchecked steps left out), each step's last-token position
-        and a mask. With `scores`, the answer line is appended as the last step, scored by the verifier, at the
-        response's last token (EOS included)."""
-        from rewards.parse import step_spans
-        from rewards.steps import check_steps
+    def step_scores(self, a: dict, texts: list[str], final=None):
+        return step_scores(self.ctx.tok, texts, a["resp_start"], a["lengths"], final)
 
-        tok = self.ctx.tok
-        rows = []
-        for r, t in enumerate(texts):
-            start = int(a["resp_start"][r])
-            row = [(float(c), start + len(tok.encode(t[:en], add_bos=False)) - 1)
-                   for (_, en), c in zip(step_spans(t), check_steps(t)) if c is not None]
-            if scores is not None:
-                row.append((float(scores[r]["outcome"] > 0.5), start + int(a["lengths"][r]) - 1))
-            rows.append(row)
-        S = max(1, max(len(r) for r in rows))
-        sc = np.zeros((len(texts), S), np.float32)
-        pos = np.zeros((len(texts), S), np.int32)
-        msk = np.zeros((len(texts), S), np.int32)
-        for i, row in enumerate(rows):
-            for j, (c, p) in enumerate(row):
-                sc[i, j], pos[i, j], msk[i, j] = c, p, 1
-        return sc, pos, msk
+
+def step_scores(tok, texts: list[str], resp_start, lengths, final=None):
+    """[N, S] exact step checks (1 right, 0 wrong; unchecked steps left out), each step's last-token position
+    and a mask. With `final` ([N] scores of whole responses: the sequence reward), the answer line is appended as
+    the last step with that score, at the response's last token (EOS included): process supervision then credits
+    the answer, its format and penalties, not only the intermediate arithmetic."""
+    from rewards.parse import step_spans
+    from rewards.steps import check_steps
+
+    rows = []
+    for r, t in enumerate(texts):
+        start = int(resp_start[r])
+        row = [(float(c), start + len(tok.encode(t[:en], add_bos=False)) - 1)
+               for (_, en), c in zip(step_spans(t), check_steps(t)) if c is not None]
+        if final is not None:
+            row.append((float(final[r]), start + int(lengths[r]) - 1))
+        rows.append(row)
+    S = max(1, max(len(r) for r in rows))
+    sc = np.zeros((len(texts), S), np.float32)
+    pos = np.zeros((len(texts), S), np.int32)
+    msk = np.zeros((len(texts), S), np.int32)
+    for i, row in enumerate(rows):
+        for j, (c, p) in enumerate(row):
+            sc[i, j], pos[i, j], msk[i, j] = c, p, 1
+    return sc, pos, msk
 
 
 def reward_metrics(scores: list[dict]) -> dict:
