@@ -15,6 +15,7 @@
           - w_overlong  * overlong           DAPO soft overlong magnitude in [0, 1] (off when overlong_max_len=0)
           - w_repetition* repetition         repeated n-gram share above repetition_threshold, in [0, 1]
           - w_language  * language           1 - share of the expected script in the reasoning, in [0, 1]
+                                             (always returned, whatever its weight: RL stages can add their own)
 
 Every penalty is stored as a non-negative magnitude and subtracted. score() never raises: any internal
 error gives total 0.0 with error=1 (and error_kind) in the returned dict. The length for the overlong penalty
@@ -27,9 +28,10 @@ on that tail with truncated=1 (its steps before the cut are not seen, so its for
 bounds the cost of one item whatever its length (about 0.2 s for a 1M-character text on one core, most of it
 the UTF-8 length), well under the reward pool's 5 s default deadline.
 
-Returned keys (all numbers except step_scores, answer and error_kind):
+Returned keys (all numbers except step_scores, answer, error_kind and family):
     total outcome correct process format overlong repetition language has_reasoning n_steps n_checked
-    step_scores answer length truncated error error_kind
+    step_scores answer length truncated error error_kind solved family
+(solved = outcome here, family = "math"; rewards.task_score scores the other task families with the same keys.)
 (step_scores and n_steps describe the scored text, i.e. the tail when truncated=1.)
 """
 from __future__ import annotations
@@ -106,14 +108,15 @@ def _check_number(cfg, name: str, lo: float, hi: float) -> None:
 
 RESULT_KEYS = ("total", "outcome", "correct", "process", "format", "overlong", "repetition", "language",
                "has_reasoning", "n_steps", "n_checked", "step_scores", "answer", "length", "truncated", "error",
-               "error_kind")
+               "error_kind", "solved", "family")
 
 
 def error_result(kind: str = "error") -> dict:
     """The result of an item that could not be scored: every number 0, error=1."""
     return {"total": 0.0, "outcome": 0.0, "correct": 0.0, "process": 0.0, "format": 0.0, "overlong": 0.0,
             "repetition": 0.0, "language": 0.0, "has_reasoning": 0.0, "n_steps": 0, "n_checked": 0,
-            "step_scores": [], "answer": None, "length": 0, "truncated": 0, "error": 1, "error_kind": str(kind)}
+            "step_scores": [], "answer": None, "length": 0, "truncated": 0, "error": 1, "error_kind": str(kind),
+            "solved": 0.0, "family": ""}
 
 
 _DEFAULT = RewardConfig()
@@ -151,7 +154,7 @@ def score(text, gold, cfg: RewardConfig | None = None, *, n_tokens=None) -> dict
                     if cfg.overlong_max_len > 0 else 0.0)
         repetition = (penalties.repetition_penalty(text, cfg.repetition_n, cfg.repetition_threshold)
                       if cfg.w_repetition > 0 else 0.0)
-        language = penalties.language_penalty(text, cfg.lang) if cfg.w_language > 0 else 0.0
+        language = penalties.language_penalty(text, cfg.lang)  # always measured: a stage may weight it (rl.stages)
 
         total = (cfg.w_outcome * outcome + cfg.w_process * process + cfg.w_format * fmt
                  - cfg.w_overlong * overlong - cfg.w_repetition * repetition - cfg.w_language * language)
@@ -163,7 +166,7 @@ def score(text, gold, cfg: RewardConfig | None = None, *, n_tokens=None) -> dict
             "language": float(language), "has_reasoning": float(reasoning), "n_steps": len(step_scores),
             "n_checked": sum(1 for s in step_scores if s is not None), "step_scores": list(step_scores),
             "answer": None if answer is None else answer[:MAX_ANSWER_LOG_CHARS], "length": length,
-            "truncated": int(truncated), "error": 0, "error_kind": "",
+            "truncated": int(truncated), "error": 0, "error_kind": "", "solved": outcome, "family": "math",
         }
     except Exception as e:  # noqa: BLE001 - a reward never crashes the training loop
         return error_result(f"{type(e).__name__}")

@@ -59,6 +59,29 @@ MESH = {
     "tensor": F(1, "tensor-parallel axis size (heads / mlp / vocab)", integer(-1, 4096)),
 }
 
+def parse_source_levels(v: str) -> dict[str, int]:
+    """'code=1, add=2' -> {"code": 1, "add": 2}; raises ValueError on a malformed item."""
+    out = {}
+    for part in str(v).split(","):
+        if not part.strip():
+            continue
+        name, sep, level = part.partition("=")
+        if not sep or not name.strip() or not level.strip().isdigit() or not 0 <= int(level) <= 5:
+            raise ValueError(f"item {part.strip()!r} must look like source=level with level 0..5")
+        out[name.strip()] = int(level)
+    return out
+
+
+def source_levels(v) -> str | None:
+    if not isinstance(v, str):
+        return f"must be a string like 'code=1,add=2', got {v!r}"
+    try:
+        parse_source_levels(v)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 TASKS = {
     "mix": F("arith:1.0", "problem sources and weights, e.g. 'arith:0.5,linear:0.5' (rl.tasks.load_mix)", text),
     "lang": F("en", "prompt/solution language: en (Step 1: / Answer:) or zh (步骤一： / 答案：); the reward follows "
@@ -67,6 +90,8 @@ TASKS = {
     "n_val": F(64, "validation problems (eval during training, best checkpoint)", integer(1, 10**6)),
     "n_test": F(64, "test problems (held-out numbers in summary.json)", integer(1, 10**6)),
     "difficulty": F(1, "difficulty level passed to generated sources that take one (1 = easiest)", integer(1, 5)),
+    "source_difficulty": F("", "per-source levels overriding difficulty, e.g. 'code=1,add=2' (0 = each problem's "
+                               "level drawn uniformly)", source_levels),
     "max_prompt_len": F(64, "prompt tokens (with BOS); a longer prompt fails the pre-run check", integer(2, 10**6)),
 }
 

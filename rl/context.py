@@ -3,7 +3,7 @@
     ctx = build_context(cfg, workdir)      # cfg: the validated config as plain dicts (rl.config_validation.to_dict)
     ctx.train, ctx.val, ctx.test           # problems (rl.tasks)
     smp = ctx.sample(params, prompts, ks, key, temperature=0.7)     # rl.rollout.Samples
-    ctx.scorer.submit(texts, golds, lengths)                        # the reward pool (producer / consumer)
+    ctx.scorer.submit(texts, problems, lengths)                     # the reward pool (producer / consumer)
     ctx.key("rl", stage, unit), ctx.rng("sft", stage, unit)        # randomness derived from (seed, purpose, ...)
     ctx.close()
 
@@ -19,6 +19,7 @@ import os
 import jax
 import numpy as np
 
+from rl import config_validation as cv
 from rl import rollout
 
 PURPOSES = {"init": 1, "sft": 2, "rejection": 3, "rl": 4, "eval": 5, "state": 6}
@@ -152,6 +153,10 @@ def load_problems(cfg: dict):
 
     t = cfg["tasks"]
     kw = {"difficulty": t["difficulty"]}
+    levels = cv.parse_source_levels(t.get("source_difficulty", ""))
+    if levels:  # per source: the listed levels (0 = drawn uniformly), the others at tasks.difficulty
+        names = [name for name, _ in tasks.parse_mix(t["mix"])]
+        kw["difficulty"] = {n: (levels[n] or None) if n in levels else t["difficulty"] for n in names}
     return tuple(tasks.load_mix(t["mix"], t[f"n_{s}"], cfg["seed"], split, **kw)
                  for s, split in (("train", "train"), ("val", "validation"), ("test", "test")))
 
@@ -167,11 +172,13 @@ def reward_config(cfg: dict):
 
 
 def make_reward_pool(cfg: dict):
-    """The reward worker pool scoring (text, gold) pairs with the config's RewardConfig."""
+    """The reward worker pool scoring (text, problem target) pairs with the config's RewardConfig, each problem by
+    its own family's reward (rewards.task_score)."""
     from rewards.pool import RewardPool
+    from rewards.task_score import score_task
 
     return RewardPool(n_workers=int(cfg["run"]["reward_workers"]), timeout=float(cfg["run"]["reward_timeout"]),
-                      cfg=reward_config(cfg))
+                      cfg=reward_config(cfg), score_fn=score_task)
 
 
 def check_fit(cfg: dict, tok, problems, sft_problems: int = 0) -> None:

@@ -4,12 +4,12 @@
 for pass@k / maj@k / diversity) through the run context, scores with the reward pool and summarises.
 Below it, pure metric functions on Python lists (testable against hand-computed values) and
 `summarize`, which turns per-problem sample records into the eval dict the trainer logs and writes
-into summary.json:
+into summary.json (and `by_family`, the same per task family for mixed problem sets):
 
     rec = ProblemSamples(greedy_correct=True, greedy_format=1.0, greedy_text="...",
                          correct=[...k bools], answers=[...k str|None], texts=[...k str], formats=[...k floats])
     metrics = summarize([rec, ...], k=8)
-    # {"pass@1", "pass@k", "maj@k", "format_rate", "mean_length", "distinct_answers",
+    # {"pass@1", "pass@k", "maj@k", "format_rate", "mean_length", "language_consistency", "distinct_answers",
     #  "distinct_ngrams", "repetition_share", "sample_accuracy", "n_problems", "k"}
 
 pass@k uses the unbiased estimator 1 - C(n-c, k) / C(n, k) (n samples, c correct), computed
@@ -25,6 +25,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from rewards.penalties import language_consistency, repetition_share
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -98,14 +100,6 @@ def distinct_ngram_ratio(texts: list[str], n: int = 2) -> float:
     return float(len(set(grams)) / len(grams)) if grams else 0.0
 
 
-def repetition_fraction(text: str, n: int = 4) -> float:
-    """Share of n-grams in one text that repeat an earlier n-gram of the same text."""
-    grams = ngrams(text, n)
-    if not grams:
-        return 0.0
-    return float(1.0 - len(set(grams)) / len(grams))
-
-
 @dataclass
 class ProblemSamples:
     """Everything evaluation needs about one problem."""
@@ -113,6 +107,8 @@ class ProblemSamples:
     greedy_correct: bool
     greedy_format: float
     greedy_text: str
+    family: str = "math"  # the problem's task family (rl.tasks Problem.reward)
+    language: float = 1.0  # language consistency of the greedy answer (rewards.penalties.language_consistency)
     correct: list[bool] = field(default_factory=list)  # k sampled answers verified
     answers: list[str | None] = field(default_factory=list)  # extracted final answers of the samples
     texts: list[str] = field(default_factory=list)  # sample texts (for diversity / repetition)
@@ -129,6 +125,7 @@ def summarize(records: list[ProblemSamples], k: int, ngram: int = 2, repetition_
         "pass@1_se": float(np.sqrt(p1 * (1 - p1) / max(len(records) - 1, 1))),
         "format_rate": float(np.mean([r.greedy_format for r in records])),
         "mean_length": float(np.mean([len(r.greedy_text) for r in records])),
+        "language_consistency": float(np.mean([r.language for r in records])),
         "n_problems": len(records),
         "k": int(k),
     }
@@ -140,13 +137,31 @@ def summarize(records: list[ProblemSamples], k: int, ngram: int = 2, repetition_
         out["distinct_answers"] = float(
             np.mean([len({c for c in answer_clusters(r.answers[:k]) if c is not None}) / k for r in records]))
         out["distinct_ngrams"] = float(np.mean([distinct_ngram_ratio(r.texts[:k], ngram) for r in records]))
-        reps = [repetition_fraction(t) for r in records for t in r.texts[:k]]
+        reps = [repetition_share(t) for r in records for t in r.texts[:k]]
         out["repetition_share"] = float(np.mean([x > repetition_threshold for x in reps])) if reps else 0.0
     else:  # no samples drawn: pass@k / maj@k fall back to the greedy answer
         out["pass@k"] = out["pass@1"]
         out["maj@k"] = out["pass@1"]
-        out["repetition_share"] = float(np.mean([repetition_fraction(r.greedy_text) > repetition_threshold for r in records]))
+        out["repetition_share"] = float(np.mean([repetition_share(r.greedy_text) > repetition_threshold for r in records]))
     return out
+
+
+def by_family(records: list[ProblemSamples], k: int) -> dict:
+    """Per-family metrics when the records hold more than one task family: "<metric>/<family>" for pass@1 (math,
+    code: solved; instructions: every constraint met), its standard error, format_rate (instructions: the share of
+    constraints met), language_consistency and n_problems."""
+    fams = sorted({r.family for r in records})
+    if len(fams) < 2:
+        return {}
+    out = {}
+    for f in fams:
+        m = summarize([r for r in records if r.family == f], k)
+        for key in FAMILY_KEYS:
+            out[f"{key}/{f}"] = m[key]
+    return out
+
+
+FAMILY_KEYS = ("pass@1", "pass@1_se", "format_rate", "language_consistency", "n_problems")
 
 
 def hacking_signs(first: dict, latest: dict, length_growth: float = 0.5, flat_accuracy: float = 0.02) -> dict:
@@ -169,32 +184,35 @@ def hacking_signs(first: dict, latest: dict, length_growth: float = 0.5, flat_ac
 
 
 def evaluate(ctx, params, problems, key, k: int, temperature: float) -> dict:
-    """Greedy pass@1 / format / length plus k-sample pass@k, maj@k, diversity on `problems` (a RunContext
-    from rl.context supplies the sampler, tokenizer and reward pool)."""
+    """Greedy pass@1 / format / length / language consistency plus k-sample pass@k, maj@k, diversity on
+    `problems` (a RunContext from rl.context supplies the sampler, tokenizer and reward pool); per-family
+    metrics (`by_family`) when the problems mix task families."""
     import jax
 
     from rewards.parse import extract_answer
 
     prompts = [ctx.prompt(p) for p in problems]
-    golds = [p.answer for p in problems]
     n = len(problems)
     greedy = ctx.sample(params, prompts, [1] * n, jax.random.fold_in(key, 0), temperature=0.0)
-    fut_g = ctx.scorer.submit(greedy.texts, golds, greedy.lengths)
+    fut_g = ctx.scorer.submit(greedy.texts, problems, greedy.lengths)
     samples, s_scores = None, None
     if k > 0:
         samples = ctx.sample(params, prompts, [k] * n, jax.random.fold_in(key, 1), temperature=temperature)
-        s_scores = ctx.scorer.result(ctx.scorer.submit(samples.texts, [g for g in golds for _ in range(k)],
+        s_scores = ctx.scorer.result(ctx.scorer.submit(samples.texts, [p for p in problems for _ in range(k)],
                                                        samples.lengths))
     g_scores = ctx.scorer.result(fut_g)
     recs = []
     for i in range(n):
-        r = ProblemSamples(greedy_correct=bool(g_scores[i]["outcome"] > 0.5), greedy_format=float(g_scores[i]["format"]),
-                           greedy_text=greedy.texts[i])
+        p = problems[i]
+        lang = p.check_data["lang"] if p.reward == "instructions" else ctx.lang
+        r = ProblemSamples(greedy_correct=bool(g_scores[i]["solved"] > 0.5), greedy_format=float(g_scores[i]["format"]),
+                           greedy_text=greedy.texts[i], family=p.reward,
+                           language=language_consistency(greedy.texts[i], lang))
         if samples is not None:
             sl = slice(i * k, (i + 1) * k)
             r.texts = samples.texts[sl]
-            r.correct = [bool(sc["outcome"] > 0.5) for sc in s_scores[sl]]
+            r.correct = [bool(sc["solved"] > 0.5) for sc in s_scores[sl]]
             r.formats = [float(sc["format"]) for sc in s_scores[sl]]
             r.answers = [extract_answer(t) for t in r.texts]
         recs.append(r)
-    return summarize(recs, k)
+    return {**summarize(recs, k), **by_family(recs, k)}

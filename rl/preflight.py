@@ -41,6 +41,7 @@ def check_environment(cfg: dict) -> None:
     from models.tokenizer import ByteTokenizer
     from rl import context
     from rl.stages import sft_problem_count
+    from rl.stages.base import stage_problems
 
     sizes = dict(cfg["mesh"])
     n_dev = len(jax.devices())
@@ -66,6 +67,12 @@ def check_environment(cfg: dict) -> None:
     for name, probs in (("n_train", train), ("n_val", val), ("n_test", test)):
         if len(probs) < cfg["tasks"][name]:
             raise cv.ConfigError(f"tasks.{name}: asked for {cfg['tasks'][name]} problems, the mix supplies {len(probs)}")
+    for i, st in enumerate(cfg["stages"]):  # a stage restricted to some task families draws from fewer problems
+        pool = len(stage_problems(train, st.get("families", "")))
+        need = max(int(st.get("n_problems") or 0), int(st.get("n_prompts") or 0) if st.get("kind") in ("grpo", "ppo") else 0)
+        if st.get("kind") != "sft" and need > pool or pool == 0:
+            raise cv.ConfigError(f"stages[{i}].families: {st.get('families')!r} leaves {pool} training problems in "
+                                 f"tasks.mix, the stage needs {max(need, 1)}")
     tok = ByteTokenizer()
     context.check_fit(cfg, tok, train, sft_problems=sft_problem_count(cfg))
     context.check_fit(cfg, tok, val + test)

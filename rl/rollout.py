@@ -141,7 +141,8 @@ def build_batch(prompt_ids: Sequence[Sequence[int]], samples: Samples, length: i
 class Scorer:
     """Producer / consumer front of the reward pool (rewards.pool.RewardPool).
 
-    `submit` queues a batch with the pool's worker processes and returns a handle at once, so the
+    `submit` queues a batch of (text, problem) pairs with the pool's worker processes (each problem scored by
+    its own family's reward, rewards.task_score) and returns a handle at once, so the
     caller samples the next batch while this one is scored; `result(handle)` waits for the list of
     reward dicts (in submit order). With `reward_workers=0` the pool scores inside `submit`.
     """
@@ -149,8 +150,12 @@ class Scorer:
     def __init__(self, pool):
         self.pool = pool
 
-    def submit(self, texts: list[str], golds: list[str], n_tokens=None):
-        return self.pool.submit_batch(list(texts), list(golds), None if n_tokens is None else [int(x) for x in n_tokens])
+    def submit(self, texts: list[str], problems, n_tokens=None):
+        """Queue `texts[i]` scored against `problems[i]` (rl.tasks.Problem: each carries its own reward)."""
+        from rewards.task_score import target_of
+
+        targets = [target_of(p.reward, p.answer, p.check) for p in problems]
+        return self.pool.submit_batch(list(texts), targets, None if n_tokens is None else [int(x) for x in n_tokens])
 
     @staticmethod
     def result(handle) -> list[dict]:

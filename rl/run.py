@@ -13,7 +13,9 @@ Evaluation: the initial policy (test + validation), validation every `eval.every
 validation + test at each stage end. The policy with the best validation pass@1 so far is saved in
 workdir/checkpoints/best_policy; at the end it is evaluated on the test split and reported in
 summary.json next to the last stage:
-{"eval": {stage: {"pass@1", "pass@1_se", "pass@1_ci95", "pass@k", "maj@k", "format_rate", "mean_length"}},
+{"eval": {stage: {"pass@1", "pass@1_se", "pass@1_ci95", "pass@k", "maj@k", "format_rate", "mean_length",
+                  "language_consistency", and for mixed task families "pass@1/<family>", "pass@1_se/<family>",
+                  "pass@1_ci95/<family>", "format_rate/<family>", "language_consistency/<family>", ...}},
  "best": {"stage", "unit", "val_pass@1", "test": {...}}, "wall_seconds", "config"}.
 """
 from __future__ import annotations
@@ -32,8 +34,10 @@ from rl import metrics as mlib
 from rl import stages as stage_lib
 from rl.context import build_context
 
-SUMMARY_KEYS = ("pass@1", "pass@1_se", "pass@1_ci95", "pass@k", "maj@k", "format_rate", "mean_length")
+SUMMARY_KEYS = ("pass@1", "pass@1_se", "pass@1_ci95", "pass@k", "maj@k", "format_rate", "mean_length",
+                "language_consistency")
 TABLE_KEYS = ("pass@1", "pass@1_se", "pass@k", "maj@k", "format_rate", "mean_length")
+FAMILY_TABLE_KEYS = ("pass@1", "language_consistency")  # per task family, for mixed runs (a second table)
 
 
 def wilson_interval(p: float, n: int, z: float = 1.96) -> list[float]:
@@ -47,9 +51,23 @@ def wilson_interval(p: float, n: int, z: float = 1.96) -> list[float]:
 
 
 def summary_entry(test_metrics: dict) -> dict:
+    """The summary.json entry of one test evaluation: SUMMARY_KEYS, the Wilson interval, per-family metrics."""
     out = {k: float(test_metrics[k]) for k in SUMMARY_KEYS if k in test_metrics and k != "pass@1_ci95"}
     out["pass@1_ci95"] = wilson_interval(float(test_metrics["pass@1"]), int(test_metrics["n_problems"]))
+    for k, v in test_metrics.items():
+        if "/" in k and k.split("/", 1)[0] in ev.FAMILY_KEYS:
+            out[k] = float(v)
+    fams = sorted({k.split("/", 1)[1] for k in out if k.startswith("n_problems/")})
+    for f in fams:
+        out[f"pass@1_ci95/{f}"] = wilson_interval(out[f"pass@1/{f}"], int(out[f"n_problems/{f}"]))
     return out
+
+
+def family_columns(rows: dict) -> list[str]:
+    """The per-family columns ("pass@1/code", ...) the evaluations in `rows` hold ([] for a one-family run)."""
+    keys = {k for r in rows.values() for k in r}
+    fams = sorted({k.split("/", 1)[1] for k in keys if k.startswith("n_problems/")})
+    return [f"{k}/{f}" for f in fams for k in FAMILY_TABLE_KEYS if f"{k}/{f}" in keys]
 
 
 class Loop:
@@ -117,6 +135,9 @@ class Loop:
             rows[f"best ({self.best['stage']} unit {self.best['unit']})"] = self.best["test"]
         print("\nheld-out test set after each stage (pass@1 +- its standard error):")
         print(mlib.format_table(rows, list(TABLE_KEYS)))
+        if family_columns(rows):
+            print("\nper task family (pass@1: math verified, code all tests pass, instructions all constraints met):")
+            print(mlib.format_table(rows, family_columns(rows)))
         print(f"wall time {self.summary['wall_seconds']:.1f} s; summary in "
               f"{os.path.join(ctx.workdir, 'summary.json')}", flush=True)
         return self.summary

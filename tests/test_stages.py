@@ -65,8 +65,8 @@ def test_process_grpo_credits_the_answer_line_and_eos():
 def test_rejection_keeps_verified_distinct_answers():
     texts = ["a  b", "a b", "c", "d", "e", "f"]
     idx = [0, 0, 0, 0, 1, 1]
-    scores = [{"outcome": 1, "format": 1.0}, {"outcome": 1, "format": 1.0}, {"outcome": 1, "format": 1.0},
-              {"outcome": 1, "format": 1.0}, {"outcome": 0, "format": 1.0}, {"outcome": 1, "format": 0.5}]
+    scores = [{"solved": 1, "format": 1.0}, {"solved": 1, "format": 1.0}, {"solved": 1, "format": 1.0},
+              {"solved": 1, "format": 1.0}, {"solved": 0, "format": 1.0}, {"solved": 1, "format": 0.5}]
     assert keep_verified(texts, idx, scores, min_format=1.0, max_keep=2) == [0, 2]  # dedupe, cap, wrong, ill-formed
 
 

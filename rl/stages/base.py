@@ -26,6 +26,27 @@ from rl import rollout, schedules
 from rl.config_fields import Checked, choice, field, integer, name, num
 
 KINDS = ("sft", "rejection", "grpo", "ppo")
+FAMILIES = ("math", "code", "instructions")
+
+
+def parse_families(v: str) -> tuple[str, ...]:
+    """'' -> () (all families); "math, code" -> ("math", "code")."""
+    return tuple(f.strip() for f in str(v).split(",") if f.strip())
+
+
+def families_check(v) -> str | None:
+    if not isinstance(v, str):
+        return f"must be a string like 'math,code', got {v!r}"
+    bad = [f for f in parse_families(v) if f not in FAMILIES]
+    if bad:
+        return f"unknown task family {bad[0]!r}; choose from {', '.join(FAMILIES)}"
+    return None
+
+
+def stage_problems(problems, families: str):
+    """The problems of the given families ('' = all), in their original order."""
+    fams = parse_families(families)
+    return list(problems) if not fams else [p for p in problems if p.reward in fams]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -41,6 +62,8 @@ class StageConfig(Checked):
                                         "last optimizer step", num(0.0, 1.0))
     weight_decay: float = field(0.0, "AdamW weight decay (matrices only)", num(0.0, 10.0))
     grad_clip: float = field(1.0, "global-norm gradient clip (0 = off)", num(0.0, 1e6))
+    families: str = field("", "task families this stage draws from: '' = every problem of tasks.mix, else a comma "
+                              "list of math, code, instructions", families_check)
 
     KIND = "sft"  # class attributes: the kind this config class describes and the field counting its units
     UNIT_FIELD = "epochs"
@@ -115,6 +138,9 @@ class StageRun:
 
         self.ctx, self.index, self.cfg = ctx, index, cfg
         self.units = cfg.units
+        self.problems = stage_problems(ctx.train, cfg.families)  # what this stage samples or fine-tunes on
+        if not self.problems:
+            raise ValueError(f"stage {cfg.name!r}: no training problem of families {cfg.families!r} in tasks.mix")
         self.loss_cfg, self.optim_cfg, self.kl_ctl = cfg.components(ctx.cfg["sampling"]["max_new_tokens"])
         self.state = init_train_state(ctx.model_cfg, self.loss_cfg, self.optim_cfg, ctx.key("state", index),
                                       mesh=ctx.mesh, rules=ctx.rules, params=params)

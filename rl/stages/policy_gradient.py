@@ -65,6 +65,9 @@ class RLConfig(StageConfig):
     kl_horizon: int = field(10000, "adaptive KL horizon (in samples)", integer(1, 10**9))
     kl_ramp_steps: int = field(0, "ramp the KL coefficient linearly from 0 over N iterations (0 = off)",
                                integer(0, 10**6))
+    language_weight: float = field(0.0, "this stage's language-consistency reward: subtracts weight x (1 - share of "
+                                        "the expected script in the reasoning), on top of reward.w_language",
+                                   num(0.0, 100.0))
     entropy_coef: float = field(0.0, "entropy bonus coefficient", num(0.0, 10.0))
     filter_zero_variance: bool = field(True, "drop groups whose rewards are all equal (zero advantage)", boolean)
     step_rewards: bool = field(False, "add step-level rewards (exactly checked arithmetic steps) at step ends", boolean)
@@ -129,7 +132,7 @@ class PolicyGradientRun(StageRun):
         if cfg.uses_reference:
             self.ref_params = jax.tree.map(jnp.copy, self.policy_params())
         self.kl_state = self.kl_ctl.init() if self.kl_ctl is not None else None
-        self.cur_state = cur.init_state(len(ctx.train)) if cfg.curriculum.enabled else None
+        self.cur_state = cur.init_state(len(self.problems)) if cfg.curriculum.enabled else None
         self.pending = None  # a sampled, not yet trained batch (the overlap); checkpointed
         self.trained_units = 0
 
@@ -180,7 +183,7 @@ class PolicyGradientRun(StageRun):
                 self.cur_state = cur.refresh(self.cur_state, u, s.curriculum)
             seed = int(ctx.rng("rl", self.index).integers(2**31))
             return cur.pick(self.cur_state, s.curriculum, s.n_prompts, seed, u)
-        ids = ctx.rng("rl", self.index, u).choice(len(ctx.train), size=s.n_prompts, replace=False)
+        ids = ctx.rng("rl", self.index, u).choice(len(self.problems), size=s.n_prompts, replace=False)
         return np.sort(ids), np.full((len(ids),), s.samples, np.int64)
 
     def temperature(self, u: int) -> float:
@@ -193,7 +196,7 @@ class PolicyGradientRun(StageRun):
         ctx = self.ctx
         ids, ks = self._pick(u)
         temp = self.temperature(u)
-        prompts = [ctx.prompt(ctx.train[i]) for i in ids]
+        prompts = [ctx.prompt(self.problems[i]) for i in ids]
         params = self.policy_params()
         t0 = time.time()
         smpl = ctx.sample(params, prompts, ks, ctx.key("rl", self.index, u), temperature=temp)
@@ -237,7 +240,7 @@ class PolicyGradientRun(StageRun):
         cur_b, self.pending = self.pending, None
         a = cur_b["arrays"]
         texts = self._texts(a)
-        fut = ctx.scorer.submit(texts, [ctx.train[int(a["ids"][p])].answer for p in a["prompt_index"]], a["lengths"])
+        fut = ctx.scorer.submit(texts, [self.problems[int(a["ids"][p])] for p in a["prompt_index"]], a["lengths"])
         # Producer / consumer: while the reward pool scores this batch, sample the next one, unless the curriculum
         # must see this iteration's pass rates before it picks the next problems.
         ahead = ctx.cfg["run"]["overlap"] and self.cur_state is None and u + 1 < self.units
@@ -260,10 +263,12 @@ class PolicyGradientRun(StageRun):
 
         s = self.cfg
         rewards = np.array([sc["total"] for sc in scores], np.float64)
+        if s.language_weight:
+            rewards = rewards - s.language_weight * np.array([sc["language"] for sc in scores], np.float64)
         m = reward_metrics(scores)
         ks = a["ks"]
         if self.cur_state is not None:
-            corr = np.array([sc["outcome"] > 0.5 for sc in scores], np.float64)
+            corr = np.array([sc["solved"] > 0.5 for sc in scores], np.float64)
             n_corr = np.add.reduceat(corr, np.concatenate([[0], np.cumsum(ks)[:-1]]))
             self.cur_state = cur.record(self.cur_state, a["ids"], n_corr, ks, s.curriculum.decay)
             m.update({f"curriculum/{k}": v for k, v in cur.bucket_counts(self.cur_state).items()})
@@ -341,6 +346,12 @@ def reward_metrics(scores: list[dict]) -> dict:
         vals = [sc[k] for sc in scores if isinstance(sc.get(k), (int, float, bool, np.floating))]
         if len(vals) == len(scores):
             m[f"reward/{k}"] = float(np.mean(vals))
-    m["accuracy"] = float(np.mean([sc["outcome"] > 0.5 for sc in scores]))
+    m["accuracy"] = float(np.mean([sc["solved"] > 0.5 for sc in scores]))
     m["format_rate"] = float(np.mean([sc["format"] for sc in scores]))
+    fams = [sc.get("family") or "error" for sc in scores]
+    if len(set(fams)) > 1 or fams[0] != "math":  # a mixed batch: accuracy and share per task family
+        for f in sorted(set(fams)):
+            rows = [sc for sc, g in zip(scores, fams) if g == f]
+            m[f"family_share/{f}"] = len(rows) / len(scores)
+            m[f"accuracy/{f}"] = float(np.mean([sc["solved"] > 0.5 for sc in rows]))
     return m

@@ -6,7 +6,10 @@ cold start or an RL stage (R1's recycling step).
 
 A unit is one round: sample -> score (reward pool) -> keep (outcome verified, format >= min_format,
 distinct after whitespace normalisation, at most max_keep_per_problem per problem) -> SFT on the kept
-answers. The kept share per round is logged.
+answers, plus `gold_replay` x as many gold solutions of the stage's problems (cold-start data replay). With
+`families` set, only those task families are sampled; each answer is judged by its own family's reward
+(`solved`: verified math, every code test passing, every instruction constraint met). The kept share per round
+is logged.
 """
 from __future__ import annotations
 
@@ -35,27 +38,29 @@ class RejectionConfig(StageConfig):
                             integer(1, 10**5))
     min_format: float = field(1.0, "keep an answer only if its format reward is >= this", num(0.0, 1.0))
     max_keep_per_problem: int = field(4, "at most this many distinct kept answers per problem", integer(1, 4096))
+    gold_replay: float = field(0.0, "gold solutions added to each round's fine-tuning set, as a share of the kept "
+                                    "answers (cold-start data replay; 0 = off)", num(0.0, 100.0))
 
 
 class RejectionRun(StageRun):
     def run_unit(self, u: int) -> dict:
         ctx, s = self.ctx, self.cfg
         rng = ctx.rng("rejection", self.index, u)
-        ids = rng.choice(len(ctx.train), size=s.n_problems, replace=False)
-        probs = [ctx.train[i] for i in ids]
+        ids = rng.choice(len(self.problems), size=s.n_problems, replace=False)
+        probs = [self.problems[i] for i in ids]
         prompts = [ctx.prompt(p) for p in probs]
         t0 = time.time()
         smpl = ctx.sample(self.policy_params(), prompts, [s.samples] * len(probs), ctx.key("rejection", self.index, u),
                           temperature=s.temperature)
         t_sample = time.time() - t0
         t0 = time.time()
-        scores = ctx.scorer.result(ctx.scorer.submit(smpl.texts, [probs[i].answer for i in smpl.prompt_index],
+        scores = ctx.scorer.result(ctx.scorer.submit(smpl.texts, [probs[i] for i in smpl.prompt_index],
                                                      smpl.lengths))
         t_score = time.time() - t0
         kept = keep_verified(smpl.texts, smpl.prompt_index, scores, s.min_format, s.max_keep_per_problem)
         out = {"kept_share": len(kept) / len(smpl.texts),
                "problems_with_kept": len({int(smpl.prompt_index[r]) for r in kept}) / len(probs),
-               "sample_accuracy": float(np.mean([sc["outcome"] > 0.5 for sc in scores])), "n_kept": len(kept),
+               "sample_accuracy": float(np.mean([sc["solved"] > 0.5 for sc in scores])), "n_kept": len(kept),
                "format_rate": float(np.mean([sc["format"] for sc in scores])),
                "reward/mean": float(np.mean([sc["total"] for sc in scores])),
                "response_length": float(np.mean(smpl.lengths)),
@@ -64,8 +69,14 @@ class RejectionRun(StageRun):
         if kept:
             from rl.sft import build_sft_batch
 
-            batch = build_sft_batch([prompts[smpl.prompt_index[r]] for r in kept], [smpl.texts[r] for r in kept],
-                                    ctx.tok, ctx.seq_len)
+            xs, ys = [prompts[smpl.prompt_index[r]] for r in kept], [smpl.texts[r] for r in kept]
+            n_gold = min(int(round(s.gold_replay * len(kept))), len(self.problems))
+            if n_gold:  # replay the cold-start data beside the recycled answers
+                gold = [self.problems[i] for i in rng.choice(len(self.problems), size=n_gold, replace=False)]
+                xs += [ctx.prompt(p) for p in gold]
+                ys += [ctx.solution(p) for p in gold]
+                out["n_gold_replayed"] = n_gold
+            batch = build_sft_batch(xs, ys, ctx.tok, ctx.seq_len)
             m = self.train_on(batch, epochs=s.epochs, rng=rng, max_rows=sft_rows(s.batch_size, ctx.row_multiple), unit=u)
             out.update({"loss": m.get("loss/total"), "grad_norm": m.get("grad_norm"),
                         "train_tokens_per_s": float(batch["loss_mask"].sum()) * s.epochs / max(m["time/train"], 1e-9),
@@ -77,7 +88,7 @@ def keep_verified(texts, prompt_index, scores, min_format: float, max_keep: int)
     """Rows to keep: verified, format >= min_format, distinct per problem (whitespace-normalised), <= max_keep each."""
     kept, per_problem, seen = [], {}, set()
     for r, (text, sc) in enumerate(zip(texts, scores)):
-        if sc["outcome"] <= 0.5 or sc["format"] < min_format:
+        if sc["solved"] <= 0.5 or sc["format"] < min_format:
             continue
         pi = int(prompt_index[r])
         key = (pi, " ".join(text.split()))

@@ -35,7 +35,7 @@ class SFTRun(StageRun):
         super().__init__(ctx, index, cfg, params)
         from rl.sft import build_sft_batch
 
-        probs = ctx.train[: (cfg.n_problems or len(ctx.train))]
+        probs = self.problems[: (cfg.n_problems or len(self.problems))]
         self.batch = build_sft_batch([ctx.prompt(p) for p in probs], [ctx.solution(p) for p in probs], ctx.tok,
                                      ctx.seq_len)
 

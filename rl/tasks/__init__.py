@@ -128,11 +128,12 @@ def allocate(weights: list[float], n: int) -> list[int]:
     return counts
 
 
-def load_mix(spec: str, n: int, seed: int, split: str, difficulty: int | None = None,
+def load_mix(spec: str, n: int, seed: int, split: str, difficulty: int | None | dict = None,
              unique: bool | None = None) -> list[Problem]:
     """n problems from the mix, deterministic in (spec, n, seed, split, difficulty, unique), shuffled together.
 
-    difficulty: None draws each problem's level uniformly from the source's levels; an int fixes it.
+    difficulty: None draws each problem's level uniformly from the source's levels; an int fixes it; a dict
+    {source name: int | None} sets it per source (sources it does not name get None).
     unique: None = distinct problems for validation/test, i.i.d. draws for train (see rl/tasks/base.py);
     distinctness then also holds across the sources of the mix (the same question from two sources counts
     once, and the source that lost it draws more)."""
@@ -147,7 +148,9 @@ def load_mix(spec: str, n: int, seed: int, split: str, difficulty: int | None = 
     for _ in range(8):
         # Sampling is prefix-stable (asking for more returns the same first problems), so topping up a
         # source after cross-source duplicates keeps everything deterministic.
-        drawn = [src.sample(c + e, seed, split, difficulty, unique) for src, c, e in zip(sources, counts, extra)]
+        levels = ([difficulty.get(name) for name, _ in items] if isinstance(difficulty, dict)
+                  else [difficulty] * len(items))
+        drawn = [src.sample(c + e, seed, split, lv, unique) for src, c, e, lv in zip(sources, counts, extra, levels)]
         if not want_unique:
             merged = [p for batch in drawn for p in batch]
             break
