@@ -14,6 +14,8 @@ resumes if the workdir already holds a checkpoint). Other flags:
     --dry_run       run every check, do not train
     --verbose       print the resolved config
     --help_config   print every config field with its default and meaning
+    --init_from W   start from the end of what run W ran of the stages this config shares with it (e.g. a
+                    sweep's shared cold start; rl/prefix.py): same numbers as running those stages here
 """
 from __future__ import annotations
 
@@ -142,6 +144,8 @@ def parse_args(argv: list[str]):
     ap.add_argument("--dry_run", action="store_true", help="validate and print the config, do not train")
     ap.add_argument("--help_config", action="store_true", help="list every config field")
     ap.add_argument("--verbose", action="store_true", help="print the resolved config")
+    ap.add_argument("--init_from", default="", help="a run's workdir whose leading stages this config shares: start "
+                                                    "from its checkpoint inside them")
     args, rest = ap.parse_known_args(argv)
     overrides = []
     i = 0
@@ -189,6 +193,11 @@ def check_resume_compatible(workdir: str, cfg_dict: dict) -> None:
         )
 
 
+def _has_checkpoint(workdir: str | None) -> bool:
+    last = os.path.join(workdir or "", "checkpoints", "last")
+    return bool(workdir) and os.path.isdir(last) and any(n.isdigit() for n in os.listdir(last))
+
+
 def main(argv: list[str] | None = None) -> int:
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     if args.help_config:
@@ -206,6 +215,11 @@ def main(argv: list[str] | None = None) -> int:
         from rl import preflight  # data- and machine-dependent checks, still before any compute
 
         preflight.check_environment(cfg_dict)
+        seed = bool(args.init_from) and not _has_checkpoint(args.workdir)  # a workdir with its own run resumes it
+        if seed:
+            from rl import prefix
+
+            prefix.plan(args.init_from, cfg_dict)
     except cv.ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
@@ -216,6 +230,10 @@ def main(argv: list[str] | None = None) -> int:
     with open(os.path.join(args.workdir, "config.json"), "w", encoding="utf-8") as f:
         json.dump(cfg_dict, f, indent=2, default=str)
     print(f"config: {args.config} -> {os.path.join(args.workdir, 'config.json')} (--verbose prints it)", flush=True)
+    if seed:
+        info = prefix.seed_from(args.workdir, args.init_from, cfg_dict)
+        print(f"init_from: starting from {info['source']} checkpoint {info['step']} (stage {info['stage']}, unit "
+              f"{info['unit']})", flush=True)
     from rl import run  # imported after validation: nothing heavy runs for a bad config
 
     try:

@@ -1,35 +1,61 @@
-"""Run a config's sweep (grid x seeds), one launcher run per point, then a results table, results.csv and plots.
+"""Run a config's sweep (grid x seeds), one launcher process per run, then a table, results.csv and plots.
 
     python -m experiments.sweep --config experiments/configs/quickstart.py[:arg] --workdir runs/qs_sweep \
+        [--seeds 0,1,2] [--only AXIS=VALUE ...] [--parallel N] [--init_from shared|none|PATH] \
         [--metric pass@1] [--stage grpo] [--dry_run] [--config.a.b=value ...]
 
 The config file's `get_sweep(arg=None)` returns {"axes": {"<field path>": [values...], ...}, "seeds": [0, 1, ...]};
 the grid is the product of the axes, each point run once per seed in workdir/<point name>/seed<k> by
-`python -m experiments.launch` (a separate process each, so a crash costs one point; finished points are skipped
-when the sweep is started again, so a sweep resumes like a run). Extra --config.* overrides apply to every point.
+`python -m experiments.launch` (a separate process each, so a crash costs one run), its output in that
+directory's launch.log; the sweep prints one line per run as it ends. Extra --config.* overrides apply to every
+point; --seeds replaces the file's seeds; --only keeps the points whose AXIS (its full path or last part, e.g.
+`clip_high`) has VALUE (repeat it: different axes must all match, values of one axis are alternatives).
 
-Outputs in workdir: results.csv (one row per run: the axis values, seed, every stage's summary metrics and the
-wall time), results.md (the table printed at the end: mean +- std over seeds per point) and <metric>.png (the
-metric after each stage, one line per grid point, error bars over seeds).
+A sweep cannot report stale results: before anything runs, each run's config is resolved and compared with the
+config.json in its directory. Equal and finished (summary.json holds every stage): skipped, its results reused.
+Equal and unfinished: resumed. Different, or a directory that holds something else: the sweep refuses, naming the
+fields that differ, and runs nothing (use a new --workdir or remove that directory).
+
+Shared stages (--init_from shared, the default): when every point has the same first k stages (the axes only touch
+later stages: e.g. GRPO settings after one cold start), those stages run once per seed in workdir/_shared/seed<k>
+and every point starts from their end (launch --init_from, rl/prefix.py): the same numbers as running them in every
+point, in a fraction of the time. `none` runs every point from scratch; a PATH (may hold `{seed}`) is a run every
+point starts from. --parallel N runs N launchers at once (default: what this machine holds: one per CPU core, as many
+as its free memory fits by the memory plan of rl/preflight.py plus a process's own overhead).
+
+Outputs in workdir: results.csv (one row per run: axis values, seed, each stage's summary metrics, the hacking
+signs flagged per RL stage, wall time, status), results.md (the table printed at the end: per point and stage the
+mean +- the sample standard deviation (ddof=1) over the n seeds, and every seed's value), <metric>.png (the metric
+after each stage, one line per point, error bars +- sample std) and curves.png (rl/plots.py: the run curves, one
+line per point, mean and a +-sd band over seeds).
 """
 from __future__ import annotations
 
 import argparse
+import ast
+import concurrent.futures as cf
+import contextlib
 import csv
+import io
 import itertools
 import json
 import os
 import re
 import subprocess
 import sys
+import time
 
 import numpy as np
 
 from experiments import launch
+from rl import config_validation as cv
 
 METRICS = ("pass@1", "pass@k", "maj@k", "format_rate", "mean_length")
+SHARED = "_shared"
+PROCESS_BYTES = 1 << 30  # a launcher process's own memory besides the model's (JAX runtime, compiles, reward pool)
 
 
+# ------------------------------------------------------------------------------------------- the grid
 def grid(sweep: dict) -> list[dict]:
     """Points of the grid: a list of {path: value} (one empty point when there are no axes)."""
     axes = sweep.get("axes", {}) or {}
@@ -52,17 +78,145 @@ def point_name(point: dict) -> str:
     return ",".join(parts)
 
 
-def run_point(config_spec: str, workdir: str, point: dict, seed: int, extra: list[tuple[str, str]], dry_run: bool) -> int:
-    cmd = [sys.executable, "-m", "experiments.launch", "--config", config_spec, "--workdir", workdir,
-           f"--config.seed={seed}"]
-    cmd += [f"--config.{k}={v}" for k, v in point.items()]
-    cmd += [f"--config.{k}={v}" for k, v in extra]
-    if dry_run:
-        cmd.append("--dry_run")
-    print("+ " + " ".join(cmd), flush=True)
-    return subprocess.call(cmd)
+def _matches(value, text: str) -> bool:
+    try:
+        parsed = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        parsed = text
+    return value == parsed or str(value) == text
 
 
+def select(points: list[dict], only: list[str]) -> list[dict]:
+    """The points matching every --only AXIS=VALUE (an axis named by its full path or its last part; several
+    values of one axis are alternatives). ValueError naming an unknown axis or a filter that matches nothing."""
+    want: dict[str, list[str]] = {}
+    axes = list(points[0]) if points else []
+    for f in only:
+        name, eq, text = f.partition("=")
+        if not eq:
+            raise ValueError(f"--only {f!r}: expected AXIS=VALUE")
+        full = [a for a in axes if a == name] or [a for a in axes if a.split(".")[-1] == name.split(".")[-1]
+                                                  and a.endswith(name)]
+        if len(full) != 1:
+            raise ValueError(f"--only {f!r}: {'no' if not full else 'more than one'} sweep axis is {name!r} "
+                             f"(axes: {', '.join(axes) or 'none'})")
+        want.setdefault(full[0], []).append(text)
+    out = [p for p in points if all(any(_matches(p[a], t) for t in ts) for a, ts in want.items())]
+    if not out:
+        raise ValueError(f"--only {' '.join(only)} matches no point of the grid")
+    return out
+
+
+# ------------------------------------------------------------------------------------------- configs and states
+def resolve(config_spec: str, overrides: list[tuple[str, str]]) -> dict:
+    """The resolved config of one run as config.json records it (validated; ConfigError names the field)."""
+    config = launch.get_config(config_spec)
+    launch.apply_overrides(config, overrides)
+    cv.validate(config)
+    return json.loads(json.dumps(cv.to_dict(config), default=str))
+
+
+def run_overrides(point: dict, seed: int, extra: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    return [("seed", str(seed))] + [(k, str(v)) for k, v in point.items()] + list(extra)
+
+
+def finished(workdir: str, cfg: dict) -> bool:
+    """summary.json holds every stage of cfg (and the best policy's test result when the run keeps one)."""
+    try:
+        with open(os.path.join(workdir, "summary.json"), encoding="utf-8") as f:
+            s = json.load(f)
+    except (OSError, ValueError):
+        return False
+    done = all(st["name"] in s.get("eval", {}) for st in cfg["stages"])
+    return done and ("best" in s or not cfg["checkpoint"]["keep_best"])
+
+
+def run_state(workdir: str, cfg: dict, ignore: tuple[str, ...] = ()) -> tuple[str, str]:
+    """("new" | "resume" | "done" | "conflict", why): what the sweep does with a run directory for config `cfg`.
+    `ignore`: top-level sections or `section.field` paths that may differ (the shared run's run.stop_after)."""
+    from rl.prefix import differing_fields
+
+    if not os.path.exists(workdir):
+        return "new", ""
+    if not os.path.isdir(workdir):
+        return "conflict", f"{workdir} is a file, not a run directory"
+    path = os.path.join(workdir, "config.json")
+    if not os.path.exists(path):
+        other = [n for n in os.listdir(workdir) if n != "launch.log"]
+        return ("conflict", f"{workdir} holds {', '.join(sorted(other)[:4])} but no config.json") if other else ("new", "")
+    try:
+        with open(path, encoding="utf-8") as f:
+            old = json.load(f)
+    except (OSError, ValueError) as e:
+        return "conflict", f"{path} is unreadable ({e})"
+    diff = [d for d in differing_fields(old, cfg) if not any(d == i or d.startswith(i + ".") for i in ignore)]
+    if diff:
+        return "conflict", (f"{workdir} holds a run of a different config ({', '.join(diff[:5])}"
+                            f"{' ...' if len(diff) > 5 else ''} differ)")
+    return ("done", "finished with this exact config") if finished(workdir, cfg) else ("resume", "unfinished")
+
+
+def shared_prefix(cfgs: list[dict]) -> int:
+    """How many leading stages every config shares (rl.prefix.shared_stages, minimum over all pairs with the first)."""
+    from rl.prefix import shared_stages
+
+    return min((shared_stages(cfgs[0], c) for c in cfgs[1:]), default=0) if len(cfgs) > 1 else 0
+
+
+def default_parallel(cfg: dict, n_runs: int) -> tuple[int, str]:
+    """(launchers at once, why): one per CPU core, as many as the free memory holds, at most n_runs."""
+    import jax
+    import psutil
+
+    from rl import context, memory_plan, preflight
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    sizes = preflight.resolved_mesh(cfg, len(jax.devices()))
+    plan = memory_plan.plan_for_config(cfg, context.build_model_cfg(cfg), sizes, context.run_rules(cfg))
+    per_run = plan.peak * plan.devices + PROCESS_BYTES
+    free = psutil.virtual_memory().available
+    n = max(1, min(cores, free // per_run, n_runs))
+    return int(n), (f"{cores} cores, {free / 2**30:.1f} GiB free / {per_run / 2**30:.2f} GiB per run "
+                    f"(memory plan + {PROCESS_BYTES / 2**30:.0f} GiB process)")
+
+
+# ------------------------------------------------------------------------------------------- running
+def launch_cmd(config_spec: str, workdir: str, overrides: list[tuple[str, str]], init_from: str = "") -> list[str]:
+    cmd = [sys.executable, "-m", "experiments.launch", "--config", config_spec, "--workdir", workdir]
+    cmd += [f"--config.{k}={v}" for k, v in overrides]
+    return cmd + (["--init_from", init_from] if init_from else [])
+
+
+def run_one(cmd: list[str], workdir: str) -> tuple[int, float, str]:
+    """(exit status, seconds, last line of the log): one launcher, its output in workdir/launch.log."""
+    os.makedirs(workdir, exist_ok=True)
+    log = os.path.join(workdir, "launch.log")
+    t0 = time.time()
+    with open(log, "a", encoding="utf-8") as f:
+        f.write("+ " + " ".join(cmd) + "\n")
+        f.flush()
+        rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    with open(log, encoding="utf-8", errors="replace") as f:
+        lines = [ln.strip() for ln in f if ln.strip()]
+    return rc, time.time() - t0, lines[-1] if lines else ""
+
+
+def run_all(jobs: list[dict], parallel: int) -> None:
+    """Run jobs ({"label", "cmd", "workdir"}) `parallel` at a time; one line per job as it ends (job["rc"] set)."""
+    if not jobs:
+        return
+    width = len(str(len(jobs)))
+    with cf.ThreadPoolExecutor(max_workers=parallel) as pool:
+        futs = {pool.submit(run_one, j["cmd"], j["workdir"]): j for j in jobs}
+        for i, fut in enumerate(cf.as_completed(futs), 1):
+            j = futs[fut]
+            j["rc"], secs, last = fut.result()
+            extra = j.get("describe", lambda: "")() if j["rc"] == 0 else f"FAILED (exit {j['rc']}): {last[:160]}"
+            print(f"[{i:>{width}}/{len(jobs)}] {j['label']:<40} {secs:6.0f} s  {extra}  "
+                  f"({os.path.join(j['workdir'], 'launch.log')})", flush=True)
+
+
+# ------------------------------------------------------------------------------------------- results
 def collect(rows_in: list[dict]) -> tuple[list[dict], list[str]]:
     """Flatten each run's summary.json into one CSV row; returns rows and the stage names in order."""
     rows, stages = [], []
@@ -77,6 +231,8 @@ def collect(rows_in: list[dict]) -> tuple[list[dict], list[str]]:
                     stages.append(st)
                 for m in METRICS:
                     row[f"{st}/{m}"] = vals.get(m)
+            for st, rep in (s.get("hacking") or {}).items():
+                row[f"{st}/hacking"] = ",".join(rep.get("flagged", [])) or ("-" if rep.get("signs") else "not judged")
             row["wall_seconds"] = s.get("wall_seconds")
             row["status"] = "ok"
         else:
@@ -98,95 +254,239 @@ def write_csv(path: str, rows: list[dict]) -> None:
             w.writerow(r)
 
 
+def mean_sd(vals: list[float]) -> tuple[float, float | None]:
+    """Mean and sample standard deviation (ddof=1; None for one value)."""
+    return float(np.mean(vals)), (float(np.std(vals, ddof=1)) if len(vals) > 1 else None)
+
+
+def cell(vals: list[float]) -> str:
+    """'0.312 ± 0.041 (n=3: 0.281, 0.297, 0.359)': mean ± sample std over seeds, then every seed's value."""
+    if not vals:
+        return "-"
+    mu, sd = mean_sd(vals)
+    per_seed = ", ".join(f"{v:.3f}" for v in vals)
+    return (f"{mu:.3f} ± {sd:.3f}" if sd is not None else f"{mu:.3f}") + f" (n={len(vals)}: {per_seed})"
+
+
 def table(rows: list[dict], axes: list[str], stages: list[str], metric: str) -> str:
-    """Markdown table: one line per grid point, mean +- std over seeds of `metric` after each stage."""
+    """Markdown table: one line per grid point; per stage the mean ± sample std over seeds and each seed's value."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault(tuple(r.get(a) for a in axes), []).append(r)
-    head = axes + [f"{s} {metric}" for s in stages] + ["seeds"]
+    head = [a.split(".")[-1] if sum(x.split(".")[-1] == a.split(".")[-1] for x in axes) == 1 else a for a in axes]
+    head += [f"{s} {metric}" for s in stages]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for key, rs in groups.items():
+        rs = sorted(rs, key=lambda r: r["seed"])
         cells = [str(k) for k in key]
         for s in stages:
-            vals = [r.get(f"{s}/{metric}") for r in rs if r.get(f"{s}/{metric}") is not None]
-            cells.append(f"{np.mean(vals):.3f} ± {np.std(vals):.3f}" if vals else "-")
-        cells.append(str(len(rs)))
+            cells.append(cell([r[f"{s}/{metric}"] for r in rs if r.get(f"{s}/{metric}") is not None]))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def plot(path: str, rows: list[dict], axes: list[str], stages: list[str], metric: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault(tuple(r.get(a) for a in axes), []).append(r)
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig = Figure(figsize=(7, 4))
+    ax = fig.subplots()
     x = np.arange(len(stages))
     for key, rs in groups.items():
-        means, stds = [], []
+        means, sds = [], []
         for s in stages:
             vals = [r.get(f"{s}/{metric}") for r in rs if r.get(f"{s}/{metric}") is not None]
-            means.append(np.mean(vals) if vals else np.nan)
-            stds.append(np.std(vals) if vals else 0.0)
+            mu, sd = mean_sd(vals) if vals else (np.nan, None)
+            means.append(mu)
+            sds.append(sd or 0.0)
         label = ", ".join(f"{a.split('.')[-1]}={k}" for a, k in zip(axes, key)) or "base"
-        ax.errorbar(x, means, yerr=stds, marker="o", capsize=3, label=label)
+        ax.errorbar(x, means, yerr=sds, marker="o", capsize=3, label=f"{label} (n={len(rs)})")
     ax.set_xticks(x, stages)
-    ax.set_ylabel(f"held-out {metric}")
+    ax.set_ylabel(f"held-out {metric} (mean ± sample sd over seeds)")
     ax.set_xlabel("after stage")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
+def curves(path: str, runs: list[dict], axes: list[str]) -> None:
+    from rl import plots
+    from rl.metrics import read_jsonl
+
+    groups: dict[str, list[list[dict]]] = {}
+    for r in runs:
+        m = os.path.join(r["workdir"], "metrics.jsonl")
+        label = ", ".join(f"{a.split('.')[-1]}={r[a]}" for a in axes) or "base"
+        groups.setdefault(label, []).append(read_jsonl(m) if os.path.exists(m) else [])
+    plots.sweep_curves(groups, path)
+
+
+# ------------------------------------------------------------------------------------------- main
+def parse(argv):
     ap = argparse.ArgumentParser(prog="python -m experiments.sweep", description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", required=True)
     ap.add_argument("--workdir", required=True)
     ap.add_argument("--metric", default="pass@1", choices=METRICS)
-    ap.add_argument("--dry_run", action="store_true", help="validate every point, run nothing")
-    args, rest = ap.parse_known_args(sys.argv[1:] if argv is None else argv)
+    ap.add_argument("--stage", default="", help="show this stage only in the table and plot (default: every stage)")
+    ap.add_argument("--seeds", default="", help="comma list replacing get_sweep()'s seeds, e.g. 0,1,2")
+    ap.add_argument("--only", action="append", default=[], metavar="AXIS=VALUE", help="run only matching points")
+    ap.add_argument("--parallel", type=int, default=0, help="launchers at once (0 = what this machine holds)")
+    ap.add_argument("--init_from", default="shared", help="shared (default) | none | a run directory ({seed} ok)")
+    ap.add_argument("--dry_run", action="store_true", help="validate every run and print the plan, run nothing")
+    args, rest = ap.parse_known_args(argv)
     extra = []
     for a in rest:
         if not a.startswith("--config.") or "=" not in a:
             ap.error(f"unknown argument {a!r} (extra overrides look like --config.a.b=value)")
-        k, _, v = a[len("--config.") :].partition("=")
+        k, _, v = a[len("--config."):].partition("=")
         extra.append((k, v))
-    module, arg = launch.load_config_file(args.config)
-    if not hasattr(module, "get_sweep"):
-        ap.error(f"{args.config} has no get_sweep()")
-    sweep = module.get_sweep(arg)
-    points = grid(sweep)
-    seeds = list(sweep.get("seeds", [0])) or [0]
-    axes = list((sweep.get("axes") or {}).keys())
-    os.makedirs(args.workdir, exist_ok=True)
-    runs, failed = [], 0
-    for point in points:
-        for seed in seeds:
-            wd = os.path.join(args.workdir, point_name(point), f"seed{seed}")
-            done = os.path.exists(os.path.join(wd, "summary.json"))
-            if not done:
-                rc = run_point(args.config, wd, point, seed, extra, args.dry_run)
-                failed += rc != 0
-            runs.append({**point, "seed": seed, "workdir": wd})
+    return ap, args, extra
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap, args, extra = parse(sys.argv[1:] if argv is None else argv)
+    try:
+        module, arg = launch.load_config_file(args.config)
+        if not hasattr(module, "get_sweep"):
+            ap.error(f"{args.config} has no get_sweep()")
+        sweep = module.get_sweep(arg)
+        points = select(grid(sweep), args.only) if args.only else grid(sweep)
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()] if args.seeds else list(sweep.get("seeds", [0]))
+        axes = list((sweep.get("axes") or {}).keys())
+        runs = [{**p, "seed": s, "point": p, "label": f"{point_name(p)} seed{s}", "overrides": run_overrides(p, s, extra),
+                 "workdir": os.path.join(args.workdir, point_name(p), f"seed{s}")} for p in points for s in seeds or [0]]
+        for r in runs:
+            r["cfg"] = resolve(args.config, r["overrides"])
+    except (cv.ConfigError, ValueError) as e:
+        print(f"sweep error: {e}", file=sys.stderr)
+        return 2
+    stage_names = [st["name"] for st in runs[0]["cfg"]["stages"]]
+    if args.stage and args.stage not in stage_names:
+        ap.error(f"--stage {args.stage!r} is not a stage of this config ({', '.join(stage_names)})")
+
+    # the shared stages: run once per seed, every point starts from their end
+    k = shared_prefix([r["cfg"] for r in runs if r["seed"] == runs[0]["seed"]]) if args.init_from == "shared" else 0
+    shared = []
+    if k:
+        from rl.stages import parse_stage
+
+        units = sum(parse_stage(st).units for st in runs[0]["cfg"]["stages"][:k])
+        for s in sorted({r["seed"] for r in runs}):
+            first = next(r for r in runs if r["seed"] == s)
+            cfg = {**first["cfg"], "run": {**first["cfg"]["run"], "stop_after": units}}
+            shared.append({"seed": s, "workdir": os.path.join(args.workdir, SHARED, f"seed{s}"), "cfg": cfg, "k": k,
+                           "units": units, "label": f"{SHARED} seed{s}", "overrides": first["overrides"] +
+                           [("run.stop_after", str(units))], "describe": lambda: f"stages {', '.join(stage_names[:k])}"})
+        for r in runs:
+            r["init_from"] = os.path.join(args.workdir, SHARED, f"seed{r['seed']}")
+    elif args.init_from not in ("shared", "none"):
+        for r in runs:
+            r["init_from"] = args.init_from.replace("{seed}", str(r["seed"]))
+
+    # nothing runs before every directory is known to hold this sweep's runs or nothing
+    states = [(r, *run_state(r["workdir"], r["cfg"])) for r in runs]
+    states += [(j, *_shared_state(j)) for j in shared]
+    conflicts = [why for _, st, why in states if st == "conflict"]
+    if conflicts:
+        print("sweep refused (nothing was run):\n  " + "\n  ".join(conflicts) +
+              "\n  use a new --workdir, or remove those directories", file=sys.stderr)
+        return 2
+    todo = [r for r, st, _ in states[:len(runs)] if st != "done"]
+    fresh = {r["seed"] for r, st, _ in states[:len(runs)] if st == "new"}  # resumed runs have their own checkpoint
+    shared_todo = [j for j, st, _ in states[len(runs):] if st != "done" and j["seed"] in fresh]
+    n_par = args.parallel
+    why = "--parallel"
+    if n_par <= 0:
+        n_par, why = default_parallel(runs[0]["cfg"], max(len(todo), len(shared_todo), 1))
+    print(f"sweep: {len(points)} point(s) x {len(seeds)} seed(s) = {len(runs)} runs; {len(runs) - len(todo)} finished "
+          f"with the same config (reused), {len(todo)} to run" +
+          (f"; stages {', '.join(stage_names[:k])} shared per seed in {os.path.join(args.workdir, SHARED)}" if k else "")
+          + f"; {n_par} at once ({why})", flush=True)
     if args.dry_run:
-        print(f"{len(runs)} runs validated" + (f", {failed} failed" if failed else ""))
-        return 1 if failed else 0
-    rows, stages = collect(runs)
+        return _dry_run(args.config, shared + runs)
+
+    for j in shared_todo:  # resumed with the units still to go, so it stops exactly at the end of the shared stages
+        left = j["units"] - _units_done(j["workdir"])
+        j["cmd"] = launch_cmd(args.config, j["workdir"], j["overrides"][:-1] + [("run.stop_after", str(left))])
+    run_all(shared_todo, n_par)
+    if any(j["rc"] for j in shared_todo):
+        print("sweep stopped: a shared run failed (see its launch.log)", file=sys.stderr)
+        return 1
+    for r in todo:
+        r.update(describe=lambda r=r: _describe(r, args),
+                 cmd=launch_cmd(args.config, r["workdir"], r["overrides"], r.get("init_from", "")))
+    run_all(todo, n_par)
+    failed = sum(1 for r in todo if r["rc"])
+
+    out_rows = [{**{a: r[a] for a in axes}, "seed": r["seed"], "workdir": r["workdir"]} for r in runs]
+    rows, stages = collect(out_rows)
     write_csv(os.path.join(args.workdir, "results.csv"), rows)
-    text = table(rows, axes, stages, args.metric)
+    shown = [args.stage] if args.stage else stages
+    text = table(rows, axes, shown, args.metric)
     with open(os.path.join(args.workdir, "results.md"), "w", encoding="utf-8") as f:
-        f.write(text + "\n")
-    print(text)
+        f.write(f"held-out test {args.metric} after each stage: mean ± sample std (ddof=1) over n seeds, then each "
+                f"seed's value\n\n{text}\n")
+    print(f"\nheld-out test {args.metric}: mean ± sample std over n seeds (each seed's value)\n{text}")
     if stages:
-        plot(os.path.join(args.workdir, f"{args.metric}.png"), rows, axes, stages, args.metric)
-    print(f"results in {os.path.join(args.workdir, 'results.csv')}" + (f" ({failed} runs failed)" if failed else ""))
+        plot(os.path.join(args.workdir, f"{args.metric}.png"), rows, axes, shown, args.metric)
+        curves(os.path.join(args.workdir, "curves.png"), out_rows, axes)
+    print(f"results in {os.path.join(args.workdir, 'results.csv')}, results.md, {args.metric}.png, curves.png" +
+          (f" ({failed} runs failed)" if failed else ""))
     return 1 if failed else 0
+
+
+def _shared_state(j: dict) -> tuple[str, str]:
+    """A shared run is done when its summary holds every shared stage; run.stop_after may differ (it is resumed
+    with the units still to go)."""
+    st, why = run_state(j["workdir"], j["cfg"], ignore=("run.stop_after",))
+    if st in ("conflict", "new"):
+        return st, why
+    try:
+        with open(os.path.join(j["workdir"], "summary.json"), encoding="utf-8") as f:
+            names = json.load(f).get("eval", {})
+    except (OSError, ValueError):
+        names = {}
+    return ("done", "") if all(s["name"] in names for s in j["cfg"]["stages"][: j["k"]]) else ("resume", "")
+
+
+def _units_done(workdir: str) -> int:
+    """Global units the newest intact checkpoint of workdir holds (0 without one)."""
+    from rl.checkpoint import CheckpointError, find_policy
+
+    try:
+        return int(find_policy(workdir, "last")[2]["global_unit"])
+    except (CheckpointError, KeyError):
+        return 0
+
+
+def _describe(r: dict, args) -> str:
+    try:
+        with open(os.path.join(r["workdir"], "summary.json"), encoding="utf-8") as f:
+            s = json.load(f)
+    except (OSError, ValueError):
+        return "no summary.json"
+    st = args.stage or list(s["eval"])[-1]
+    flags = [f"{k}: {','.join(v['flagged'])}" for k, v in (s.get("hacking") or {}).items() if v.get("flagged")]
+    return f"{st} {args.metric} {s['eval'].get(st, {}).get(args.metric, float('nan')):.3f}" + (
+        f"  hacking signs {'; '.join(flags)}" if flags else "")
+
+
+def _dry_run(config_spec: str, runs: list[dict]) -> int:
+    """Every run through the launcher's checks (in this process, data and machine included), one line each."""
+    bad = 0
+    for i, r in enumerate(runs, 1):
+        buf = io.StringIO()
+        argv = ["--config", config_spec, "--dry_run"] + [f"--config.{k}={v}" for k, v in r["overrides"]]
+        with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+            rc = launch.main(argv)
+        bad += rc != 0
+        msg = "config OK" if rc == 0 else buf.getvalue().strip().splitlines()[-1]
+        print(f"[{i}/{len(runs)}] {r['label']}: {msg}", flush=True)
+    print(f"{len(runs)} runs validated" + (f", {bad} failed" if bad else ""))
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

@@ -20,6 +20,11 @@ written), printing one line per damaged step that names its damaged files, and r
 one; when checkpoints exist but none is intact it raises CheckpointError naming the damaged files. No
 restore ever loads unverified bytes, and every failure is a CheckpointError, never an orbax traceback.
 
+Loading a run's policy (for sampling, evaluation, notebooks; read-only, safe on a run that is still going):
+
+    cfg, model_cfg, params, tok = load_policy("runs/quickstart", "best")   # or "last", or a global unit N
+    path, step, meta = find_policy("runs/quickstart", "best")              # which checkpoint that is
+
 Writing: orbax writes into a temporary directory and renames it when complete; the checksums are written
 next (temporary file, fsync, rename); only then are checkpoints beyond `keep` deleted, so a kill at any
 moment leaves the previous intact checkpoint in place. Temporary directories left by a kill are removed
@@ -37,7 +42,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-__all__ = ["Checkpointer", "CheckpointError", "verify_checkpoint"]
+__all__ = ["Checkpointer", "CheckpointError", "verify_checkpoint", "load_policy", "find_policy"]
 
 MANIFEST = "checksums.json"
 _FORMAT = 1
@@ -350,3 +355,59 @@ class Checkpointer:
         close = getattr(self._ckptr, "close", None)
         if close is not None:
             close()
+
+
+# ------------------------------------------------------------------------------------------ loading a policy
+def find_policy(workdir: str, which: str | int = "best") -> tuple[str, int, dict]:
+    """(checkpoint directory, global unit, meta) of a run's policy: "best" = the best-by-validation policy
+    (checkpoints/best_policy), "last" = the newest intact checkpoint, N = the checkpoint of global unit N.
+    Read-only (nothing is created or cleaned up, so a running run is never disturbed); a step still being
+    written (no checksums yet) is passed over."""
+    which = str(which)
+    root = os.path.join(workdir, "checkpoints", "best_policy" if which == "best" else "", "last")
+    if not os.path.isfile(os.path.join(workdir, "config.json")):
+        raise CheckpointError(f"{workdir} holds no run (no config.json)")
+    steps = Checkpointer._steps(root)
+    if which not in ("best", "last"):
+        if not which.isdigit():
+            raise CheckpointError(f"checkpoint must be best, last or a global unit number, got {which!r}")
+        if int(which) not in steps:
+            raise CheckpointError(f"{workdir} has no checkpoint of unit {which}; kept: {steps or 'none'}")
+        steps = [int(which)]
+    for step in reversed(steps):
+        path = os.path.join(root, str(step))
+        if not verify_checkpoint(path):
+            meta = ocp.Checkpointer(ocp.CompositeCheckpointHandler()).restore(
+                path, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+            return path, step, meta
+    what = ("no best policy yet (checkpoint.keep_best off, or no validation eval has run): use 'last'"
+            if which == "best" else "no intact checkpoint yet")
+    raise CheckpointError(f"{workdir}: {what}")
+
+
+def load_policy(workdir: str, which: str | int = "best"):
+    """(cfg, model_cfg, params, tokenizer) of a finished or running run: cfg is workdir/config.json as a dict,
+    params the policy's parameters (JAX arrays on the default device; a PPO value head is dropped), checked
+    against the model config's shapes. See find_policy for `which`."""
+    from models import transformer
+    from rl import context
+
+    with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
+        cfg = json.load(f)
+    model_cfg = context.build_model_cfg(cfg)
+    path, _, _ = find_policy(workdir, which)
+    try:  # no template: the arrays come back as saved (host NumPy); the shapes are checked below
+        state = ocp.Checkpointer(ocp.CompositeCheckpointHandler()).restore(
+            path, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
+    except Exception as e:  # noqa: BLE001 - orbax raises many types; the caller gets one with the path
+        raise CheckpointError(f"checkpoint {path} could not be restored: {type(e).__name__}: {e}") from None
+    params = state["policy"] if "policy" in state else state["train_state"]["params"]
+    params = {k: v for k, v in params.items() if k != "value_head"}
+    want = jax.eval_shape(lambda: transformer.init(model_cfg, jax.random.key(0)))
+    try:
+        ok = all(jax.tree.leaves(jax.tree.map(lambda w, x: w.shape == x.shape and w.dtype == x.dtype, want, params)))
+    except ValueError:  # another tree structure
+        ok = False
+    if not ok:
+        raise CheckpointError(f"checkpoint {path} does not hold a policy of the model in {workdir}/config.json")
+    return cfg, model_cfg, jax.tree.map(jax.numpy.asarray, params), context.build_tokenizer(cfg)

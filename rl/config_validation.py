@@ -111,6 +111,8 @@ EVAL = {
     "n_test": F(64, "test problems per end-of-stage eval (<= tasks.n_test)", integer(1, 10**6)),
     "temperature": F(1.0, "temperature of the k eval samples", num(0.0, 10.0, lo_open=True)),
     "initial": F(True, "evaluate the initial policy before training (summary 'initial')", boolean),
+    "samples": F(2, "complete samples per problem written at every eval to workdir/samples.jsonl and TensorBoard "
+                    "text: the greedy answer and this many of the k samples (0 = none)", integer(0, 4096)),
 }
 
 CHECKPOINT = {

@@ -183,10 +183,37 @@ def hacking_signs(first: dict, latest: dict, length_growth: float = 0.5, flat_ac
     }
 
 
-def evaluate(ctx, params, problems, key, k: int, temperature: float) -> dict:
+SAMPLE_REWARD_KEYS = ("total", "solved", "outcome", "process", "format", "overlong", "repetition", "language",
+                      "error", "error_kind")
+
+
+def sample_records(problems, prompts: list[str], greedy_texts: list[str], greedy_scores: list[dict],
+                   sample_texts: list[str], sample_scores: list[dict], k: int, n_show: int) -> list[dict]:
+    """Complete samples for samples.jsonl: per problem, the greedy answer and the first `n_show` of its k samples,
+    each as {"problem_id", "kind" ("greedy" | "sample i"), "prompt", "response", "answer" (extracted), "gold",
+    "reward": the reward parts}; [] when n_show == 0."""
+    if n_show <= 0:
+        return []
+    from rewards.parse import extract_answer
+
+    def rec(p, prompt, kind, text, sc):
+        return {"problem_id": p.id, "kind": kind, "prompt": prompt, "response": text, "answer": extract_answer(text),
+                "gold": p.answer, "reward": {key: sc.get(key) for key in SAMPLE_REWARD_KEYS if key in sc}}
+
+    out = []
+    for i, p in enumerate(problems):
+        out.append(rec(p, prompts[i], "greedy", greedy_texts[i], greedy_scores[i]))
+        for j in range(min(n_show, k) if sample_texts else 0):
+            out.append(rec(p, prompts[i], f"sample {j}", sample_texts[i * k + j], sample_scores[i * k + j]))
+    return out
+
+
+def evaluate(ctx, params, problems, key, k: int, temperature: float, samples_out: list | None = None,
+             n_show: int = 2) -> dict:
     """Greedy pass@1 / format / length / language consistency plus k-sample pass@k, maj@k, diversity on
     `problems` (a RunContext from rl.context supplies the sampler, tokenizer and reward pool); per-family
-    metrics (`by_family`) when the problems mix task families."""
+    metrics (`by_family`) when the problems mix task families. With a `samples_out` list, `sample_records`
+    (the greedy answer and `n_show` samples per problem) are appended to it."""
     import jax
 
     from rewards.parse import extract_answer
@@ -215,4 +242,7 @@ def evaluate(ctx, params, problems, key, k: int, temperature: float) -> dict:
             r.formats = [float(sc["format"]) for sc in s_scores[sl]]
             r.answers = [extract_answer(t) for t in r.texts]
         recs.append(r)
+    if samples_out is not None:
+        samples_out.extend(sample_records(problems, prompts, greedy.texts, g_scores, samples.texts if samples else [],
+                                          s_scores or [], k, n_show))
     return {**summarize(recs, k), **by_family(recs, k)}

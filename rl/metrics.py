@@ -1,20 +1,31 @@
-"""Metric logging: one JSONL line per step, TensorBoard event files, and the end-of-run table.
+"""Metric logging: one JSONL line per step, generated samples, TensorBoard event files, progress lines, the table.
 
     w = MetricsWriter(workdir, tensorboard=True)
     w.write(step, {"reward/mean": 0.4, "kl": 0.01}, stage="grpo", phase="train")
+    w.write_samples(step, sample_recs, stage="grpo", split="validation")   # samples.jsonl + TensorBoard text
     w.close()
     print(format_table(summary["eval"], ["pass@1", "pass@k", "format_rate"]))
+    clock = Clock(); clock.say("evaluating the initial policy")          # "[   3.1 s] evaluating ..."
 
 `metrics.jsonl` lines are {"step": int, "stage": str, "phase": str, "time": float, ...metrics};
 non-finite floats are written as null so every line is valid JSON. `flatten` turns nested
-metric dicts into "a/b" keys. On resume the writer appends, after dropping lines for steps the
-resumed run will redo (so the file stays free of duplicates).
+metric dicts into "a/b" keys. `samples.jsonl` lines are {"step", "stage", "split", ...one sample record of
+rl.evaluation.sample_records}. On resume the writer appends to both, after dropping lines for steps the
+resumed run will redo (so the files stay free of duplicates).
+
+TensorBoard: one tag per metric, named exactly as in metrics.jsonl (`validation/pass@1`, `loss`, `reward/mean`),
+so a metric is one curve across all stages over the global unit; the scalar `stage` holds the stage's index
+(0 = initial, in order of appearance) to tell the stages apart. Tags are written with tensorboardX's FileWriter
+and a hand-built Summary, because SummaryWriter.add_scalar rewrites `@` to `_` (`pass@1` -> `pass_1`). When
+TensorBoard is on and workdir/tb does not exist yet while metrics.jsonl does (a run started from another run's
+prefix, or one that turned TensorBoard on at resume), the existing records are written to it first.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
+import sys
 import time
 from typing import Any
 
@@ -50,32 +61,39 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
 
 
 class MetricsWriter:
-    """Appends metrics to workdir/metrics.jsonl and (optionally) TensorBoard event files in workdir/tb."""
+    """Appends metrics to workdir/metrics.jsonl, samples to workdir/samples.jsonl and (optionally) both to
+    TensorBoard event files in workdir/tb."""
 
     def __init__(self, workdir: str, tensorboard: bool = True, truncate_after_step: int | None = None):
         os.makedirs(workdir, exist_ok=True)
         self.path = os.path.join(workdir, "metrics.jsonl")
-        if truncate_after_step is not None and os.path.exists(self.path):
-            self._truncate(truncate_after_step)
+        self.samples_path = os.path.join(workdir, "samples.jsonl")
+        for path in (self.path, self.samples_path):
+            if truncate_after_step is not None and os.path.exists(path):
+                _truncate(path, truncate_after_step)
+        old = read_jsonl(self.path) if os.path.exists(self.path) else []
+        self.stages = list(dict.fromkeys(r["stage"] for r in old if r.get("stage")))  # index = TB `stage` scalar
         self._f = open(self.path, "a", encoding="utf-8")
+        self._s = open(self.samples_path, "a", encoding="utf-8")
         self._tb = None
         if tensorboard:
-            from tensorboardX import SummaryWriter
+            from tensorboardX import FileWriter
 
-            self._tb = SummaryWriter(os.path.join(workdir, "tb"))
+            tb_dir = os.path.join(workdir, "tb")
+            backfill = old and not os.path.isdir(tb_dir)
+            self._tb = FileWriter(tb_dir, flush_secs=10)
+            for r in old if backfill else ():
+                self._tb_scalars(r["step"], {k: v for k, v in r.items() if k not in ("step", "time")}, r.get("stage"))
 
-    def _truncate(self, last_step: int) -> None:
-        """Keep only lines with step <= last_step (steps after the checkpoint are redone)."""
-        keep = []
-        with open(self.path, encoding="utf-8") as f:
-            for line in f:
-                try:
-                    if int(json.loads(line).get("step", -1)) <= last_step:
-                        keep.append(line)
-                except (ValueError, json.JSONDecodeError):
-                    continue
-        with open(self.path, "w", encoding="utf-8") as f:
-            f.writelines(keep)
+    def _tb_scalars(self, step: int, flat: dict, stage: str | None) -> None:
+        from tensorboardX.proto.summary_pb2 import Summary
+
+        vals = [Summary.Value(tag=k, simple_value=v) for k, v in flat.items() if isinstance(v, float)]
+        if stage:
+            if stage not in self.stages:
+                self.stages.append(stage)
+            vals.append(Summary.Value(tag="stage", simple_value=float(self.stages.index(stage))))
+        self._tb.add_summary(Summary(value=vals), int(step))
 
     def write(self, step: int, metrics: dict, **tags: str) -> dict:
         """Log one step; returns the flattened record that was written."""
@@ -83,18 +101,71 @@ class MetricsWriter:
         rec = {"step": int(step), **tags, "time": time.time(), **flat}
         self._f.write(json.dumps(rec, allow_nan=False) + "\n")
         self._f.flush()
+        if tags.get("stage") and tags["stage"] not in self.stages:
+            self.stages.append(tags["stage"])
         if self._tb is not None:
-            # stage/phase/metric: one curve per metric and stage, the step on the x axis
-            prefix = "/".join(str(tags[k]) for k in ("stage", "phase") if k in tags)
-            for k, v in flat.items():
-                if isinstance(v, float):
-                    self._tb.add_scalar(f"{prefix}/{k}" if prefix else k, v, int(step))
+            self._tb_scalars(step, flat, tags.get("stage"))
         return rec
+
+    def write_samples(self, step: int, samples: list[dict], **tags: str) -> None:
+        """Append sample records (rl.evaluation.sample_records) to samples.jsonl; TensorBoard text
+        `samples/<split>` shows them as one markdown page per evaluation."""
+        if not samples:
+            return
+        for s in samples:
+            self._s.write(json.dumps({"step": int(step), **tags, **s}, ensure_ascii=False, default=str) + "\n")
+        self._s.flush()
+        if self._tb is not None:
+            from tensorboardX.summary import text
+
+            self._tb.add_summary(text(f"samples/{tags.get('split', 'eval')}", samples_markdown(samples)), int(step))
 
     def close(self) -> None:
         self._f.close()
+        self._s.close()
         if self._tb is not None:
             self._tb.close()
+
+
+def _truncate(path: str, last_step: int) -> None:
+    """Keep only lines with step <= last_step (steps after the checkpoint are redone)."""
+    keep = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                if int(json.loads(line).get("step", -1)) <= last_step:
+                    keep.append(line)
+            except (ValueError, json.JSONDecodeError):
+                continue
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(keep)
+
+
+def samples_markdown(samples: list[dict], max_chars: int = 600) -> str:
+    """Sample records as markdown (TensorBoard's text plugin): problem, gold, answer, verdict, the response."""
+    out = []
+    for s in samples:
+        resp = str(s.get("response", ""))
+        resp = resp if len(resp) <= max_chars else resp[:max_chars] + " ..."
+        reward = s.get("reward") or {}
+        out.append(f"**{s.get('problem_id', '')}** ({s.get('kind', '')}) gold `{s.get('gold')}` answer "
+                   f"`{s.get('answer')}` solved {reward.get('solved')} total {reward.get('total')}\n\n"
+                   f"    {s.get('prompt', '')!r}\n\n    {resp!r}")
+    return "\n\n---\n\n".join(out)
+
+
+class Clock:
+    """Progress lines with the time since the run started: `[  12.3 s] message` (through tqdm.write, so a
+    progress bar on screen is not broken). Printed whatever log.progress says: no phase is silent."""
+
+    def __init__(self, offset: float = 0.0):
+        self.t0 = time.time() - offset
+
+    def say(self, msg: str) -> None:
+        from tqdm import tqdm
+
+        tqdm.write(f"[{time.time() - self.t0:7.1f} s] {msg}", file=sys.stdout)
+        sys.stdout.flush()
 
 
 def read_jsonl(path: str) -> list[dict]:

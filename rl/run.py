@@ -16,7 +16,13 @@ summary.json next to the last stage:
 {"eval": {stage: {"pass@1", "pass@1_se", "pass@1_ci95", "pass@k", "maj@k", "format_rate", "mean_length",
                   "language_consistency", and for mixed task families "pass@1/<family>", "pass@1_se/<family>",
                   "pass@1_ci95/<family>", "format_rate/<family>", "language_consistency/<family>", ...}},
- "best": {"stage", "unit", "val_pass@1", "test": {...}}, "wall_seconds", "config"}.
+ "hacking": {rl stage: rl.hacking.stage_report(...)}, "best": {"stage", "unit", "val_pass@1", "test": {...}},
+ "wall_seconds", "config"}.
+
+Every evaluation also appends complete samples (prompt, response, extracted answer, gold, reward parts) to
+workdir/samples.jsonl and TensorBoard text; at the end of every RL stage the reward-hacking report
+(rl/hacking.py) is printed and stored; workdir/curves.png (rl/plots.py) is redrawn at every stage end. Every
+phase that takes more than a moment prints a progress line (rl.metrics.Clock), progress bars or not.
 """
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ import numpy as np
 
 from rl import config_validation as cv
 from rl import evaluation as ev
+from rl import hacking
 from rl import metrics as mlib
 from rl import stages as stage_lib
 from rl.context import build_context
@@ -38,6 +45,7 @@ SUMMARY_KEYS = ("pass@1", "pass@1_se", "pass@1_ci95", "pass@k", "maj@k", "format
                 "language_consistency")
 TABLE_KEYS = ("pass@1", "pass@1_se", "pass@k", "maj@k", "format_rate", "mean_length")
 FAMILY_TABLE_KEYS = ("pass@1", "language_consistency")  # per task family, for mixed runs (a second table)
+PROGRESS_KEYS = ("loss", "reward/mean", "accuracy", "kept_share", "kl")  # shown on progress bars and lines
 
 
 def wilson_interval(p: float, n: int, z: float = 1.96) -> list[float]:
@@ -80,6 +88,7 @@ class Loop:
         self.best = None  # {"stage", "unit", "val_pass@1", "global_unit"}
         self.si, self.u0, self.gunit, self.wall_before = 0, 0, 0, 0.0
         self.t_start = time.time()
+        self.clock = mlib.Clock()
         from rl import checkpoint as ckpt_lib
 
         self.best_ck = ckpt_lib.Checkpointer(os.path.join(ctx.workdir, "checkpoints", "best_policy"), keep=1,
@@ -93,24 +102,51 @@ class Loop:
 
     def load_meta(self, meta: dict) -> None:
         self.si, self.u0, self.gunit = meta["stage"], meta["unit"], meta["global_unit"]
+        config_path = self.summary["config"]  # this run's (a run started from another's prefix has its own)
         self.summary, self.history, self.best = meta["summary"], meta["history"], meta.get("best")
+        self.summary["config"] = config_path
         self.wall_before = meta["wall_seconds"]
 
     def wall(self) -> float:
         return self.wall_before + (time.time() - self.t_start)
 
     # -- evaluation ---------------------------------------------------------------------------
-    def evaluate(self, params, si: int, unit: int, splits=("validation", "test")) -> dict:
+    def evaluate(self, params, si: int, unit: int, splits=("validation", "test"), stage: str = "") -> dict:
+        """Metrics per split; the samples go to samples.jsonl at the current global unit; one progress line."""
         e, ctx = self.ctx.cfg["eval"], self.ctx
-        out = {}
+        out, t0, n_show = {}, time.time(), int(e.get("samples", 2))
         for j, split in enumerate(splits):
             probs = ctx.val[: e["n_val"]] if split == "validation" else ctx.test[: e["n_test"]]
             key = jax.random.fold_in(ctx.key("eval", si + 2, unit), j)  # si: -2 best policy, -1 initial
-            out[split] = ev.evaluate(ctx, params, probs, key, e["k"], e["temperature"])
+            samples = [] if n_show else None
+            out[split] = ev.evaluate(ctx, params, probs, key, e["k"], e["temperature"], samples_out=samples,
+                                     n_show=n_show)
+            ctx.writer.write_samples(self.gunit, samples or [], stage=stage, split=split)
         first = next((h["validation"] for h in self.history if "validation" in h), None)
         if first is not None and "validation" in out:
             out["validation"].update({f"hacking/{k}": v for k, v in ev.hacking_signs(first, out["validation"]).items()})
+        where = {-2: "best policy", -1: "initial policy"}.get(si, f"{stage} unit {unit + 1}")
+        self.clock.say(f"eval ({where}): " + ", ".join(f"{sp} pass@1 {m['pass@1']:.3f} (n={m['n_problems']})"
+                                                       for sp, m in out.items()) + f" [{time.time() - t0:.1f} s]")
         return out
+
+    def stage_end(self, sc, first_step: int) -> None:
+        """At the end of a stage: the reward-hacking report of an RL stage (printed, in summary.json), curves.png."""
+        recs = mlib.read_jsonl(self.ctx.writer.path)
+        if sc.kind in ("grpo", "ppo"):
+            before = [r for r in recs if r["step"] < first_step and "validation/pass@1" in r][-1:]  # the baseline
+            rep = hacking.stage_report(before + [r for r in recs if r.get("stage") == sc.name])
+            self.summary.setdefault("hacking", {})[sc.name] = rep
+            self.clock.say(hacking.format_report(sc.name, rep))
+        if self.wall() > 120:  # a long run gets its figure at every stage end; every run gets it at the end
+            self.curves(recs)
+
+    def curves(self, recs=None) -> None:
+        from rl import plots
+
+        recs = mlib.read_jsonl(self.ctx.writer.path) if recs is None else recs
+        plots.run_curves(recs, os.path.join(self.ctx.workdir, "curves.png"), hacking=self.summary.get("hacking"),
+                         title=f"{self.summary.get('config', '')}  {self.ctx.workdir}")
 
     def offer_best(self, params, stage_name: str, unit: int, val_pass1: float) -> None:
         if self.best_ck is None or (self.best is not None and val_pass1 <= self.best["val_pass@1"]):
@@ -124,22 +160,26 @@ class Loop:
             step = self.best_ck.latest_step()
             template = {"policy": jax.tree.map(np.asarray, self._policy_template())}
             params = jax.tree.map(jax.numpy.asarray, self.best_ck.restore(step, template)["policy"])
-            res = self.evaluate(params, -2, 0, splits=("test",))
+            self.clock.say(f"evaluating the best policy ({self.best['stage']} unit {self.best['unit'] + 1}) on the "
+                           "test split")
+            res = self.evaluate(params, -2, 0, splits=("test",), stage="best")
             self.best["test"] = summary_entry(res["test"])
         if self.best is not None:
             self.summary["best"] = self.best
         self.summary["wall_seconds"] = self.wall()
         write_summary(ctx.workdir, self.summary)
+        self.curves()
         rows = dict(self.summary["eval"])
         if self.best is not None and "test" in self.best:
-            rows[f"best ({self.best['stage']} unit {self.best['unit']})"] = self.best["test"]
+            rows[f"best ({self.best['stage']} unit {self.best['unit'] + 1})"] = self.best["test"]
         print("\nheld-out test set after each stage (pass@1 +- its standard error):")
         print(mlib.format_table(rows, list(TABLE_KEYS)))
         if family_columns(rows):
             print("\nper task family (pass@1: math verified, code all tests pass, instructions all constraints met):")
             print(mlib.format_table(rows, family_columns(rows)))
         print(f"wall time {self.summary['wall_seconds']:.1f} s; summary in "
-              f"{os.path.join(ctx.workdir, 'summary.json')}", flush=True)
+              f"{os.path.join(ctx.workdir, 'summary.json')}, curves in {os.path.join(ctx.workdir, 'curves.png')}, "
+              f"samples in {ctx.writer.samples_path}", flush=True)
         return self.summary
 
     def _policy_template(self):
@@ -166,6 +206,9 @@ def train(config, workdir: str, config_path: str = "") -> dict:
     stage_cfgs = cv.parse_stages(cfg)
     if cfg["run"]["distributed"]:
         jax.distributed.initialize()  # coordinator / process ids from the cluster environment
+    clock = mlib.Clock()
+    clock.say(f"building the run: {cfg['tasks']['n_train']} / {cfg['tasks']['n_val']} / {cfg['tasks']['n_test']} "
+              f"problems of {cfg['tasks']['mix']}, {cfg['run']['reward_workers']} reward worker(s)")
     ctx = build_context(cfg, workdir)
     latest = ctx.ckpt.latest_step()
     meta = ctx.ckpt.restore_meta(latest) if latest is not None else None
@@ -173,6 +216,7 @@ def train(config, workdir: str, config_path: str = "") -> dict:
                                     truncate_after_step=(meta["global_unit"] if meta else -1))
     print(preflight.compute_estimate(cfg)[0], flush=True)
     loop = Loop(ctx, stage_cfgs, config_path)
+    loop.clock = clock
     try:
         return _run(loop, meta, latest)
     finally:
@@ -191,7 +235,9 @@ def _run(loop: Loop, meta, latest) -> dict:
     if meta is None:
         params = transformer.init(ctx.model_cfg, ctx.key("init"))
         if e["initial"]:
-            res = loop.evaluate(params, -1, 0)
+            loop.clock.say(f"evaluating the initial policy: {e['n_val']} validation + {e['n_test']} test problems, "
+                           f"greedy + {e['k']} samples each (the first call compiles the sampler)")
+            res = loop.evaluate(params, -1, 0, stage="initial")
             loop.summary["eval"]["initial"] = summary_entry(res["test"])
             loop.history.append({"stage": "initial", **res})
             ctx.writer.write(0, res, stage="initial", phase="eval")
@@ -207,6 +253,10 @@ def _run(loop: Loop, meta, latest) -> dict:
         si, sc = loop.si, loop.stage_cfgs[loop.si]
         if run is None:
             run = stage_lib.RUNS[sc.kind](ctx, si, sc, params)
+        first_step = loop.gunit - loop.u0 + 1  # the global unit of this stage's first unit (also after a resume)
+        if loop.u0 < run.units:
+            loop.clock.say(f"stage {si + 1}/{len(loop.stage_cfgs)} {sc.name} ({sc.kind}): units {loop.u0 + 1}-"
+                           f"{run.units} (the first unit compiles its step functions)")
         bar = tqdm(total=run.units, initial=loop.u0, desc=f"{sc.name} ({sc.kind})", disable=not cfg["log"]["progress"],
                    dynamic_ncols=True)
         for u in range(loop.u0, run.units):
@@ -215,25 +265,29 @@ def _run(loop: Loop, meta, latest) -> dict:
             m["time/unit"] = time.time() - t0
             loop.gunit += 1
             last = u == run.units - 1
+            if u == loop.u0 or not cfg["log"]["progress"]:
+                loop.clock.say(f"{sc.name} unit {u + 1}/{run.units} done in {m['time/unit']:.1f} s" + "".join(
+                    f", {k} {v:.3f}" for k, v in m.items() if k in PROGRESS_KEYS and isinstance(v, (float, np.floating))))
             val = None
             if last:
-                res = loop.evaluate(run.policy_params(), si, u)
+                res = loop.evaluate(run.policy_params(), si, u, stage=sc.name)
                 val = res["validation"]
                 loop.summary["eval"][sc.name] = summary_entry(res["test"])
                 loop.history.append({"stage": sc.name, **res})
                 ctx.writer.write(loop.gunit, res, stage=sc.name, phase="eval", unit=str(u))
             elif e["every"] and (u + 1) % e["every"] == 0:
-                val = loop.evaluate(run.policy_params(), si, u, splits=("validation",))["validation"]
+                val = loop.evaluate(run.policy_params(), si, u, splits=("validation",), stage=sc.name)["validation"]
                 ctx.writer.write(loop.gunit, {"validation": val}, stage=sc.name, phase="eval", unit=str(u))
             if val is not None:
                 loop.offer_best(run.policy_params(), sc.name, u, val["pass@1"])
             if loop.gunit % cfg["log"]["every"] == 0 or last:
                 ctx.writer.write(loop.gunit, m, stage=sc.name, phase="train", unit=str(u))
             bar.update(1)
-            bar.set_postfix({k: f"{v:.3f}" for k, v in m.items() if k in ("loss", "reward/mean", "accuracy", "kept_share",
-                                                                         "kl") and isinstance(v, (float, np.floating))})
+            bar.set_postfix({k: f"{v:.3f}" for k, v in m.items() if k in PROGRESS_KEYS and isinstance(v, (float, np.floating))})
             ran += 1
             stop = bool(stop_after) and ran >= stop_after
+            if last:
+                loop.stage_end(sc, first_step)
             if last or stop or (u + 1) % cfg["checkpoint"]["every"] == 0:
                 loop.summary["wall_seconds"] = loop.wall()
                 if last:
@@ -245,7 +299,7 @@ def _run(loop: Loop, meta, latest) -> dict:
                 loop.summary["wall_seconds"] = loop.wall()
                 return loop.summary
         bar.close()
-        if getattr(run, "trained_units", None) == 0:
+        if getattr(run, "trained_units", None) == 0 and run.units > 0:
             print(f"WARNING: stage {sc.name!r} trained in none of its {run.units} iterations: every group had equal "
                   "rewards (no signal), so every update was skipped; the stage changed nothing. Make the task easier, "
                   "sample more answers per problem, or start from a stronger policy.", flush=True)

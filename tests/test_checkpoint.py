@@ -234,3 +234,70 @@ def test_device_arrays_saved(tmp_path):
 def test_invalid_keep():
     with pytest.raises(ValueError, match="keep"):
         Checkpointer("/tmp/unused-ck-dir", keep=0)
+
+
+# ------------------------------------------------------------------------------------------ load_policy
+def _run_dir(tmp_path):
+    """A workdir as a run leaves it: config.json, a best-policy copy and two `last` train states (with a PPO value
+    head), written through the Checkpointer the trainer uses."""
+    import json
+
+    from experiments import launch
+    from models import transformer
+    from rl import config_validation as cv
+    from rl.context import build_model_cfg
+
+    cfg = cv.to_dict(launch.get_config(os.path.join(REPO, "experiments/configs/quickstart.py") + ":variant=tiny"))
+    wd = tmp_path / "run"
+    wd.mkdir()
+    (wd / "config.json").write_text(json.dumps(cfg))
+    mcfg = build_model_cfg(cfg)
+    params = [transformer.init(mcfg, jax.random.key(s)) for s in range(3)]
+    best = Checkpointer(str(wd / "checkpoints" / "best_policy"), keep=1, keep_best=False)
+    best.save(4, {"policy": params[0]}, {"stage": "cold_start", "unit": 3, "val_pass@1": 0.25, "global_unit": 4})
+    last = Checkpointer(str(wd / "checkpoints"), keep=2, keep_best=True)
+    for step, p in ((5, params[1]), (6, params[2])):
+        state = {"params": {**p, "value_head": {"w": np.ones((mcfg.d_model, 1), np.float32)}}, "step": np.int32(step)}
+        last.save(step, {"train_state": state, "ref_params": p}, {"stage": 2, "unit": step, "global_unit": step})
+    return wd, params
+
+
+def test_load_policy_best_last_and_by_unit(tmp_path):
+    from rl.checkpoint import find_policy, load_policy
+
+    wd, params = _run_dir(tmp_path)
+    for which, want in (("best", params[0]), ("last", params[2]), (5, params[1]), ("6", params[2])):
+        cfg, mcfg, got, tok = load_policy(str(wd), which)
+        assert _equal(got, want) and "value_head" not in got, which
+        assert cfg["stages"][0]["name"] == "cold_start" and mcfg.d_model == cfg["model"]["d_model"]
+        assert tok.decode(tok.encode("Answer: 7", add_bos=False)) == "Answer: 7"
+    path, step, meta = find_policy(str(wd), "best")
+    assert step == 4 and meta["val_pass@1"] == 0.25 and path.endswith(os.path.join("best_policy", "last", "4"))
+    with pytest.raises(CheckpointError, match="no checkpoint of unit 9"):
+        find_policy(str(wd), 9)
+    with pytest.raises(CheckpointError, match="best, last or a global unit"):
+        find_policy(str(wd), "newest")
+    with pytest.raises(CheckpointError, match="no config.json"):
+        find_policy(str(tmp_path), "last")
+
+
+def test_load_policy_on_a_running_run_passes_over_a_step_being_written(tmp_path):
+    from rl.checkpoint import find_policy, load_policy
+
+    wd, params = _run_dir(tmp_path)
+    writing = wd / "checkpoints" / "last" / "7"
+    writing.mkdir()
+    (writing / "state").mkdir()  # orbax renamed it in, the checksums are not written yet
+    before = sorted(os.listdir(wd / "checkpoints" / "last"))
+    assert find_policy(str(wd), "last")[1] == 6
+    assert _equal(load_policy(str(wd), "last")[2], params[2])
+    assert sorted(os.listdir(wd / "checkpoints" / "last")) == before  # read-only: nothing removed or created
+    # a checkpoint of another model is refused by shape, not loaded into the wrong structure
+    cfg_path = wd / "config.json"
+    import json
+
+    cfg = json.loads(cfg_path.read_text())
+    cfg["model"]["d_model"] = 64
+    cfg_path.write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="does not hold a policy"):
+        load_policy(str(wd), "best")

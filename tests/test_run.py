@@ -1,12 +1,18 @@
-"""End-to-end runs of the tiny quickstart through the launcher: files written, every stage trains, the estimator
-fixes hold in the logged metrics (sampler / trainer match, even steps, exact lr schedule), best-by-validation,
-exact resume after a stop, and determinism on one machine.
+"""End-to-end runs of the tiny quickstart through the launcher: files written (summary with the hacking report,
+samples.jsonl, curves.png, TensorBoard tags named as in metrics.jsonl), progress lines for every phase, every stage
+trains, the estimator fixes hold in the logged metrics (sampler / trainer match, even steps, exact lr schedule),
+best-by-validation, exact resume after a stop, a run started from another run's shared stages (--init_from) equal
+to a full run, a warning for a stage that never trained, the sample / eval commands on the finished run, and
+determinism on one machine (identical summary.json).
 
 The runs go through the launcher in-process (config.json / validation are covered too); jitted functions are
 cached per config in rl.context, so later runs in this file reuse the first run's compiles.
 """
+import contextlib
+import io
 import json
 import os
+import struct
 
 import numpy as np
 import pytest
@@ -25,6 +31,35 @@ TINY = ["--config.stages[2].temperature_start=0.6", "--config.stages[2].temperat
 def _run(workdir, *extra):
     argv = ["--config", QUICKSTART + ":variant=tiny", "--workdir", str(workdir), *TINY, *extra]
     assert launch.main(argv) == 0
+
+
+def _run_captured(workdir, *extra) -> str:
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        _run(workdir, *extra)
+    return buf.getvalue()
+
+
+def _without_wall(summary: dict) -> dict:
+    return {k: v for k, v in summary.items() if k != "wall_seconds"}
+
+
+def tb_events(tb_dir):
+    """(tag, step, value or text) of every summary value in the event files (TFRecord framing read by hand)."""
+    from tensorboardX.proto.event_pb2 import Event
+
+    out = []
+    for name in sorted(os.listdir(tb_dir)):
+        data = open(os.path.join(tb_dir, name), "rb").read()
+        i = 0
+        while i < len(data):
+            (n,) = struct.unpack("<Q", data[i:i + 8])
+            ev = Event.FromString(data[i + 12:i + 12 + n])
+            i += 12 + n + 4
+            for v in ev.summary.value:
+                out.append((v.tag, ev.step, v.simple_value if v.HasField("simple_value") else
+                            b"".join(v.tensor.string_val).decode()))
+    return out
 
 
 def _train_records(workdir):
@@ -49,15 +84,20 @@ def _assert_same_records(a, b):
 
 
 @pytest.fixture(scope="module")
-def full_run(tmp_path_factory):
+def full_output(tmp_path_factory):
     wd = tmp_path_factory.mktemp("full")
-    _run(wd)
-    return wd
+    return wd, _run_captured(wd)
+
+
+@pytest.fixture(scope="module")
+def full_run(full_output):
+    return full_output[0]
 
 
 def test_tiny_run_writes_everything(full_run, capsys):
     summary = json.loads((full_run / "summary.json").read_text())
-    assert set(summary) == {"eval", "best", "wall_seconds", "config"}
+    assert set(summary) == {"eval", "best", "wall_seconds", "config", "hacking"}
+    assert summary["hacking"]["grpo"]["iterations"] == 3  # the report of the RL stage (3 iterations: not judged)
     assert list(summary["eval"]) == ["initial", "cold_start", "rejection", "grpo"]
     for entry in summary["eval"].values():
         assert {"pass@1", "pass@1_se", "pass@1_ci95", "pass@k", "maj@k", "format_rate"} <= set(entry)
@@ -74,6 +114,54 @@ def test_tiny_run_writes_everything(full_run, capsys):
     assert "kept_share" in rej[0]
     evals = [r for r in recs if r["phase"] == "eval" and r.get("stage") == "cold_start"]
     assert len(evals) >= 3  # validation every 2 SFT epochs, plus the stage end: a curve for the cold start
+    assert (full_run / "curves.png").stat().st_size > 10_000
+
+
+def test_every_eval_writes_complete_samples(full_run):
+    cfg = json.loads((full_run / "config.json").read_text())
+    samples = read_jsonl(full_run / "samples.jsonl")
+    recs = read_jsonl(full_run / "metrics.jsonl")
+    eval_points = {(r["step"], split) for r in recs if r["phase"] == "eval" for split in ("validation", "test")
+                   if f"{split}/pass@1" in r}
+    assert eval_points <= {(s["step"], s["split"]) for s in samples}  # every evaluation, every split
+    first = [s for s in samples if s["step"] == 0 and s["split"] == "validation"]
+    per_problem = cfg["eval"]["samples"] + 1  # the greedy answer and eval.samples of the k samples
+    assert len(first) == cfg["eval"]["n_val"] * per_problem
+    for s in first:
+        assert s["prompt"].startswith("Question: ") and isinstance(s["response"], str) and s["gold"]
+        assert {"total", "solved", "outcome", "format"} <= set(s["reward"]) and "answer" in s
+    assert [s["kind"] for s in first[:per_problem]] == ["greedy"] + [f"sample {j}" for j in range(per_problem - 1)]
+    assert {s["stage"] for s in samples} >= {"initial", "cold_start", "rejection", "grpo", "best"}
+
+
+def test_tensorboard_one_tag_per_metric_named_as_in_metrics_jsonl(full_run):
+    events = tb_events(full_run / "tb")
+    tags = {t for t, _, _ in events}
+    assert "validation/pass@1" in tags and "test/pass@1" in tags and "pass_1" not in " ".join(tags)
+    assert not any(t.startswith(("cold_start/", "grpo/", "initial/")) for t in tags)  # no stage prefix
+    recs = read_jsonl(full_run / "metrics.jsonl")
+    want = [(r["step"], r["validation/pass@1"]) for r in recs if "validation/pass@1" in r]
+    got = [(step, v) for t, step, v in events if t == "validation/pass@1"]
+    assert got == [(s, pytest.approx(v)) for s, v in want]  # one curve across every stage
+    loss_steps = {step for t, step, _ in events if t == "loss"}
+    assert loss_steps == {r["step"] for r in recs if r["phase"] == "train" and r.get("loss") is not None}
+    stage_of = {step: v for t, step, v in events if t == "stage"}
+    assert stage_of[0] == 0 and stage_of[max(stage_of)] == 3  # initial = 0 ... grpo = 3
+    text = [v for t, _, v in events if t.startswith("samples/validation")]
+    assert text and "gold" in text[0]
+
+
+def test_no_phase_is_silent(full_output):
+    out = full_output[1]
+    lines = out.splitlines()
+    first = next(i for i, ln in enumerate(lines) if "evaluating the initial policy" in ln)
+    assert "building the run" in "\n".join(lines[:first])
+    for name, units in (("cold_start", 10), ("rejection", 1), ("grpo", 3)):
+        assert f"{name} (" in out and "the first unit compiles" in out
+        for u in range(1, units + 1):  # progress bars are off in tiny runs: a line per unit instead
+            assert f"{name} unit {u}/{units} done in" in out, (name, u)
+    assert "eval (initial policy)" in out and "eval (grpo unit 3)" in out and "eval (best policy)" in out
+    assert "reward-hacking check, stage 'grpo'" in out
 
 
 def test_rl_iterations_train_and_match_the_sampler(full_run):
@@ -112,12 +200,61 @@ def test_resume_after_stop_is_exact(full_run, tmp_path, capsys):
 
 
 def test_same_command_same_numbers(full_run, tmp_path):
-    """Two runs of one command on one machine give the identical summary (wall time aside)."""
+    """Two runs of one command on one machine give the identical summary.json, wall time aside."""
     again = tmp_path / "again"
     _run(again)
     a = json.loads((full_run / "summary.json").read_text())
     b = json.loads((again / "summary.json").read_text())
-    assert a["eval"] == b["eval"] and a["best"] == b["best"]
+    assert _without_wall(a) == _without_wall(b)
+
+
+def test_init_from_shared_stages_equals_a_full_run(full_run, tmp_path):
+    """A run started from another run's end of the shared stages (what a sweep does per seed) ends with the numbers
+    of a run through every stage; the copied prefix shows in metrics.jsonl, samples.jsonl and TensorBoard."""
+    shared, point = tmp_path / "shared", tmp_path / "point"
+    _run(shared, "--config.run.stop_after=11")  # cold start (10 epochs) and the rejection round
+    out = _run_captured(point, "--init_from", str(shared))
+    assert "init_from: starting from" in out and "resuming from checkpoint 11" in out
+    assert "evaluating the initial policy" not in out  # that part came from the shared run
+    assert json.loads((point / "init_from.json").read_text())["stage"] == "rejection"
+    full = json.loads((full_run / "summary.json").read_text())
+    assert _without_wall(json.loads((point / "summary.json").read_text())) == _without_wall(full)
+    _assert_same_records(_train_records(full_run), _train_records(point))
+    assert {t for t, step, _ in tb_events(point / "tb") if step <= 11} >= {"validation/pass@1", "loss"}
+    # a config that shares no stage is refused before any compute, naming the field
+    buf = io.StringIO()
+    with contextlib.redirect_stderr(buf):
+        rc = launch.main(["--config", QUICKSTART + ":variant=tiny", "--workdir", str(tmp_path / "x"), *TINY,
+                          "--config.stages[0].lr=0.02", "--init_from", str(shared)])
+    assert rc == 2 and "shares no stage" in buf.getvalue() and "stages[0]" in buf.getvalue()
+
+
+def test_a_stage_that_never_trains_warns(tmp_path):
+    """No reward at all: every GRPO group has equal rewards, every update is skipped, and the run says so."""
+    out = _run_captured(tmp_path / "flat", "--config.reward.w_format=0", "--config.reward.w_outcome=0",
+                        "--config.stages[0].epochs=1", "--config.stages[2].iterations=2", "--config.eval.initial=false")
+    assert "WARNING: stage 'grpo' trained in none of its 2 iterations" in out
+
+
+def test_sample_and_eval_commands_on_a_finished_run(full_run, capsys):
+    from experiments import eval as eval_cmd
+    from experiments import sample as sample_cmd
+
+    assert sample_cmd.main(["--workdir", str(full_run), "--ckpt", "last", "--prompt", "2+3", "--k", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "checkpoint " in out and "Question: 2+3" in out and "--- greedy" in out and "-> answer" in out
+    assert sample_cmd.main(["--workdir", str(full_run), "--split", "test", "--n", "2", "--k", "0"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("=== ") == 2 and "gold" in out and "solved" in out
+    assert eval_cmd.main(["--workdir", str(full_run), "--ckpt", "best", "--split", "test", "--k", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "pass@1" in out and "95% CI" in out
+    res = json.loads((full_run / "evals" / "best-test.json").read_text())
+    summary = json.loads((full_run / "summary.json").read_text())
+    assert res["summary"]["pass@1"] == summary["best"]["test"]["pass@1"]  # the trainer's own evaluation, rerun
+    assert eval_cmd.main(["--workdir", str(full_run), "--ckpt", "best", "--mix", "add:1.0", "--n", "4", "--k", "0"]) == 0
+    assert "n_problems" in json.loads((full_run / "evals" / "best-test-add_1.0.json").read_text())["metrics"]
+    assert eval_cmd.main(["--workdir", str(full_run), "--ckpt", "99"]) == 2
 
 
 def test_resume_refuses_a_different_config(tmp_path, capsys):

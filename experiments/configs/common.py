@@ -77,7 +77,7 @@ def tiny_variant(c):
     c.eval.update(dict(every=2, k=2, n_val=8, n_test=8))
     c.reward.w_format = max(float(c.reward.w_format), 0.5)
     c.checkpoint.every = 1
-    c.log.update(dict(tensorboard=False, progress=False))
+    c.log.update(dict(progress=False))  # no bars (progress lines still print); TensorBoard on, as in real runs
     c.run.reward_workers = 0
     for s in c.stages:
         if s.kind == "sft":

@@ -1,0 +1,135 @@
+"""curves.png: the curves a researcher looks at first, for one run or a sweep (matplotlib, Agg canvas).
+
+    run_curves(read_jsonl(workdir + "/metrics.jsonl"), workdir + "/curves.png", hacking=summary.get("hacking"))
+    sweep_curves({"clip_high=0.2": [records_seed0, records_seed1], ...}, sweep_dir + "/curves.png")
+
+One panel each, over global units (the `step` of metrics.jsonl): reward, sampled accuracy (RL `accuracy`,
+rejection `sample_accuracy`), validation pass@1, KL, entropy, response length. Stage boundaries are dashed
+vertical lines labelled with the stage name; a reward-hacking sign (rl/hacking.py) shades the units that
+triggered it in red on the panel of its metric. A sweep draws one line per point: the mean over seeds, and a
+band of +- one sample standard deviation (ddof=1) where there are two or more seeds.
+The run loop calls run_curves at every stage end (so a running run has an up-to-date figure) and at the end.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+# (panel title, metric keys: the first one a record holds is used)
+PANELS = (("reward", ("reward/mean",)), ("sampled accuracy", ("accuracy", "sample_accuracy")),
+          ("validation pass@1", ("validation/pass@1",)), ("KL", ("kl",)), ("entropy", ("entropy",)),
+          ("response length", ("response_length",)))
+SIGN_PANEL = {"length_growth": "response length", "repetition_rise": "response length",
+              "process_over_outcome": "reward", "format_alone": "reward", "language_mixing": "reward"}
+
+
+def _value(r: dict, keys) -> float | None:
+    for k in keys:
+        v = r.get(k)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            return float(v)
+    return None
+
+
+def panel_series(records: list[dict], keys) -> tuple[list[int], list[float]]:
+    """(steps, values) of one panel's metric, in record order."""
+    xs, ys = [], []
+    for r in records:
+        v = _value(r, keys)
+        if v is not None:
+            xs.append(int(r["step"]))
+            ys.append(v)
+    return xs, ys
+
+
+def stage_starts(records: list[dict]) -> list[tuple[int, str]]:
+    """(first step, stage name) of every stage after `initial`, in order."""
+    out, seen = [], set()
+    for r in records:
+        st = r.get("stage")
+        if st and st != "initial" and st not in seen:
+            seen.add(st)
+            out.append((int(r["step"]), st))
+    return out
+
+
+def _figure():
+    from matplotlib.figure import Figure  # no pyplot: no global backend state, safe inside notebooks and threads
+
+    fig = Figure(figsize=(15, 7))
+    return fig, list(fig.subplots(2, 3).reshape(-1))
+
+
+def _decorate(ax, title, starts):
+    for x, name in starts:
+        ax.axvline(x - 0.5, color="0.5", ls="--", lw=0.8)
+        ax.text(x - 0.5, 1.0, f" {name}", transform=ax.get_xaxis_transform(), fontsize=7, va="top", color="0.35")
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("unit")
+    ax.grid(alpha=0.3)
+
+
+def run_curves(records: list[dict], path: str, hacking: dict | None = None, title: str = "") -> str:
+    """Draw one run's curves.png from its metrics.jsonl records; `hacking` maps stage -> stage_report."""
+    fig, axes = _figure()
+    starts = stage_starts(records)
+    by_title = {}
+    for ax, (name, keys) in zip(axes, PANELS):
+        xs, ys = panel_series(records, keys)
+        if xs:
+            ax.plot(xs, ys, marker="." if len(xs) < 40 else None, lw=1.2)
+        else:
+            ax.text(0.5, 0.5, "not logged", transform=ax.transAxes, ha="center", color="0.5")
+        _decorate(ax, name, starts)
+        by_title[name] = ax
+    for stage, rep in (hacking or {}).items():
+        for sign in rep.get("flagged", []):
+            lo, hi = rep["signs"][sign]["steps"]
+            ax = by_title[SIGN_PANEL.get(sign, "reward")]
+            ax.axvspan(lo - 0.5, hi + 0.5, color="red", alpha=0.12)
+            ax.text(lo - 0.5, 0.02, f" {sign}", transform=ax.get_xaxis_transform(), fontsize=7, color="red")
+    if title:
+        fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return path
+
+
+def mean_band(runs: list[tuple[list[int], list[float]]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(steps, mean, sample std) over runs at the steps every run logged (std 0 with one run)."""
+    common = sorted(set.intersection(*[set(xs) for xs, _ in runs])) if runs else []
+    vals = np.array([[dict(zip(xs, ys))[s] for s in common] for xs, ys in runs], np.float64).reshape(len(runs), -1)
+    sd = vals.std(axis=0, ddof=1) if len(runs) > 1 else np.zeros(len(common))
+    return np.array(common), vals.mean(axis=0) if len(runs) else np.array([]), sd
+
+
+def sweep_curves(groups: dict[str, list[list[dict]]], path: str, title: str = "") -> str:
+    """One line per sweep point (mean over its seeds' records) with a +- sample-std band."""
+    fig, axes = _figure()
+    first = next((rs[0] for rs in groups.values() if rs), [])
+    starts = stage_starts(first)
+    for ax, (name, keys) in zip(axes, PANELS):
+        for label, runs in groups.items():
+            series = [panel_series(r, keys) for r in runs if r]
+            series = [s for s in series if s[0]]
+            if not series:
+                continue
+            xs, mu, sd = mean_band(series)
+            if not len(xs):
+                continue
+            (line,) = ax.plot(xs, mu, lw=1.2, label=f"{label} (n={len(series)})")
+            if len(series) > 1:
+                ax.fill_between(xs, mu - sd, mu + sd, color=line.get_color(), alpha=0.2)
+        _decorate(ax, name, starts)
+    handles, labels = axes[0].get_legend_handles_labels()
+    if not handles:
+        handles, labels = next((a.get_legend_handles_labels() for a in axes if a.get_legend_handles_labels()[0]),
+                               ([], []))
+    if handles:
+        fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=11)
+    fig.tight_layout(rect=(0, 0.08 if handles else 0, 1, 1))
+    fig.savefig(path, dpi=100)
+    return path

@@ -1,0 +1,130 @@
+"""Sweeps that cannot lie: a run is reused only when its finished config.json equals the point's resolved config,
+anything else in a run directory is refused before anything runs; --only / --seeds / --stage; the table's ± is the
+sample std (ddof=1) with n and every seed's value; the shared stages of a grid are found from the resolved configs.
+The end-to-end sweep (processes, shared cold start, a rerun that reuses) is marked slow; the equivalence of a run
+started from a shared prefix with a full run is tested in tests/test_run.py (cached compiles)."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from experiments import sweep
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+QS = os.path.join(ROOT, "experiments/configs/quickstart.py") + ":variant=tiny"
+
+
+def _cfg(**over):
+    return sweep.resolve(QS, [(k, str(v)) for k, v in over.items()])
+
+
+def _finish(wd, cfg, summary=None):
+    os.makedirs(wd, exist_ok=True)
+    with open(os.path.join(wd, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    s = summary or {"eval": {st["name"]: {"pass@1": 0.5} for st in cfg["stages"]}, "best": {}}
+    with open(os.path.join(wd, "summary.json"), "w") as f:
+        json.dump(s, f)
+
+
+def test_run_state_reuses_only_the_same_finished_config(tmp_path):
+    cfg = _cfg(seed=0)
+    wd = str(tmp_path / "p" / "seed0")
+    assert sweep.run_state(wd, cfg)[0] == "new"
+    _finish(wd, cfg)
+    assert sweep.run_state(wd, cfg) == ("done", "finished with this exact config")
+    # the bug of the issue: a rerun with changed overrides was reported from the old summary.json
+    changed = _cfg(seed=0, **{"stages[2].lr": 5e-4})
+    st, why = sweep.run_state(wd, changed)
+    assert st == "conflict" and "stages[2].lr" in why
+    # same config, unfinished (a stage missing from summary.json): resumed, not reused
+    _finish(wd, cfg, {"eval": {"initial": {}, "cold_start": {}}})
+    assert sweep.run_state(wd, cfg)[0] == "resume"
+    # a directory with something else in it
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("x")
+    st, why = sweep.run_state(str(other), cfg)
+    assert st == "conflict" and "notes.txt" in why
+    (tmp_path / "file").write_text("")
+    assert sweep.run_state(str(tmp_path / "file"), cfg)[0] == "conflict"
+    # run.stop_after may differ for the shared run only when asked
+    stopped = _cfg(seed=0, **{"run.stop_after": 11})
+    assert sweep.run_state(wd, stopped)[0] == "conflict"
+    assert sweep.run_state(wd, stopped, ignore=("run.stop_after",))[0] != "conflict"
+
+
+def test_sweep_refuses_before_running_anything(tmp_path, capsys):
+    # one point's directory holds a run of another config: nothing runs, the message names the field
+    wd = tmp_path / "sw"
+    _finish(str(wd / "clip_high_0.2,lr_0.0001" / "seed0"), _cfg(seed=0, **{"stages[2].clip_high": 0.2,
+                                                                          "stages[2].lr": 1e-4, "stages[2].epochs": 2}))
+    rc = sweep.main(["--config", QS, "--workdir", str(wd), "--seeds", "0", "--only", "lr=0.0001", "--parallel", "1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "refused" in err and "stages[2].epochs" in err
+    assert not (wd / sweep.SHARED).exists() and not (wd / "clip_high_0.28,lr_0.0001").exists()
+
+
+def test_select_only_and_grid():
+    pts = sweep.grid({"axes": {"stages[2].clip_high": [0.2, 0.28], "stages[2].lr": [1e-4, 2e-4]}})
+    assert len(pts) == 4
+    assert sweep.select(pts, ["clip_high=0.28"]) == [p for p in pts if p["stages[2].clip_high"] == 0.28]
+    assert sweep.select(pts, ["stages[2].lr=0.0002", "clip_high=0.2"]) == [{"stages[2].clip_high": 0.2,
+                                                                            "stages[2].lr": 2e-4}]
+    assert len(sweep.select(pts, ["lr=1e-4", "lr=2e-4"])) == 4  # values of one axis are alternatives
+    with pytest.raises(ValueError, match="no sweep axis"):
+        sweep.select(pts, ["temperature=1"])
+    with pytest.raises(ValueError, match="matches no point"):
+        sweep.select(pts, ["lr=3e-4"])
+
+
+def test_table_is_mean_and_sample_std_with_every_seed():
+    rows = [{"a": 1, "seed": s, "grpo/pass@1": v} for s, v in enumerate([0.25, 0.5, 0.75])]
+    rows.append({"a": 2, "seed": 0, "grpo/pass@1": 0.125})
+    text = sweep.table(rows, ["a"], ["grpo"], "pass@1")
+    sd = np.std([0.25, 0.5, 0.75], ddof=1)  # 0.25; the population std would be 0.204
+    assert f"0.500 ± {sd:.3f} (n=3: 0.250, 0.500, 0.750)" in text
+    assert "| 2 | 0.125 (n=1: 0.125) |" in text  # one seed: no spread to show
+    assert sweep.mean_sd([1.0, 3.0]) == (2.0, pytest.approx(np.sqrt(2.0)))
+
+
+def test_shared_stages_from_resolved_configs():
+    a, b = _cfg(seed=0), _cfg(seed=0, **{"stages[2].clip_high": 0.2})
+    assert sweep.shared_prefix([a, b]) == 2  # GRPO settings only: cold start and rejection are shared
+    assert sweep.shared_prefix([a, _cfg(seed=0, **{"stages[1].lr": 5e-4})]) == 1
+    assert sweep.shared_prefix([a, _cfg(seed=0, **{"reward.w_format": 0.2})]) == 0  # touches every stage
+    assert sweep.shared_prefix([a, _cfg(seed=0, **{"log.every": 2})]) == 3
+    n, why = sweep.default_parallel(a, n_runs=64)
+    assert 1 <= n <= (os.cpu_count() or 1) and "GiB" in why
+
+
+def test_dry_run_validates_every_run_and_the_shared_one(tmp_path, capsys):
+    rc = sweep.main(["--config", QS, "--workdir", str(tmp_path / "sw"), "--seeds", "0,1", "--only", "lr=0.0001",
+                     "--only", "clip_high=0.28", "--dry_run", "--config.eval.k=2"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "1 point(s) x 2 seed(s) = 2 runs" in out
+    # one point: nothing to share (the shared stages pay off from two points)
+    assert "_shared" not in out and "2 runs validated" in out
+    with pytest.raises(SystemExit):  # --stage must name a stage of the config
+        sweep.main(["--config", QS, "--workdir", str(tmp_path / "sw"), "--seeds", "0", "--stage", "nope", "--dry_run"])
+
+
+@pytest.mark.slow
+def test_sweep_end_to_end_shares_the_cold_start_and_reuses(tmp_path, capsys):
+    wd = tmp_path / "sw"
+    argv = ["--config", QS, "--workdir", str(wd), "--seeds", "0", "--only", "lr=0.0001", "--parallel", "2"]
+    assert sweep.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "stages cold_start, rejection shared per seed" in out
+    assert (wd / "results.csv").exists() and (wd / "curves.png").exists() and (wd / "pass@1.png").exists()
+    for name in ("clip_high_0.2,lr_0.0001", "clip_high_0.28,lr_0.0001"):
+        run = wd / name / "seed0"
+        assert json.loads((run / "init_from.json").read_text())["stage"] == "rejection"
+        assert (run / "launch.log").exists() and (run / "curves.png").exists()
+    a = json.loads((wd / "clip_high_0.2,lr_0.0001/seed0/summary.json").read_text())
+    b = json.loads((wd / "clip_high_0.28,lr_0.0001/seed0/summary.json").read_text())
+    assert a["eval"]["rejection"] == b["eval"]["rejection"]  # one cold start and rejection, shared
+    assert sweep.main(argv) == 0  # a rerun reuses every finished run
+    assert "2 finished with the same config (reused), 0 to run" in capsys.readouterr().out
