@@ -1,0 +1,151 @@
+"""The docs' examples run: every code block in README.md and docs/*.md marked with an HTML comment on the line
+before it is executed, in document order, so a command or snippet that stops working fails here.
+
+    <!-- doctest -->            the next ```bash block: each `python -m experiments.NAME ...` command runs (in this
+                                process, through NAME's main(argv)) and must exit 0; the next ```python block
+                                runs, and a line `expr  # -> literal` asserts expr == literal
+    <!-- doctest: dry_run -->   the same, with --dry_run added to every launch / sweep command (full-size configs)
+    <!-- doctest: output -->    the next ```text block is the output of the command block before it: its lines,
+                                numbers masked, must appear in that order in the real output ("..." lines skipped)
+
+Paths under runs/ are moved to a temporary directory (one per page: a later block may use an earlier block's
+workdir); commands run from the repository root. Tiny variants and --dry_run keep this fast.
+"""
+import ast
+import contextlib
+import importlib
+import io
+import os
+import re
+import shlex
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PAGES = ["README.md"] + sorted(os.path.join("docs", f) for f in os.listdir(os.path.join(ROOT, "docs")) if f.endswith(".md"))
+MARK = re.compile(r"^<!--\s*doctest(?::\s*([\w_]+))?\s*-->\s*$")
+FENCE = re.compile(r"^```(\w*)\s*$")
+
+
+def blocks(text: str) -> list[tuple[str, str, str]]:
+    """(mode, language, code) of every marked fenced block, in order ('' = run)."""
+    lines, out, i = text.splitlines(), [], 0
+    while i < len(lines):
+        m = MARK.match(lines[i].strip())
+        if m and i + 1 < len(lines) and FENCE.match(lines[i + 1].strip()):
+            lang = FENCE.match(lines[i + 1].strip()).group(1)
+            j = i + 2
+            while j < len(lines) and lines[j].strip() != "```":
+                j += 1
+            out.append((m.group(1) or "", lang, "\n".join(lines[i + 2:j])))
+            i = j
+        i += 1
+    return out
+
+
+def commands(code: str) -> list[str]:
+    """Shell lines of a bash block: continuations joined, blank and comment lines dropped, `  # comment` cut."""
+    out, cur = [], ""
+    for line in code.splitlines():
+        line = re.sub(r"\s{2,}#.*$", "", line.rstrip())
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        cur += (line[:-1].strip() + " ") if line.endswith("\\") else line.strip()
+        if not line.endswith("\\"):
+            out.append(cur.strip())
+            cur = ""
+    return out
+
+
+def mask(text: str, tmp: str) -> list[str]:
+    text = text.replace(tmp + os.sep, "")
+    return [" ".join(re.sub(r"\d+(\.\d+)?(e[-+]?\d+)?", "#", ln).split()) for ln in text.splitlines() if ln.strip()]
+
+
+def run_command(cmd: str, tmp: str, dry_run: bool) -> str:
+    argv = shlex.split(cmd)
+    if len(argv) < 3 or os.path.basename(argv[0]) not in ("python", "python3") or argv[1] != "-m" or \
+            not argv[2].startswith("experiments."):
+        raise AssertionError(f"doctest commands are `python -m experiments.NAME ...`, got {cmd!r}")
+    args = [os.path.join(tmp, a) if a.startswith("runs/") else a for a in argv[3:]]
+    if dry_run and argv[2] in ("experiments.launch", "experiments.sweep") and "--help_config" not in args:
+        args.append("--dry_run")
+    module = importlib.import_module(argv[2])
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+        try:
+            rc = module.main(args)
+        except SystemExit as e:
+            rc = e.code
+    assert rc in (0, None), f"{cmd} exited {rc}:\n{buf.getvalue()[-3000:]}"
+    return buf.getvalue()
+
+
+def run_python(code: str, tmp: str) -> None:
+    code = re.sub(r"""(["'])runs/""", lambda m: m.group(1) + tmp + "/runs/", code)
+    lines = []
+    for line in code.splitlines():
+        expr, sep, want = line.partition("  # -> ")
+        lines.append(f"assert ({expr.strip()}) == {want.strip()}, repr({expr.strip()})" if sep else line)
+        if sep:
+            ast.literal_eval(want.strip())  # the expected value is a plain literal
+    exec(compile("\n".join(lines), "<doc>", "exec"), {"__name__": "__doc__"})
+
+
+def check_output(expected: str, got: str, tmp: str) -> None:
+    want = [ln for ln in mask(expected, tmp) if ln != "..."]
+    have = mask(got, tmp)
+    i = 0
+    for w in want:
+        while i < len(have) and have[i] != w:
+            i += 1
+        assert i < len(have), f"documented output line not found (in order): {w!r}\nreal output:\n{got[-4000:]}"
+        i += 1
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if blocks(open(os.path.join(ROOT, p), encoding="utf-8").read())])
+def test_marked_examples_run(page, tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    tmp = str(tmp_path)
+    last_out = None
+    for mode, lang, code in blocks(open(os.path.join(ROOT, page), encoding="utf-8").read()):
+        if mode == "output":
+            assert last_out is not None, f"{page}: an output block without a command block before it"
+            check_output(code, last_out, tmp)
+        elif lang in ("bash", "sh", "shell"):
+            last_out = "".join(run_command(c, tmp, mode == "dry_run") for c in commands(code))
+        elif lang == "python":
+            run_python(code, tmp)
+            last_out = None
+        else:
+            raise AssertionError(f"{page}: a doctest block must be bash or python, got {lang!r}")
+
+
+def test_the_doctest_reader():
+    text = "x\n<!-- doctest: dry_run -->\n```bash\npython -m experiments.launch --a 1 \\\n    --b 2  # note\n# c\n```\n"
+    assert blocks(text) == [("dry_run", "bash", "python -m experiments.launch --a 1 \\\n    --b 2  # note\n# c")]
+    assert commands(blocks(text)[0][2]) == ["python -m experiments.launch --a 1 --b 2"]
+    assert mask("pass@1 0.125 in /t/runs/x 12 s", "/t") == ["pass@# # in runs/x # s"]
+    with pytest.raises(AssertionError):
+        check_output("a 1\nb 2", "b 3\na 4", "/t")  # order matters
+    check_output("a 1\n...\nb 2", "a 7\nzzz\nb 9", "/t")
+    with pytest.raises(AssertionError, match="python -m experiments"):
+        run_command("make demo", "/t", False)
+    run_python("x = [1, 2]\nlen(x)  # -> 2", "/t")
+    with pytest.raises(AssertionError):
+        run_python("len([1])  # -> 2", "/t")
+
+
+def test_help_config_documents_every_field_itself():
+    """--help_config: every field (model.* and reward.* included) has its own one-line doc, no pointer elsewhere,
+    and the step-reward fields do not claim sympy checks (rewards/steps.py uses exact Fraction arithmetic)."""
+    from rl import config_validation as cv
+
+    lines = cv.describe().splitlines()
+    assert any(ln.startswith("model.") for ln in lines) and any(ln.startswith("reward.") for ln in lines)
+    for ln in lines:
+        field, sep, doc = ln.partition("  # ")
+        assert sep and len(doc.strip()) > 3, f"undocumented field: {ln!r}"
+        assert "documented there" not in doc and "see there" not in doc, ln
+        if "step" in field:
+            assert "sympy" not in doc.lower(), ln
