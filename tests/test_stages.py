@@ -85,3 +85,13 @@ def test_tiny_variant_trains_every_stage(name, tmp_path):
     assert all(r["mismatch/logp_max_abs"] <= 1e-4 for r in rl_recs)
     if name == "grpo_arith":  # curriculum: no sample-ahead, the next pick sees this iteration's pass rates
         assert all(r["time/overlap_sample"] == 0 for r in rl_recs)
+
+
+def test_stage_reward_terms_add_process_and_format_and_subtract_language():
+    from rl.stages.policy_gradient import stage_reward_terms
+
+    scores = [{"process": 1.0, "format": 0.5, "language": 0.0}, {"process": 0.25, "format": 1.0, "language": 0.5}]
+    off = grpo_cfg(name="g")
+    np.testing.assert_array_equal(stage_reward_terms(off, scores), [0.0, 0.0])
+    on = grpo_cfg(name="g", process_weight=0.2, format_weight=0.1, language_weight=1.0)
+    np.testing.assert_allclose(stage_reward_terms(on, scores), [0.2 + 0.05, 0.05 + 0.1 - 0.5])

@@ -5,15 +5,20 @@ One iteration (a unit):
   -> sampler at the iteration's temperature; its logprobs ARE the behaviour policy (no extra forward)
   -> reward pool scores the texts while the device computes reference logprobs (and PPO values) at the same
      temperature, and, when run.overlap is on and no curriculum waits for this iteration's pass rates, samples
-     the next iteration's batch (one update stale; its behaviour logprobs come with it)
+     ahead up to iteration u + max_staleness (bounded staleness; each batch carries its behaviour logprobs, the
+     sampler's MoE routes when recorded, and the update count it was sampled at)
   -> advantages (the kind's `advantages` method), zero-variance groups dropped (GRPO)
-  -> epochs over near-equal minibatches, train-side logprobs at the sampling temperature
+  -> with an off-policy correction on (tis_cap / mis_* / icepop_*): the trainer's logprobs at the start of the
+     update become the ratio's old policy and weight the advantages against the behaviour logprobs (rl/offpolicy.py)
+  -> epochs over near-equal minibatches, train-side logprobs at the sampling temperature (replaying the
+     sampler's experts with routing_replay)
   -> the KL controller reads the sampled batch's KL (mean over sequences of the per-token masked mean)
 
-Every iteration logs `mismatch/logp_max_abs`: the largest |sampler logprob - trainer logprob| over the
-response tokens of the first minibatch-sized chunk of the batch (all rows for PPO, whose value pass
-computes them anyway), for the same parameters and temperature. In float32 it is ~1e-6; a change that
-breaks the sampler / trainer match shows up here at once.
+Every iteration logs `mismatch/logp_max_abs` (and `_mean_abs`, `mismatch/kl`): the largest |sampler logprob -
+trainer logprob| over the response tokens of the first minibatch-sized chunk of the batch (all rows for PPO, whose
+value pass computes them anyway), for the same parameters and temperature. In float32 it is ~1e-6; a change that
+breaks the sampler / trainer match shows up here at once (sampler_dtype bfloat16 makes it ~1e-2 on purpose).
+docs/training.md ("MoE RL") describes the mismatch fields.
 """
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rl import curriculum as cur
-from rl import rollout, schedules
+from rl import offpolicy, rollout, schedules
 from rl.config_fields import boolean, choice, field, integer, num
 from rl.stages.base import StageConfig, StageRun, router_metrics, step_stats
 
@@ -68,6 +73,11 @@ class RLConfig(StageConfig):
     language_weight: float = field(0.0, "this stage's language-consistency reward: subtracts weight x (1 - share of "
                                         "the expected script in the reasoning), on top of reward.w_language",
                                    num(0.0, 100.0))
+    process_weight: float = field(0.0, "this stage's process reward: adds weight x the share of exactly checked steps "
+                                       "that hold, on top of reward.w_process (a stage-level term keeps the cold "
+                                       "start shared in a sweep over it)", num(0.0, 100.0))
+    format_weight: float = field(0.0, "this stage's format reward: adds weight x the format score, on top of "
+                                      "reward.w_format", num(0.0, 100.0))
     entropy_coef: float = field(0.0, "entropy bonus coefficient", num(0.0, 10.0))
     filter_zero_variance: bool = field(True, "drop groups whose rewards are all equal (zero advantage)", boolean)
     step_rewards: bool = field(False, "add step-level rewards (exactly checked arithmetic steps) at step ends", boolean)
@@ -78,12 +88,52 @@ class RLConfig(StageConfig):
     lam: float = field(0.95, "PPO: GAE lambda", num(0.0, 1.0))
     value_coef: float = field(0.5, "PPO: value loss coefficient", num(0.0, 100.0))
     value_clip: float = field(0.2, "PPO: value clip range (0 = off)", num(0.0, 1e6))
+    policy_loss: str = field("ppo", "policy loss (rl.losses.POLICY_LOSSES): ppo (clipped token ratio) | reinforce | "
+                                    "gspo (clipped sequence ratio; needs agg seq-mean-token-mean) | cispo (clipped "
+                                    "stop-gradient weight x logprob)", choice("ppo", "reinforce", "gspo", "cispo"))
+    # Sampler / trainer mismatch (docs/training.md): routes, precision, off-policy correction, staleness.
+    routing_replay: bool = field(False, "routing replay (R3, MoE models): the train step uses the experts the sampler "
+                                        "chose for every token, gate weights from the current router", boolean)
+    record_routes: bool = field(False, "record the sampler's experts and log router/replay_disagreement without "
+                                       "replaying them (implied by routing_replay)", boolean)
+    sampler_dtype: str = field("", "compute dtype the sampler runs the policy in ('' = model.dtype), e.g. bfloat16 "
+                                   "sampling against float32 training", choice("", "float32", "bfloat16", "float16"))
+    tis_cap: float = field(0.0, "truncated importance sampling: each token's policy loss weighted by min(rho, cap), "
+                                "rho = trainer / sampler probability at the start of the update (0 = off, else >= 1)",
+                           num(0.0, 1e6))
+    mis_low: float = field(0.0, "MIS: mask sequences whose ratio is below this (0 = no lower bound)", num(0.0, 1e6))
+    mis_high: float = field(0.0, "MIS: mask sequences whose ratio is above this (0 = no upper bound)", num(0.0, 1e6))
+    mis_kind: str = field("product", "MIS sequence ratio: product of the token ratios | geometric (their geometric "
+                                     "mean)", choice("product", "geometric"))
+    icepop_low: float = field(0.0, "IcePop: mask tokens whose ratio rho is below this (0 = no lower bound)",
+                              num(0.0, 1e6))
+    icepop_high: float = field(0.0, "IcePop: mask tokens whose ratio rho is above this (0 = no upper bound)",
+                               num(0.0, 1e6))
+    max_staleness: int = field(1, "bounded staleness: the sampler runs up to k updates ahead (k batches sampled "
+                                  "ahead, while rewards are computed; needs run.overlap and no curriculum); 0 = each "
+                                  "batch sampled right before its update", integer(0, 64))
     curriculum: cur.CurriculumConfig = dataclasses.field(default_factory=cur.CurriculumConfig,
                                                          metadata={"doc": "difficulty-stratified sampling"})
 
     @property
     def uses_reference(self) -> bool:
         return self.kl_coef > 0 or self.kl_adaptive
+
+    @property
+    def corrects_off_policy(self) -> bool:
+        """Any off-policy correction on: the update recomputes the trainer's logprobs at its start."""
+        return self.tis_cap > 0 or self.mis_low > 0 or self.mis_high > 0 or self.icepop_low > 0 or self.icepop_high > 0
+
+    @property
+    def records_routes(self) -> bool:
+        return self.routing_replay or self.record_routes
+
+    def model_checks(self, model: dict):
+        """Rules that need the model section (rl.config_validation.validate)."""
+        moe = model.get("n_experts", 0) > 0 and model.get("moe_every", 0) > 0
+        for fld in ("routing_replay", "record_routes"):
+            if getattr(self, fld) and not moe:
+                yield fld, "needs an MoE model (model.n_experts > 0 and model.moe_every > 0)"
 
     def group_sizes(self) -> list[int]:
         return list(self.curriculum.samples) if self.curriculum.enabled else [self.samples]
@@ -94,6 +144,18 @@ class RLConfig(StageConfig):
             yield "dual_clip", f"must be 0 (off) or > 1, got {self.dual_clip}"
         if self.process_grpo and self.step_rewards:
             yield "process_grpo", "and step_rewards are alternatives; set only one"
+        if self.policy_loss == "gspo" and self.agg != "seq-mean-token-mean":
+            yield "agg", f"must be seq-mean-token-mean for policy_loss gspo (its mean over sequences), got {self.agg!r}"
+        if self.policy_loss in ("gspo", "cispo") and self.dual_clip:
+            yield "dual_clip", f"applies to policy_loss ppo only, got {self.dual_clip} with {self.policy_loss}"
+        if 0 < self.tis_cap < 1:
+            yield "tis_cap", f"must be 0 (off) or >= 1, got {self.tis_cap}"
+        for name in ("mis", "icepop"):
+            lo, hi = getattr(self, f"{name}_low"), getattr(self, f"{name}_high")
+            if lo >= 1:
+                yield f"{name}_low", f"must be < 1 (0 = no lower bound), got {lo}"
+            if 0 < hi <= 1:
+                yield f"{name}_high", f"must be > 1 (0 = no upper bound), got {hi}"
         try:
             self.components(max_new_tokens=1)
         except ValueError as e:  # the loss's own rules (e.g. k1 in the loss), named by the stage field
@@ -112,7 +174,8 @@ class RLConfig(StageConfig):
             max_len_norm=int(max_new_tokens) if self.agg == "seq-mean-token-sum-norm" else None,
             kl_kind=self.kl_kind, kl_in_loss=self.kl_place == "loss" and self.uses_reference,
             entropy_coef=float(self.entropy_coef), value_coef=float(self.value_coef),
-            value_clip=float(self.value_clip) or None)
+            value_clip=float(self.value_clip) or None, policy_loss=self.policy_loss,
+            routing_replay=bool(self.routing_replay))
         ctl = None
         if self.kl_adaptive:
             ctl = AdaptiveKL(init_coef=float(self.kl_coef), target=float(self.kl_target), horizon=float(self.kl_horizon),
@@ -133,8 +196,13 @@ class PolicyGradientRun(StageRun):
             self.ref_params = jax.tree.map(jnp.copy, self.policy_params())
         self.kl_state = self.kl_ctl.init() if self.kl_ctl is not None else None
         self.cur_state = cur.init_state(len(self.problems)) if cfg.curriculum.enabled else None
-        self.pending = None  # a sampled, not yet trained batch (the overlap); checkpointed
-        self.trained_units = 0
+        from rl import prm_reward
+
+        self.prm = prm_reward.for_context(ctx)  # reward.prm_path: the process reward model, None when off
+        self.prm_out = None  # the current batch's PRM scores (process reward and step scores share one forward)
+        self.pending: list[dict] = []  # batches sampled ahead, oldest first (bounded staleness); checkpointed
+        self.trained_units = 0  # updates so far: a batch's "version" is this count when it was sampled
+        self.sample_cfg = ctx.model_cfg.replace(dtype=cfg.sampler_dtype) if cfg.sampler_dtype else ctx.model_cfg
 
     # -- checkpoint ---------------------------------------------------------------------------
     def tree(self) -> dict:
@@ -145,21 +213,20 @@ class PolicyGradientRun(StageRun):
             t["kl_state"] = self.kl_state
         if self.cur_state is not None:
             t["curriculum"] = self.cur_state
-        if self.pending is not None:
-            t["pending"] = self.pending["arrays"]
+        if self.pending:
+            t["pending"] = rollout.pending_tree(self.pending)
         return t
 
     def meta(self) -> dict:
         m = {**super().meta(), "trained_units": self.trained_units}
-        if self.pending is not None:
-            m["pending"] = {"shapes": {k: [list(v.shape), str(v.dtype)] for k, v in self.pending["arrays"].items()},
-                            "unit": self.pending["unit"], "temperature": self.pending["temperature"]}
+        if self.pending:
+            m["pending"] = rollout.pending_meta(self.pending)
         return m
 
     def template(self, meta: dict) -> dict:
         t = {k: v for k, v in self.tree().items() if k != "pending"}
         if meta.get("pending"):
-            t["pending"] = {k: np.zeros(s, d) for k, (s, d) in meta["pending"]["shapes"].items()}
+            t["pending"] = rollout.pending_template(meta["pending"])
         return t
 
     def load(self, tree: dict, meta: dict) -> None:
@@ -171,9 +238,8 @@ class PolicyGradientRun(StageRun):
             self.kl_state = {k: jnp.asarray(v, jnp.float32) for k, v in tree["kl_state"].items()}
         if "curriculum" in tree:
             self.cur_state = {k: np.asarray(v) for k, v in tree["curriculum"].items()}
-        if "pending" in tree and meta.get("pending"):
-            self.pending = {"arrays": {k: np.asarray(v) for k, v in tree["pending"].items()},
-                            "unit": meta["pending"]["unit"], "temperature": meta["pending"]["temperature"]}
+        self.pending = rollout.pending_load(tree.get("pending"), meta.get("pending"),
+                                            default_version=max(self.trained_units - 1, 0))
 
     # -- producing a batch --------------------------------------------------------------------
     def _pick(self, u: int):
@@ -199,7 +265,8 @@ class PolicyGradientRun(StageRun):
         prompts = [ctx.prompt(self.problems[i]) for i in ids]
         params = self.policy_params()
         t0 = time.time()
-        smpl = ctx.sample(params, prompts, ks, ctx.key("rl", self.index, u), temperature=temp)
+        smpl = ctx.sample(params, prompts, ks, ctx.key("rl", self.index, u), temperature=temp,
+                          model_cfg=self.sample_cfg, return_routes=self.cfg.records_routes)
         t_sample = time.time() - t0
         b = rollout.build_batch([ctx.tok.encode(p, add_bos=True) for p in prompts], smpl, ctx.seq_len,
                                 pad_id=ctx.tok.PAD)
@@ -207,22 +274,27 @@ class PolicyGradientRun(StageRun):
         t0 = time.time()
         rows, mask = self.max_rows, b["loss_mask"].astype(np.float32)
         if self.kind_is_ppo:
-            lp, values = rollout.chunked(ctx.value_fn, self.state["params"], b, rows, b["temperature"])
+            lp, values = rollout.chunked(ctx.value_fn, self.state["params"], b, rows, *self._logp_args(b))
             b["old_values"] = values * mask
             checked = slice(None)
         else:
             checked = slice(0, rows)
-            part = {k: b[k][checked] for k in ("tokens", "attn_mask")}
-            lp = rollout.chunked(ctx.logprob_fn, params, part, rows, b["temperature"][checked])
-        diff = np.abs(lp - b["sample_logp"][checked]) * mask[checked]
-        mismatch = float(diff.max(initial=0.0))
+            part = {k: v[checked] for k, v in b.items()}
+            lp = rollout.chunked(ctx.logprob_fn, params, part, rows, *self._logp_args(part))
+        _, mm = offpolicy.correction(lp, b["sample_logp"][checked], mask[checked])  # same params: numerics only
         if self.ref_params is not None:
             b["ref_logp"] = rollout.chunked(ctx.logprob_fn, self.ref_params, b, rows, b["temperature"]) * mask
         t_logp = time.time() - t0
         arrays = {**b, "ids": ids.astype(np.int64), "ks": ks.astype(np.int64), "lengths": smpl.lengths,
                   "prompt_index": smpl.prompt_index.astype(np.int64),
-                  "stats": np.array([t_sample, t_logp, float(smpl.lengths.sum()), mismatch], np.float64)}
-        return {"arrays": arrays, "unit": u, "temperature": temp}
+                  "stats": np.array([t_sample, t_logp, float(smpl.lengths.sum()), mm["offpolicy/log_ratio_abs_max"],
+                                     mm["offpolicy/log_ratio_abs_mean"], mm["offpolicy/kl"]], np.float64)}
+        return {"arrays": arrays, "unit": u, "temperature": temp, "version": self.trained_units}
+
+    def _logp_args(self, b: dict) -> tuple:
+        """Per-row arguments of the trainer's logprob functions for batch `b`: temperatures, and the sampler's
+        routes when the train step replays them (the trainer's logprobs are then those it trains on)."""
+        return (b["temperature"], b["routes"]) if self.cfg.routing_replay else (b["temperature"],)
 
     @property
     def kind_is_ppo(self) -> bool:
@@ -233,29 +305,37 @@ class PolicyGradientRun(StageRun):
         return [self.ctx.tok.decode(toks[r, start[r] : start[r] + lens[r]]) for r in range(toks.shape[0])]
 
     # -- one iteration ------------------------------------------------------------------------
+    def lookahead(self) -> int:
+        """Batches sampled ahead of the update: max_staleness, or 0 without run.overlap or with a curriculum (whose
+        next pick must see this iteration's pass rates)."""
+        return self.cfg.max_staleness if self.ctx.cfg["run"]["overlap"] and self.cur_state is None else 0
+
     def run_unit(self, u: int) -> dict:
         ctx = self.ctx
-        if self.pending is None or self.pending["unit"] != u:
-            self.pending = self._produce(u)
-        cur_b, self.pending = self.pending, None
+        self.pending = [b for b in self.pending if b["unit"] >= u]
+        if not self.pending or self.pending[0]["unit"] != u:
+            self.pending = [self._produce(u)]
+        cur_b = self.pending.pop(0)
         a = cur_b["arrays"]
         texts = self._texts(a)
         fut = ctx.scorer.submit(texts, [self.problems[int(a["ids"][p])] for p in a["prompt_index"]], a["lengths"])
-        # Producer / consumer: while the reward pool scores this batch, sample the next one, unless the curriculum
-        # must see this iteration's pass rates before it picks the next problems.
-        ahead = ctx.cfg["run"]["overlap"] and self.cur_state is None and u + 1 < self.units
+        # Producer / consumer: while the reward pool scores this batch, sample ahead up to iteration u + k with the
+        # current params (batch u + k then trains k updates later: bounded staleness k).
         t0 = time.time()
-        nxt = self._produce(u + 1) if ahead else None
-        t_overlap = time.time() - t0 if ahead else 0.0
+        for v in range(u + 1 + len(self.pending), min(u + self.lookahead(), self.units - 1) + 1):
+            self.pending.append(self._produce(v))
+        t_overlap = time.time() - t0
         t0 = time.time()
         scores = ctx.scorer.result(fut)
         t_wait = time.time() - t0
+        staleness = self.trained_units - cur_b["version"]
         m = self._update(a, texts, scores, cur_b["temperature"], u)
         st = a["stats"]
         m.update({"time/sample": float(st[0]), "time/logprobs": float(st[1]), "time/score_wait": t_wait,
                   "time/overlap_sample": t_overlap, "sample_tokens_per_s": float(st[2]) / max(float(st[0]), 1e-9),
-                  "mismatch/logp_max_abs": float(st[3])})
-        self.pending = nxt
+                  "mismatch/logp_max_abs": float(st[3]), "staleness": float(staleness)})
+        if len(st) > 4:  # checkpoints from before these statistics hold four
+            m.update({"mismatch/logp_mean_abs": float(st[4]), "mismatch/kl": float(st[5])})
         return m
 
     def _update(self, a: dict, texts: list[str], scores: list[dict], temp: float, u: int) -> dict:
@@ -263,9 +343,12 @@ class PolicyGradientRun(StageRun):
 
         s = self.cfg
         rewards = np.array([sc["total"] for sc in scores], np.float64)
-        if s.language_weight:
-            rewards = rewards - s.language_weight * np.array([sc["language"] for sc in scores], np.float64)
+        rewards = rewards + stage_reward_terms(s, scores)
         m = reward_metrics(scores)
+        if self.prm is not None:  # a model: scored here on the batch's own rows, not in the reward pool
+            self.prm_out = self.prm.score_rows(a["tokens"], a["attn_mask"], texts, a["resp_start"])
+            rewards, prm_m = self.prm.add_reward(rewards, self.prm_out, [sc.get("family") for sc in scores])
+            m.update(prm_m)
         ks = a["ks"]
         if self.cur_state is not None:
             corr = np.array([sc["solved"] > 0.5 for sc in scores], np.float64)
@@ -279,7 +362,7 @@ class PolicyGradientRun(StageRun):
             kl_seq = float(losses.aggregate(kl_tok, mask, "seq-mean-token-mean"))
         coef = self.kl_ctl.coef_at(self.kl_state, u) if self.kl_ctl is not None else 0.0
         extra, keep_rows = self.advantages(a, texts, scores, rewards, coef, kl_tok)
-        batch = {k: a[k] for k in ("tokens", "attn_mask", "loss_mask", "temperature")}
+        batch = {k: a[k] for k in ("tokens", "attn_mask", "loss_mask", "temperature", "routes") if k in a}
         batch["old_logp"] = a["sample_logp"]  # the behaviour policy is the sampler's distribution
         if "ref_logp" in a and s.kl_place == "loss":
             batch["ref_logp"] = a["ref_logp"]
@@ -292,6 +375,9 @@ class PolicyGradientRun(StageRun):
         idx = np.nonzero(keep_rows)[0]
         if len(idx):
             batch = {k: np.asarray(v)[idx] for k, v in batch.items()}
+            if s.corrects_off_policy:
+                batch, om = self._correct(batch)
+                m.update(om)
             tm = self.train_on(batch, epochs=s.epochs, rng=self.ctx.rng("rl", self.index, u, 1), max_rows=self.max_rows,
                                unit=u, kl_coef=coef)
             self.trained_units += 1
@@ -300,7 +386,7 @@ class PolicyGradientRun(StageRun):
                       "grad_norm": tm.get("grad_norm"), "train_tokens_per_s":
                           float(batch["attn_mask"].sum()) * s.epochs / max(tm["time/train"], 1e-9),
                       **step_stats(tm), **{k: v for k, v in tm.items() if k.startswith(("policy/", "value/"))},
-                      **router_metrics(tm)})
+                      **router_metrics(tm), **{k: v for k, v in tm.items() if k == "router/replay_disagreement"}})
         else:
             m["skipped_iteration"] = 1.0
         if self.kl_ctl is not None and kl_seq is not None:
@@ -308,7 +394,14 @@ class PolicyGradientRun(StageRun):
             m["kl_controller_finite_input"] = float(np.isfinite(kl_seq))
         return m
 
+    def _correct(self, batch: dict) -> tuple[dict, dict]:
+        """Off-policy correction against the trainer's logprobs at the start of this update (rl/offpolicy.py)."""
+        prox = rollout.chunked(self.ctx.logprob_fn, self.policy_params(), batch, self.max_rows, *self._logp_args(batch))
+        return offpolicy.corrected_batch(batch, prox, self.cfg)
+
     def step_scores(self, a: dict, texts: list[str], final=None):
+        if self.prm is not None and self.prm.steps:  # reward.prm_steps: the PRM's step probabilities
+            return self.prm.step_scores(self.prm_out, final, a["lengths"], a["resp_start"])
         return step_scores(self.ctx.tok, texts, a["resp_start"], a["lengths"], final)
 
 
@@ -336,6 +429,18 @@ def step_scores(tok, texts: list[str], resp_start, lengths, final=None):
         for j, (c, p) in enumerate(row):
             sc[i, j], pos[i, j], msk[i, j] = c, p, 1
     return sc, pos, msk
+
+
+def stage_reward_terms(s, scores: list[dict]) -> np.ndarray:
+    """The stage's own reward terms per answer: + process_weight x process + format_weight x format
+    - language_weight x language (each a component rewards.combine.score always returns)."""
+    col = lambda k: np.array([float(sc[k]) for sc in scores], np.float64)  # noqa: E731
+    out = np.zeros((len(scores),), np.float64)
+    for weight, key, sign in ((s.process_weight, "process", 1.0), (s.format_weight, "format", 1.0),
+                              (s.language_weight, "language", -1.0)):
+        if weight:
+            out += sign * weight * col(key)
+    return out
 
 
 def reward_metrics(scores: list[dict]) -> dict:

@@ -4,12 +4,19 @@
 
 A unit is one epoch over the first `n_problems` training problems, rendered as prompt + worked
 solution (rl.tasks.render) and batched by rl.sft.build_sft_batch.
+
+`direct_share` writes that share of the math demonstrations as the answer line alone, without the steps (a
+fixed draw per run and stage): cold-start data that mixes worked solutions with bare answers, as human-written
+data does. A policy imitating it reasons on some problems and guesses on others; the quickstart shows RL learning
+to reason because reasoning is what the verifier pays for.
 """
 from __future__ import annotations
 
 import dataclasses
 
-from rl.config_fields import field, integer
+import numpy as np
+
+from rl.config_fields import field, integer, num
 from rl.stages.base import StageConfig, StageRun, router_metrics, step_stats
 
 
@@ -23,11 +30,22 @@ class SFTConfig(StageConfig):
     batch_size: int = field(32, "sequences per optimizer step (an epoch is split into near-equal minibatches of at "
                                 "most this many)", integer(1, 10**5))
     n_problems: int = field(0, "training problems used (0 = all of tasks.n_train)", integer(0, 10**7))
+    direct_share: float = field(0.0, "share of the math demonstrations written as the answer line alone, without "
+                                     "steps (drawn once per run; 0 = every demonstration shows its steps)",
+                                num(0.0, 1.0))
 
 
 def sft_rows(batch_size: int, multiple: int) -> int:
     """Rows per SFT step: the batch size rounded up to the mesh's batch axes (one compiled shape)."""
     return max(multiple, -(-int(batch_size) // multiple) * multiple)
+
+
+DIRECT_STREAM = 10**6  # rng stream of the direct_share draw (epochs use streams 0 .. epochs - 1)
+
+
+def without_steps(problem):
+    """The problem with its worked steps dropped (math only): it renders as the answer line alone."""
+    return dataclasses.replace(problem, steps=None) if problem.reward == "math" else problem
 
 
 class SFTRun(StageRun):
@@ -36,6 +54,8 @@ class SFTRun(StageRun):
         from rl.sft import build_sft_batch
 
         probs = self.problems[: (cfg.n_problems or len(self.problems))]
+        direct = ctx.rng("sft", index, DIRECT_STREAM).random(len(probs)) < cfg.direct_share
+        probs = [without_steps(p) if d else p for p, d in zip(probs, direct)]
         self.batch = build_sft_batch([ctx.prompt(p) for p in probs], [ctx.solution(p) for p in probs], ctx.tok,
                                      ctx.seq_len)
 
