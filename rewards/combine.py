@@ -17,6 +17,10 @@
           - w_language  * language           1 - share of the expected script in the reasoning, in [0, 1]
                                              (always returned, whatever its weight: RL stages can add their own)
 
+The process reward model (prm_path, w_prm, prm_agg, prm_steps) is a model, not a text function: the trainer scores
+it in a batched forward beside the policy (rl/prm_reward.py) and adds w_prm * its score to this total; these
+fields only travel here with the rest of the reward section.
+
 Every penalty is stored as a non-negative magnitude and subtracted. score() never raises: any internal
 error gives total 0.0 with error=1 (and error_kind) in the returned dict. The length for the overlong penalty
 is n_tokens when the caller passes it (the sampler's response length), else the UTF-8 byte length of the
@@ -43,6 +47,7 @@ import numbers
 from rewards import penalties
 from rewards.format import LANGS, MODES, FormatConfig, format_reward
 from rewards.parse import ANSWER_WINDOW, as_text, extract_answer
+from rewards.prm.metrics import AGGREGATES as PRM_AGGREGATES  # NumPy only: the PRM model itself is not imported
 from rewards.steps import check_steps, step_score
 from rewards.verify import is_equiv
 
@@ -73,6 +78,10 @@ class RewardConfig:
     process_default: float = 0.0  # process score when no step has a checkable claim
     verify_timeout: float = 1.0  # seconds per is_equiv call
     max_chars: int = 65_536  # only the last max_chars characters are scored (cost cap); longer -> truncated=1
+    prm_path: str = ""  # process reward model file (experiments/train_prm.py); "" = off; scored by the trainer
+    w_prm: float = 0.0  # weight of the PRM score of each (math) response, added by the trainer; 0.1-0.3 when on
+    prm_agg: str = "min"  # PRM response score from its calibrated step probabilities: min | mean | prod | last
+    prm_steps: bool = False  # step_rewards / process_grpo take their step scores from the PRM, not the checker
 
     def __post_init__(self):
         for name in ("w_outcome", "w_process", "w_format", "w_overlong", "w_repetition", "w_language"):
@@ -92,7 +101,14 @@ class RewardConfig:
             raise ValueError(f"RewardConfig.lang must be one of {LANGS}, got {self.lang!r}")
         if self.format_mode not in MODES:
             raise ValueError(f"RewardConfig.format_mode must be one of {MODES}, got {self.format_mode!r}")
-        for name in ("accept_boxed", "requires_reasoning"):
+        _check_number(self, "w_prm", lo=0.0, hi=100.0)
+        if not isinstance(self.prm_path, str):
+            raise ValueError(f"RewardConfig.prm_path must be a path string ('' = off), got {self.prm_path!r}")
+        if self.prm_agg not in PRM_AGGREGATES:
+            raise ValueError(f"RewardConfig.prm_agg must be one of {PRM_AGGREGATES}, got {self.prm_agg!r}")
+        if (self.w_prm > 0 or self.prm_steps is True) and not self.prm_path:
+            raise ValueError("RewardConfig.prm_path must name a PRM file when w_prm > 0 or prm_steps is on")
+        for name in ("accept_boxed", "requires_reasoning", "prm_steps"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"RewardConfig.{name} must be a bool, got {getattr(self, name)!r}")
 

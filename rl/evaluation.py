@@ -245,4 +245,6 @@ def evaluate(ctx, params, problems, key, k: int, temperature: float, samples_out
     if samples_out is not None:
         samples_out.extend(sample_records(problems, prompts, greedy.texts, g_scores, samples.texts if samples else [],
                                           s_scores or [], k, n_show))
-    return {**summarize(recs, k), **by_family(recs, k)}
+    from rl.prm_reward import eval_rerank  # reward.prm_path: PRM best-of-k (prm@k) and its cost, else nothing
+
+    return {**summarize(recs, k), **by_family(recs, k), **eval_rerank(ctx, prompts, samples, s_scores, k)}

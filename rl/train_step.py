@@ -32,6 +32,11 @@ Batch (dict of arrays, all rows first; rows must divide the mesh's batch axes):
   distribution); advantages [B, T] or [B] (broadcast); old_logp [B, T] (optional: the behaviour
   policy's logprobs, i.e. the sampler's; absent means on-policy, old = stop_gradient(logp));
   ref_logp [B, T] (optional: absent means no KL term); PPO also old_values [B, T] and returns [B, T].
+PRM (mode "prm", the process reward model of rewards/prm/): tokens, attn_mask, loss_mask = 1 at each labelled
+step end and step_labels [B, T] in [0, 1] there; the loss is the binary cross-entropy of the value head's logit
+at token t (not shifted: it reads the prefix up to and including t), aggregated like a policy loss. With
+step_prev [B, T] (int: at a step end, the previous step's end) the logit also adds the step's log-likelihood
+under the model's own LM head, sum of log p(token) over (step_prev[t], t].
 Value alignment matches logprobs: values[:, t] is the head applied to hidden[:, t - 1] (the state
 before token t), values[:, 0] = 0.
 
@@ -64,7 +69,8 @@ __all__ = [
     "compute_logprobs",
 ]
 
-MODES = ("sft", "grpo", "ppo")
+MODES = ("sft", "grpo", "ppo", "prm")
+HEAD_MODES = ("ppo", "prm")  # modes whose params carry "value_head"
 KL_KINDS = ("k1", "k2", "k3")
 
 
@@ -73,7 +79,7 @@ KL_KINDS = ("k1", "k2", "k3")
 class LossConfig:
     """What the train step optimises. Validated on construction (ValueError names the field)."""
 
-    mode: str  # "sft" | "grpo" | "ppo"
+    mode: str  # "sft" | "grpo" | "ppo" | "prm"
     policy_loss: str = "ppo"  # name in rl.losses.POLICY_LOSSES
     clip_low: float = 0.2  # ratio lower bound 1 - clip_low
     clip_high: float = 0.2  # ratio upper bound 1 + clip_high (DAPO clip-higher: 0.28)
@@ -175,7 +181,7 @@ def _abstract_params(model_cfg, loss_cfg):
     from models import transformer
 
     abstract = jax.eval_shape(lambda k: transformer.init(model_cfg, k), jax.random.key(0))
-    if loss_cfg.mode == "ppo":
+    if loss_cfg.mode in HEAD_MODES:
         abstract = {**abstract, "value_head": jax.eval_shape(lambda: _value_head(model_cfg.d_model))}
     return abstract
 
@@ -191,7 +197,7 @@ def state_shardings(model_cfg, loss_cfg, optim_cfg, mesh, rules=None) -> dict:
     rules = sharding.DEFAULT_RULES if rules is None else rules
     rep = NamedSharding(mesh, PartitionSpec())
     p_sh = dict(sharding.param_shardings(model_cfg, mesh, rules))
-    if loss_cfg.mode == "ppo":
+    if loss_cfg.mode in HEAD_MODES:
         p_sh["value_head"] = {"w": rep, "b": rep}
     opt = make_optimizer(optim_cfg)
     opt_abstract = jax.eval_shape(opt.init, _abstract_params(model_cfg, loss_cfg))
@@ -205,7 +211,7 @@ def init_train_state(model_cfg, loss_cfg: LossConfig, optim_cfg: OptimConfig, ke
     """Fresh train state: {params, opt_state, step, rng, n_skipped}.
 
     `params` (e.g. from an SFT checkpoint) are used when given, else initialised (sharded when a
-    mesh is given). PPO adds params["value_head"] = {"w": [d_model], "b": []}; other modes drop it.
+    mesh is given). PPO and PRM add params["value_head"] = {"w": [d_model], "b": []}; other modes drop it.
     """
     from models import sharding, transformer
 
@@ -216,7 +222,7 @@ def init_train_state(model_cfg, loss_cfg: LossConfig, optim_cfg: OptimConfig, ke
         else:
             params = sharding.init_sharded(model_cfg, k_params, mesh, sharding.DEFAULT_RULES if rules is None else rules)
     params = dict(params)
-    if loss_cfg.mode == "ppo":
+    if loss_cfg.mode in HEAD_MODES:
         params.setdefault("value_head", _value_head(model_cfg.d_model))
     else:
         params.pop("value_head", None)
@@ -240,10 +246,13 @@ def init_train_state(model_cfg, loss_cfg: LossConfig, optim_cfg: OptimConfig, ke
 
 
 # ------------------------------------------------------------------------------------- the step
-def _shifted_values(params: dict, hidden: jax.Array) -> jax.Array:
+def _head(params: dict, hidden: jax.Array) -> jax.Array:
     head = params["value_head"]
-    v = jnp.einsum("btd,d->bt", hidden[:, :-1].astype(jnp.float32), head["w"]) + head["b"]
-    return jnp.pad(v, ((0, 0), (1, 0)))
+    return jnp.einsum("btd,d->bt", hidden.astype(jnp.float32), head["w"]) + head["b"]
+
+
+def _shifted_values(params: dict, hidden: jax.Array) -> jax.Array:
+    return jnp.pad(_head(params, hidden[:, :-1]), ((0, 0), (1, 0)))
 
 
 def _router_terms(aux: dict, model_cfg) -> tuple[jax.Array, jax.Array]:
@@ -263,7 +272,7 @@ def _masked_inputs(batch: dict, mask: jax.Array) -> tuple[dict, jax.Array]:
     """Float inputs with masked positions zeroed by selection (a NaN there never spreads), and the number of
     non-finite values at positions that count."""
     out, bad = {}, jnp.zeros((), jnp.float32)
-    for k in ("old_logp", "ref_logp", "advantages", "old_values", "returns"):
+    for k in ("old_logp", "ref_logp", "advantages", "old_values", "returns", "step_labels"):
         if k not in batch:
             continue
         x = jnp.asarray(batch[k], jnp.float32)
@@ -293,6 +302,7 @@ def make_loss_fn(model_cfg, loss_cfg: LossConfig, mesh, rules):
     policy_fn = losses.get_policy_loss(loss_cfg.policy_loss)
     agg, max_len = loss_cfg.agg, loss_cfg.max_len_norm
     is_ppo, is_sft = loss_cfg.mode == "ppo", loss_cfg.mode == "sft"
+    is_prm = loss_cfg.mode == "prm"
 
     def loss_fn(params, batch, kl_coef, share=None):
         denom = None if share is None else share["denom"]
@@ -303,7 +313,14 @@ def make_loss_fn(model_cfg, loss_cfg: LossConfig, mesh, rules):
         mask = batch["loss_mask"].astype(jnp.float32)
         inputs, n_bad = _masked_inputs(batch, mask)
         logits, aux = transformer.forward(_model_params(params), tokens, model_cfg, attn_mask=batch["attn_mask"],
-                                          return_hidden=is_ppo, mesh=mesh, rules=rules)
+                                          return_hidden=is_ppo or is_prm, mesh=mesh, rules=rules)
+        if is_prm:
+            z = _head(params, aux["hidden"])
+            if "step_prev" in batch:  # + each step's log-likelihood under the model's own LM head
+                f = jnp.cumsum(losses.token_logprobs(logits, tokens) * batch["attn_mask"], axis=1)
+                z = z + f - jnp.take_along_axis(f, batch["step_prev"].astype(jnp.int32), axis=1)
+            return _prm_terms(z, inputs["step_labels"], mask, aux, n_bad, model_cfg, agg, max_len, denom, tok_w,
+                              real_w)
         temp = jnp.ones((tokens.shape[0],), jnp.float32) if is_sft else _row_temperature(batch, tokens.shape[0])
         # One log-softmax at the sampling temperature feeds both the sampled-token logprobs and the entropy.
         logp_all = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32) / temp[:, None, None], axis=-1)
@@ -364,6 +381,22 @@ def make_loss_fn(model_cfg, loss_cfg: LossConfig, mesh, rules):
         return total, metrics
 
     return loss_fn
+
+
+def _prm_terms(z, labels, mask, aux, n_bad, model_cfg, agg, max_len, denom, tok_w, real_w):
+    """(total, metrics) of the "prm" mode: binary cross-entropy of the step logits z against the labels at the
+    loss_mask positions, plus the router terms; prm/accuracy is the share of steps on the right side of 0."""
+    bce = losses.aggregate(jnp.logaddexp(0.0, z) - labels * z, mask, agg, max_len, denom)
+    hit = ((z > 0) == (labels > 0.5)).astype(jnp.float32)
+    r_lb, r_z = (t * real_w for t in _router_terms(aux, model_cfg))
+    total = bce + model_cfg.router_aux_coef * r_lb + model_cfg.router_z_coef * r_z
+    metrics = {"loss/total": total, "loss/prm": bce, "prm/accuracy": losses.aggregate(hit, mask, "token-mean") * tok_w,
+               "loss/router_aux": r_lb, "loss/router_z": r_z, "nonfinite_inputs": n_bad, "n_tokens": mask.sum(),
+               "n_rows": (mask.sum(-1) > 0).sum().astype(jnp.float32)}
+    for k in ("expert_load", "dropped_fraction"):
+        if k in aux:
+            metrics[f"router/{k}"] = aux[k] * real_w
+    return total, metrics
 
 
 def _accumulated_value_and_grad(loss_fn, params, batch, kl_coef, n_micro: int, agg: str, max_len):

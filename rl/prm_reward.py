@@ -1,0 +1,143 @@
+"""The process reward model on the trainer side: a process reward, step-level rewards and best-of-k reranking.
+
+The PRM (rewards/prm/) is a model, so it is scored here, in batched jitted forwards over the RL batch's own
+token rows beside the policy's, not in the plain-Python reward pool. Config (reward section, rewards.combine):
+
+    reward.prm_path   a PRM file written by experiments/train_prm.py ("" = off)
+    reward.w_prm      total reward += w_prm * the response's PRM score (0.1-0.3 when on; math rows only)
+    reward.prm_agg    the response's PRM score from its calibrated step probabilities: min | mean | prod | last
+    reward.prm_steps  step_rewards / process_grpo take their step scores from the PRM instead of the checker
+
+    scorer = for_context(ctx)                 # None when reward.prm_path is ""; loaded once per process
+    out = scorer.score_rows(tokens, attn_mask, texts, resp_start)       # PRM probabilities per step
+    rewards, m = scorer.add_reward(rewards, out, families)              # + w_prm * score; prm/* metrics
+    sc, pos, msk = scorer.step_scores(out, final)                       # the step_scores layout
+    eval_rerank(ctx, prompts, samples, scores, k)                        # {"prm@k", prm/seconds_per_solution}
+
+A response's PRM steps are rewards.prm.data.step_ends: its step lines, then its final answer; step-level rewards
+use the step lines only (the answer is the outcome reward's, or `final`'s in process GRPO). Positions follow
+rl.stages.policy_gradient.step_scores: resp_start + len(tok.encode(text[:end])) - 1. Every scoring call reports
+its cost (`prm/seconds`, `prm/seconds_per_solution`).
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+__all__ = ["PRMScorer", "for_context", "load_scorer", "eval_rerank"]
+
+
+class PRMScorer:
+    """A loaded PRM with the run's tokenizer and reward settings."""
+
+    def __init__(self, prm, tok, *, w: float, agg: str, steps: bool, rows: int = 64):
+        self.prm, self.tok, self.w, self.agg, self.steps, self.rows = prm, tok, float(w), agg, bool(steps), int(rows)
+
+    def score_rows(self, tokens, attn_mask, texts, resp_start) -> dict:
+        """Calibrated step probabilities of N rows (prompt + response tokens, responses decoded in `texts`):
+        {"probs": [N, S], "pos": [N, S], "mask": [N, S], "answer": [N] bool (the last step is the answer),
+         "score": [N] the aggregated response score, "seconds": float}."""
+        from rewards.parse import step_spans
+        from rewards.prm.data import step_ends
+        from rewards.prm.metrics import aggregate
+        from rewards.prm.model import logits_at, utf8_safe
+
+        t0 = time.time()
+        T = np.shape(tokens)[1]
+        rows = []
+        answer = np.zeros((len(texts),), bool)
+        for r, t in enumerate(texts):
+            t, start = utf8_safe(t), int(resp_start[r])
+            ends = step_ends(t)
+            answer[r] = len(ends) > len(step_spans(t))
+            rows.append([start + len(self.tok.encode(t[:e], add_bos=False)) - 1 for e in ends])
+        S = max([1] + [len(x) for x in rows])
+        pos, mask, prev = (np.zeros((len(texts), S), np.int32) for _ in range(3))
+        for r, ps in enumerate(rows):
+            for j, p in enumerate(ps):
+                if p < T:
+                    pos[r, j], mask[r, j] = p, 1
+                    prev[r, j] = ps[j - 1] if j else int(resp_start[r]) - 1  # the first step starts the response
+        z = logits_at(self.prm.params, self.prm.model_cfg, tokens, attn_mask, pos, mask, prev, self.prm.likelihood,
+                      self.rows)
+        probs = np.where(mask > 0, self.prm.probs(z), 0.0).astype(np.float32)
+        score = np.array([aggregate(probs[r][mask[r] > 0], self.agg) for r in range(len(texts))], np.float64)
+        return {"probs": probs, "pos": pos, "mask": mask, "answer": answer, "score": score,
+                "seconds": time.time() - t0}
+
+    def add_reward(self, rewards: np.ndarray, out: dict, families) -> tuple[np.ndarray, dict]:
+        """rewards + w_prm * PRM score on the math rows (the PRM judges arithmetic steps); prm/* metrics."""
+        math_rows = np.array([f == "math" for f in families], bool)
+        new = rewards + self.w * np.where(math_rows, out["score"], 0.0)
+        n = max(len(rewards), 1)
+        m = {"prm/score": float(out["score"][math_rows].mean()) if math_rows.any() else 0.0,
+             "prm/seconds": float(out["seconds"]), "prm/seconds_per_solution": float(out["seconds"]) / n}
+        return new, m
+
+    def step_scores(self, out: dict, final=None, lengths=None, resp_start=None):
+        """(scores, end positions, mask) of the step lines (the answer step dropped), in the layout of
+        rl.stages.policy_gradient.step_scores; with `final`, each response's final score is appended as the last
+        step at its last token (process GRPO)."""
+        probs, pos, mask = out["probs"], out["pos"], out["mask"].copy()
+        for r in np.flatnonzero(out["answer"]):
+            j = int(mask[r].sum()) - 1
+            if j >= 0:
+                mask[r, j] = 0  # the answer step: the outcome's, not the PRM's
+        rows = [[(float(probs[r, j]), int(pos[r, j])) for j in np.flatnonzero(mask[r])] for r in range(len(probs))]
+        if final is not None:
+            for r in range(len(rows)):
+                rows[r].append((float(final[r]), int(resp_start[r]) + int(lengths[r]) - 1))
+        S = max(1, max(len(x) for x in rows))
+        sc = np.zeros((len(rows), S), np.float32)
+        ps = np.zeros((len(rows), S), np.int32)
+        mk = np.zeros((len(rows), S), np.int32)
+        for i, row in enumerate(rows):
+            for j, (c, p) in enumerate(row):
+                sc[i, j], ps[i, j], mk[i, j] = c, p, 1
+        return sc, ps, mk
+
+    def rerank(self, batch: dict, texts, correct, k: int) -> dict:
+        """PRM best-of-k on evaluation samples: batch = rl.rollout.build_batch rows of n * k samples (k per
+        problem, contiguous); prm@k = share of problems whose highest-scoring sample is correct."""
+        out = self.score_rows(batch["tokens"], batch["attn_mask"], texts, batch["resp_start"])
+        s = out["score"].reshape(-1, k)
+        c = np.asarray(correct, bool).reshape(-1, k)
+        picked = c[np.arange(len(c)), np.argmax(s, axis=1)]
+        return {"prm@k": float(picked.mean()), "prm/seconds_per_solution": out["seconds"] / max(len(texts), 1)}
+
+
+def eval_rerank(ctx, prompts, samples, scores, k: int) -> dict:
+    """{"prm@k", "prm/seconds_per_solution"} of an evaluation's k samples per prompt when the run has a PRM (rows
+    built as the trainer's: rl.rollout.build_batch at ctx.seq_len), else {}."""
+    from rl import rollout
+
+    scorer = for_context(ctx)
+    if scorer is None or k < 1 or samples is None:
+        return {}
+    b = rollout.build_batch([ctx.tok.encode(p, add_bos=True) for p in prompts], samples, ctx.seq_len,
+                            pad_id=ctx.tok.PAD)
+    return scorer.rerank(b, samples.texts, [sc["solved"] > 0.5 for sc in scores], k)
+
+
+def load_scorer(path: str, tok, reward: dict) -> PRMScorer:
+    """A PRMScorer for the reward section's settings; ValueError naming reward.prm_path for a bad file."""
+    from rewards.prm.model import load
+
+    try:
+        prm = load(path)
+    except (OSError, ValueError, KeyError) as e:
+        raise ValueError(f"reward.prm_path {path!r}: {e} (train one: python -m experiments.train_prm --config "
+                         "experiments/configs/prm_arith.py --workdir runs/prm)") from None
+    return PRMScorer(prm, tok, w=reward.get("w_prm", 0.0), agg=reward.get("prm_agg", "min"),
+                     steps=reward.get("prm_steps", False))
+
+
+def for_context(ctx) -> PRMScorer | None:
+    """The run's PRM scorer (cached per path and settings in the process), None when reward.prm_path is ""."""
+    reward = ctx.cfg["reward"]
+    path = reward.get("prm_path", "")
+    if not path:
+        return None
+    key = ("prm", path, reward.get("w_prm"), reward.get("prm_agg"), reward.get("prm_steps"))
+    return ctx.cached(key, lambda: load_scorer(path, ctx.tok, reward))
