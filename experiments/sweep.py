@@ -157,10 +157,11 @@ def run_state(workdir: str, cfg: dict, ignore: tuple[str, ...] = ()) -> tuple[st
 
 
 def shared_prefix(cfgs: list[dict]) -> int:
-    """How many leading stages every config shares (rl.prefix.shared_stages, minimum over all pairs with the first)."""
+    """How many leading stages every config shares (rl.prefix.shared_stages against the first). Unlike a resume,
+    run.* counts here: a sweep over run.overlap changes what its stages compute."""
     from rl.prefix import shared_stages
 
-    return min((shared_stages(cfgs[0], c) for c in cfgs[1:]), default=0) if len(cfgs) > 1 else 0
+    return min((shared_stages(cfgs[0], c, ignore=("log",)) for c in cfgs[1:]), default=0) if len(cfgs) > 1 else 0
 
 
 def default_parallel(cfg: dict, n_runs: int) -> tuple[int, str]:
@@ -395,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
               "\n  use a new --workdir, or remove those directories", file=sys.stderr)
         return 2
     todo = [r for r, st, _ in states[:len(runs)] if st != "done"]
-    fresh = {r["seed"] for r, st, _ in states[:len(runs)] if st == "new"}  # resumed runs have their own checkpoint
+    fresh = {r["seed"] for r in todo if not launch._has_checkpoint(r["workdir"])}  # the others resume their own
     shared_todo = [j for j, st, _ in states[len(runs):] if st != "done" and j["seed"] in fresh]
     n_par = args.parallel
     why = "--parallel"

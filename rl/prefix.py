@@ -22,11 +22,12 @@ from rl import config_validation as cv
 IGNORED = ("run", "log")  # sections that never change what a unit computes (the launcher's resume rule)
 
 
-def shared_stages(a: dict, b: dict) -> int:
-    """Leading stages two resolved configs (plain dicts) share; 0 when anything outside the stages differs."""
+def shared_stages(a: dict, b: dict, ignore: tuple[str, ...] = IGNORED) -> int:
+    """Leading stages two resolved configs (plain dicts) share; 0 when anything outside the stages and the
+    `ignore`d sections differs."""
     norm = lambda d: json.loads(json.dumps(d, default=str))  # noqa: E731 - config.json's own encoding
     a, b = norm(a), norm(b)
-    rest = lambda d: {k: v for k, v in d.items() if k not in IGNORED + ("stages",)}  # noqa: E731
+    rest = lambda d: {k: v for k, v in d.items() if k not in tuple(ignore) + ("stages",)}  # noqa: E731
     if rest(a) != rest(b):
         return 0
     k = 0

@@ -236,6 +236,19 @@ def test_a_stage_that_never_trains_warns(tmp_path):
     assert "WARNING: stage 'grpo' trained in none of its 2 iterations" in out
 
 
+def test_r1_zero_tiny_takes_real_rl_steps(tmp_path):
+    """Every config's tiny variant exercises the RL update (the other configs: here and tests/test_stages.py)."""
+    wd = tmp_path / "r1z"
+    argv = ["--config", os.path.join(ROOT, "experiments/configs/r1_zero.py") + ":variant=tiny", "--workdir", str(wd),
+            "--config.eval.initial=false"]
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert launch.main(argv) == 0
+    assert "trained in none" not in buf.getvalue()
+    recs = [r for r in read_jsonl(wd / "metrics.jsonl") if r["phase"] == "train"]
+    assert recs and all(r.get("optimizer_steps") and r["grad_norm"] > 0 and abs(r["loss"]) > 0 for r in recs)
+
+
 def test_sample_and_eval_commands_on_a_finished_run(full_run, capsys):
     from experiments import eval as eval_cmd
     from experiments import sample as sample_cmd

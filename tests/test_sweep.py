@@ -95,6 +95,7 @@ def test_shared_stages_from_resolved_configs():
     assert sweep.shared_prefix([a, _cfg(seed=0, **{"stages[1].lr": 5e-4})]) == 1
     assert sweep.shared_prefix([a, _cfg(seed=0, **{"reward.w_format": 0.2})]) == 0  # touches every stage
     assert sweep.shared_prefix([a, _cfg(seed=0, **{"log.every": 2})]) == 3
+    assert sweep.shared_prefix([a, _cfg(seed=0, **{"run.overlap": False})]) == 0  # changes what RL stages compute
     n, why = sweep.default_parallel(a, n_runs=64)
     assert 1 <= n <= (os.cpu_count() or 1) and "GiB" in why
 
@@ -126,5 +127,6 @@ def test_sweep_end_to_end_shares_the_cold_start_and_reuses(tmp_path, capsys):
     a = json.loads((wd / "clip_high_0.2,lr_0.0001/seed0/summary.json").read_text())
     b = json.loads((wd / "clip_high_0.28,lr_0.0001/seed0/summary.json").read_text())
     assert a["eval"]["rejection"] == b["eval"]["rejection"]  # one cold start and rejection, shared
+    assert "resolved config" not in out and len(out.splitlines()) < 20  # progress lines, not configs
     assert sweep.main(argv) == 0  # a rerun reuses every finished run
     assert "2 finished with the same config (reused), 0 to run" in capsys.readouterr().out
