@@ -389,15 +389,15 @@ def main(argv: list[str] | None = None) -> int:
 
     # nothing runs before every directory is known to hold this sweep's runs or nothing
     states = [(r, *run_state(r["workdir"], r["cfg"])) for r in runs]
-    states += [(j, *_shared_state(j)) for j in shared]
-    conflicts = [why for _, st, why in states if st == "conflict"]
+    todo = [r for r, st, _ in states if st != "done"]
+    fresh = {r["seed"] for r in todo if not launch._has_checkpoint(r["workdir"])}  # the others resume their own
+    needed = [(j, *_shared_state(j)) for j in shared if j["seed"] in fresh]  # a shared run only where it is used
+    conflicts = [why for _, st, why in states + needed if st == "conflict"]
     if conflicts:
         print("sweep refused (nothing was run):\n  " + "\n  ".join(conflicts) +
               "\n  use a new --workdir, or remove those directories", file=sys.stderr)
         return 2
-    todo = [r for r, st, _ in states[:len(runs)] if st != "done"]
-    fresh = {r["seed"] for r in todo if not launch._has_checkpoint(r["workdir"])}  # the others resume their own
-    shared_todo = [j for j, st, _ in states[len(runs):] if st != "done" and j["seed"] in fresh]
+    shared_todo = [j for j, st, _ in needed if st != "done"]
     n_par = args.parallel
     why = "--parallel"
     if n_par <= 0:
