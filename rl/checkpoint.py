@@ -378,7 +378,7 @@ def find_policy(workdir: str, which: str | int = "best") -> tuple[str, int, dict
         path = os.path.join(root, str(step))
         if not verify_checkpoint(path):
             meta = ocp.Checkpointer(ocp.CompositeCheckpointHandler()).restore(
-                path, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+                os.path.abspath(path), args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
             return path, step, meta
     what = ("no best policy yet (checkpoint.keep_best off, or no validation eval has run): use 'last'"
             if which == "best" else "no intact checkpoint yet")
@@ -398,7 +398,7 @@ def load_policy(workdir: str, which: str | int = "best"):
     path, _, _ = find_policy(workdir, which)
     try:  # no template: the arrays come back as saved (host NumPy); the shapes are checked below
         state = ocp.Checkpointer(ocp.CompositeCheckpointHandler()).restore(
-            path, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
+            os.path.abspath(path), args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
     except Exception as e:  # noqa: BLE001 - orbax raises many types; the caller gets one with the path
         raise CheckpointError(f"checkpoint {path} could not be restored: {type(e).__name__}: {e}") from None
     params = state["policy"] if "policy" in state else state["train_state"]["params"]

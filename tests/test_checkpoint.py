@@ -281,6 +281,14 @@ def test_load_policy_best_last_and_by_unit(tmp_path):
         find_policy(str(tmp_path), "last")
 
 
+def test_load_policy_from_a_relative_workdir(tmp_path, monkeypatch):
+    from rl.checkpoint import load_policy
+
+    wd, params = _run_dir(tmp_path)
+    monkeypatch.chdir(tmp_path)  # orbax wants absolute paths; users type runs/NAME
+    assert _equal(load_policy("run", "best")[2], params[0]) and _equal(load_policy("run", "last")[2], params[2])
+
+
 def test_load_policy_on_a_running_run_passes_over_a_step_being_written(tmp_path):
     from rl.checkpoint import find_policy, load_policy
 
