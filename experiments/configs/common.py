@@ -87,3 +87,51 @@ def tiny_variant(c):
         else:  # no warmup: three iterations are too few to finish one, and the lr must reach its end fraction
             s.update(dict(iterations=3, n_prompts=4, samples=4, token_budget=1024, temperature_start=1.0,
                           temperature_end=1.0, warmup_steps=0))
+
+
+# ----------------------------------------------------------------------------------- the claim ablations
+# The cold start of the quickstart and of every claim_*.py ablation: 2000 two-digit additions, 70% of the
+# demonstrations written as the bare answer line (SFT direct_share), trained until validation pass@1 is flat.
+MIXED_COLD_START = dict(epochs=12, batch_size=32, n_problems=2000, lr=3e-3, warmup_steps=10, direct_share=0.7)
+# The claims' RL stage: short GRPO on the same problems, outcome reward, small KL to the cold start.
+CLAIM_GRPO = dict(iterations=60, n_prompts=16, samples=8, temperature_start=1.0, temperature_end=0.7, lr=2e-4,
+                  warmup_steps=5, epochs=1, token_budget=4096, clip_low=0.2, clip_high=0.28, kl_coef=0.02,
+                  agg="token-mean", filter_zero_variance=True)
+CLAIM_SEEDS = [0, 1, 2]
+
+
+def claim_config(args: dict, stages: tuple[str, ...] = ("sft", "grpo"), **grpo):
+    """The base of the claim_*.py ablations (REPRODUCING.md): the quickstart policy and its mixed-style cold start,
+    then the listed stages ("sft", "rejection", "grpo"), the GRPO stage with `grpo` overrides. Everything but the
+    stages after the cold start is the same in every claim file, so one cold start per seed serves them all
+    (`python -m experiments.sweep ... --init_from runs/claims/<first sweep>/_shared/seed{seed}`).
+    variant=tiny: the tests' seconds-long version."""
+    c = base_config(args)
+    c.model.update(SMALL_MOE)
+    c.tasks.update(TWO_DIGIT_ADDITION)
+    c.tasks.update(dict(n_train=2000, n_val=128, n_test=256))
+    c.sampling.update(dict(max_new_tokens=64))
+    c.eval.update(dict(every=10, k=0, n_val=128, n_test=256, temperature=0.6))
+    c.reward.update(dict(w_outcome=1.0, w_process=0.0, w_format=0.0))
+    c.checkpoint.update(dict(keep=1, every=10))
+    c.run.update(dict(reward_workers=1))
+    c.stages = []
+    for kind in stages:
+        if kind == "sft":
+            c.stages.append(stage("sft", "cold_start", **MIXED_COLD_START))
+        elif kind == "rejection":
+            c.stages.append(stage("rejection", "rejection", rounds=3, n_problems=256, samples=8, temperature=1.0,
+                                  epochs=1, batch_size=32, lr=1e-3, warmup_steps=3, max_keep_per_problem=4))
+        elif kind == "grpo":
+            c.stages.append(stage("grpo", "grpo", **{**CLAIM_GRPO, **grpo}))
+        else:
+            raise ConfigError(f"claim stage kinds are sft, rejection, grpo; got {kind!r}")
+    if check_variant(args, ("full", "tiny")) == "tiny":
+        tiny_variant(c)
+        c.eval.update(dict(every=0, k=0))
+        for s in c.stages:
+            if s.kind == "sft":
+                s.direct_share = MIXED_COLD_START["direct_share"]
+            elif s.kind == "grpo" and "curriculum" in grpo:
+                s.curriculum.samples = (2, 4, 4)
+    return c
