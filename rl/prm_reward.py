@@ -84,18 +84,13 @@ class PRMScorer:
             j = int(mask[r].sum()) - 1
             if j >= 0:
                 mask[r, j] = 0  # the answer step: the outcome's, not the PRM's
+        from rl.stages.policy_gradient import step_arrays
+
         rows = [[(float(probs[r, j]), int(pos[r, j])) for j in np.flatnonzero(mask[r])] for r in range(len(probs))]
         if final is not None:
             for r in range(len(rows)):
                 rows[r].append((float(final[r]), int(resp_start[r]) + int(lengths[r]) - 1))
-        S = max(1, max(len(x) for x in rows))
-        sc = np.zeros((len(rows), S), np.float32)
-        ps = np.zeros((len(rows), S), np.int32)
-        mk = np.zeros((len(rows), S), np.int32)
-        for i, row in enumerate(rows):
-            for j, (c, p) in enumerate(row):
-                sc[i, j], ps[i, j], mk[i, j] = c, p, 1
-        return sc, ps, mk
+        return step_arrays(rows)
 
     def rerank(self, batch: dict, texts, correct, k: int) -> dict:
         """PRM best-of-k on evaluation samples: batch = rl.rollout.build_batch rows of n * k samples (k per

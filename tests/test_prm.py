@@ -1,7 +1,7 @@
 """The process reward model (rewards/prm/): steps and labels, Math-Shepherd MC labels, token rows, the train step's
 "prm" mode against a float64 NumPy reference, a tiny PRM that learns, save / load, and the trainer-side scorer
 (rl/prm_reward.py). Metric functions are in tests/test_prm_metrics.py."""
-import dataclasses
+import os
 import random
 import subprocess
 import sys
@@ -17,8 +17,7 @@ from models.tokenizer import ByteTokenizer
 from rewards.parse import step_spans
 from rewards.prm import data as pd
 from rewards.prm import metrics as pm
-from rewards.prm.model import (PRM, encode, load, logits_fn, save, score_texts, step_logits, train_batch,
-                                utf8_safe)
+from rewards.prm.model import PRM, encode, load, save, score_texts, step_logits, train_batch, utf8_safe
 from rewards.prm.train import PRMConfig, evaluate, fit_calibrations, fit_threshold, scored_steps, train
 from rewards.steps import check_steps
 from rl.config_fields import FieldErrors
@@ -319,3 +318,30 @@ def test_plain_rewards_do_not_import_jax():
             "rewards.prm.metrics, rewards.prm.data; print('jax' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.slow
+def test_grpo_with_a_prm_file_end_to_end(tmp_path):
+    """The tiny prm_arith GRPO variant with a PRM file: the process reward and the PRM step rewards are scored on
+    the trainer side (their cost logged every iteration) and evaluation reranks samples with it (prm@k)."""
+    from experiments import launch
+    from experiments.configs.common import TINY_MODEL
+
+    mcfg = ModelConfig(**{**TINY_MODEL, "max_seq_len": 96})
+    params = {**transformer.init(mcfg, jax.random.key(0)),
+              "value_head": {"w": jnp.full((mcfg.d_model,), 0.1), "b": jnp.float32(0.0)}}
+    path = tmp_path / "prm.npz"
+    save(PRM(mcfg, params, {"kind": "platt", "a": 0.1, "b": 1.0}, 0.5, "min", likelihood=True), path)
+    wd = tmp_path / "run"
+    config = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments/configs/prm_arith.py")
+    rc = launch.main(["--config", config + ":variant=tiny_grpo_prm", "--workdir", str(wd),
+                      f"--config.reward.prm_path={path}"])
+    assert rc == 0
+    text = (wd / "metrics.jsonl").read_text()
+    assert text.count("prm/seconds_per_solution") >= 3 and "prm/score" in text and "prm@k" in text
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, x=np.zeros(1))
+    with pytest.raises(ValueError, match="reward.prm_path"):
+        from rl.prm_reward import load_scorer
+
+        load_scorer(str(bad), TOK, {"w_prm": 0.2})

@@ -421,10 +421,15 @@ def step_scores(tok, texts: list[str], resp_start, lengths, final=None):
         if final is not None:
             row.append((float(final[r]), start + int(lengths[r]) - 1))
         rows.append(row)
+    return step_arrays(rows)
+
+
+def step_arrays(rows: list[list[tuple[float, int]]]):
+    """(scores, end positions, mask) [N, S] of per-response lists of (score, end position) steps."""
     S = max(1, max(len(r) for r in rows))
-    sc = np.zeros((len(texts), S), np.float32)
-    pos = np.zeros((len(texts), S), np.int32)
-    msk = np.zeros((len(texts), S), np.int32)
+    sc = np.zeros((len(rows), S), np.float32)
+    pos = np.zeros((len(rows), S), np.int32)
+    msk = np.zeros((len(rows), S), np.int32)
     for i, row in enumerate(rows):
         for j, (c, p) in enumerate(row):
             sc[i, j], pos[i, j], msk[i, j] = c, p, 1
