@@ -129,11 +129,14 @@ def test_gsm8k_fields():
 
 
 def test_competition_math_fields():
-    assert tb.last_boxed(r"so \boxed{1} then \boxed{\frac{a}{b^{2}}}.") == r"\frac{a}{b^{2}}"
-    assert tb.last_boxed("no box") is None
-    q, a, d = tb.competition_math_to_fields("Find x.", r"We get $x=\boxed{ 5 }$.", "Level 4")
+    # the catalog mapping is the math@ JSONL source's (rl/tasks/gsm8k_math.py; more cases in test_tasks_gsm8k_math)
+    from rl.tasks.gsm8k_math import last_boxed, math_to_fields
+
+    assert last_boxed(r"so \boxed{1} then \boxed{\frac{a}{b^{2}}}.") == r"\frac{a}{b^{2}}"
+    assert last_boxed("no box") is None
+    q, a, d = math_to_fields("Find x.", r"We get $x=\boxed{ 5 }$.", "Level 4")
     assert (q, a, d) == ("Find x.", "5", 4)
-    assert tb.competition_math_to_fields("q", r"\boxed{2}", "Level ?")[2] == 1
+    assert math_to_fields("q", r"\boxed{2}", "Level ?")[2] == 1
 
 
 def _write_catalog_shaped(data_dir: str, name: str, config: str | None, features: dict, rows: dict):

@@ -15,13 +15,15 @@ Source names (`list_sources()` prints them with descriptions):
     mathdataset                  DeepMind mathematics_dataset, default modules (no steps)
     mathdataset@m1+m2            the named mathematics_dataset modules
     jsonl@PATH                   a user's JSONL file (rl/tasks/jsonl_io.py)
+    gsm8k@PATH  math@PATH        a GSM8K-style / MATH-style JSONL file (rl/tasks/gsm8k_math.py)
     tfds@NAME[@DATA_DIR]         a locally prepared TFDS dataset: a project one (rl/tasks/tfds_builder.py) or
                                  a catalog one (math_dataset/..., huggingface:gsm8k/main, ...)
 
 Mix spec: comma-separated `name[:weight]` items, e.g. "arith:0.5,linear:0.5", "word,word_zh" (equal
 weights), "mathdataset@numbers__gcd:1,arith:3". Weights are positive numbers, normalised to sum to 1; counts
 are allocated by largest remainder, so they always add up to n. Splits: see rl/tasks/base.py (by question
-hash, disjoint, 80/10/10). A mix may combine families ("code:0.3,instructions:0.3,add:0.4"): each problem's
+hash, disjoint, 80/10/10; `split` may also be a base.Split: an explicit source served whole, or the hash split
+over fewer splits, with questions of other splits excluded). A mix may combine families ("code:0.3,instructions:0.3,add:0.4"): each problem's
 `reward` names the reward that scores it and `check` carries that reward's payload (rl/tasks/base.py).
 """
 from __future__ import annotations
@@ -31,12 +33,13 @@ import random
 
 from rl.tasks import arith, code, fractions_, instructions, linear, word
 from rl.tasks.base import (
-    LEVELS, REWARDS, SPLITS, FixedSource, GeneratedSource, Problem, check_split, question_hash, split_of,
+    LEVELS, REWARDS, SPLITS, FixedSource, GeneratedSource, Problem, Split, check_split, question_hash, split_of,
 )
 from rl.tasks.render import render_example, render_prompt, render_solution
 
 __all__ = [
-    "Problem", "SPLITS", "LEVELS", "REWARDS", "split_of", "get_source", "list_sources", "parse_mix", "allocate", "load_mix",
+    "Problem", "SPLITS", "LEVELS", "REWARDS", "Split", "split_of", "get_source", "list_sources", "parse_mix", "allocate",
+    "load_mix", "load_splits", "SplitSourceError", "is_fixed", "mix_error", "split_source_errors",
     "render_prompt", "render_solution", "render_example",
 ]
 
@@ -47,6 +50,8 @@ _GENERATED: dict[str, GeneratedSource] = {
 _PARAMETERISED = {
     "mathdataset": "DeepMind mathematics_dataset: `mathdataset` (default modules) or `mathdataset@m1+m2`",
     "jsonl": "a JSONL problem file: `jsonl@path/to/file.jsonl`",
+    "gsm8k": "a GSM8K-style JSONL file (question, answer ending in '#### N'): `gsm8k@path/to/test.jsonl`",
+    "math": "a MATH-style JSONL file (problem, solution with a final \\boxed{}, level): `math@path/to/test.jsonl`",
     "tfds": "a prepared TFDS dataset: `tfds@name` or `tfds@name@data_dir` (array_record, read offline)",
 }
 
@@ -76,6 +81,12 @@ def get_source(name: str):
             raise ValueError("source 'jsonl' needs a path: jsonl@path/to/file.jsonl")
         from rl.tasks import jsonl_io
         return FixedSource.build(name, jsonl_io.read_jsonl(arg, source=name), description=f"JSONL file {arg}")
+    if base in ("gsm8k", "math"):
+        if not arg:
+            raise ValueError(f"source {base!r} needs a path: {base}@path/to/file.jsonl")
+        from rl.tasks import gsm8k_math
+        return FixedSource.build(name, gsm8k_math.read(arg, base, source=name),
+                                 description=f"{base.upper()}-style JSONL file {arg}")
     if base == "tfds":
         if not arg:
             raise ValueError("source 'tfds' needs a dataset name: tfds@name or tfds@name@data_dir")
@@ -84,6 +95,15 @@ def get_source(name: str):
         return FixedSource.build(name, tfds_builder.load_problems(ds_name, data_dir=data_dir or None),
                                  description=f"TFDS dataset {ds_name}")
     raise ValueError(f"unknown task source {name!r}; known: {sorted(list_sources())}")
+
+
+FIXED = ("jsonl", "gsm8k", "math", "tfds")  # sources that serve a finite set of stored problems
+
+
+def is_fixed(name: str) -> bool:
+    """Whether a mix item names stored problems (a file or dataset) rather than a generator: each of its problems
+    keeps its own difficulty, so the run's tasks.difficulty does not filter it."""
+    return name.strip().partition("@")[0] in FIXED
 
 
 def parse_mix(spec: str) -> list[tuple[str, float]]:
@@ -118,6 +138,41 @@ def parse_mix(spec: str) -> list[tuple[str, float]]:
     return [(name, w / total) for name, w in items]
 
 
+def mix_error(spec, allow_empty: bool = False) -> str | None:
+    """Why `spec` is not a mix spec (None when it is; '' is accepted with allow_empty), for config checks."""
+    if not isinstance(spec, str):
+        return f"must be a string ('' or a mix spec like 'gsm8k@data/test.jsonl'), got {spec!r}"
+    if allow_empty and not spec.strip():
+        return None
+    try:
+        parse_mix(spec)
+    except ValueError as e:
+        return f"is not a valid mix spec: {e}"
+    return None
+
+
+def split_source_errors(mix: str, sources: dict) -> list[tuple[str, str]]:
+    """(field, message) pairs for a mix and its explicit split sources ({field: spec or ''}): the mix must parse
+    unless every split has its own source (then it must be ''), and no two sources may be the same spec."""
+    given = {f: v.strip() for f, v in sources.items() if isinstance(v, str) and v.strip()}
+    out = []
+    if len(given) == len(sources):
+        if mix.strip():
+            out.append(("mix", f" ({mix!r}) is not used when {', '.join(sources)} are all set; set it to '' (or "
+                               "leave a split to it)"))
+    else:
+        try:
+            parse_mix(mix)
+        except ValueError as e:
+            out.append(("mix", f": {e}"))
+    seen = {}
+    for f, spec in given.items():
+        if spec in seen:
+            out.append((f, f" names the same source as tasks.{seen[spec]} ({spec!r}); the splits must be disjoint"))
+        seen.setdefault(spec, f)
+    return out
+
+
 def allocate(weights: list[float], n: int) -> list[int]:
     """Integer counts proportional to weights that sum to n (largest remainder, ties to the earlier item)."""
     raw = [w * n for w in weights]
@@ -142,7 +197,7 @@ def load_mix(spec: str, n: int, seed: int, split: str, difficulty: int | None | 
         raise ValueError(f"n must be an int >= 0, got {n!r}")
     items = parse_mix(spec)
     counts = allocate([w for _, w in items], n)
-    want_unique = split != "train" if unique is None else bool(unique)
+    want_unique = str(split) != "train" if unique is None else bool(unique)
     sources = [get_source(name) for name, _ in items]
     extra = [0] * len(items)
     for _ in range(8):
@@ -168,6 +223,51 @@ def load_mix(spec: str, n: int, seed: int, split: str, difficulty: int | None | 
             break
         extra = [e + s for e, s in zip(extra, short)]
     else:
-        raise ValueError(f"mix {spec!r}: could not find {n} distinct problems in split {split!r} across sources")
+        raise ValueError(f"mix {spec!r}: could not find {n} distinct problems in split {str(split)!r} across sources")
     random.Random(f"mix|{spec}|{seed}|{split}|{difficulty}").shuffle(merged)
     return merged
+
+
+class SplitSourceError(ValueError):
+    """A split could not be assembled: `.split` names it, `.explicit` says whether it has its own source."""
+
+    def __init__(self, message: str, split: str, explicit: bool):
+        super().__init__(message)
+        self.split, self.explicit = split, explicit
+
+
+def load_splits(mix: str, n: dict, seed: int, sources: dict | None = None,
+                difficulty: int | None | dict = None) -> dict[str, list[Problem]]:
+    """{split: problems} for train / validation / test: each split with a spec in `sources` takes its n[split]
+    problems from that spec as given (every question, whatever its hash); the others are drawn from `mix` by
+    question hash among themselves (base.Split). Splits never share a question: the explicit splits must be
+    disjoint (SplitSourceError otherwise) and the hash-drawn ones skip every question an explicit split holds.
+    Without `sources` this is load_mix(mix, n[s], seed, s, difficulty) for each split, unchanged."""
+    sources = {s: spec for s, spec in (sources or {}).items() if spec}
+    unknown = sorted(set(sources) - set(SPLITS))
+    if unknown:
+        raise ValueError(f"sources names unknown split(s) {unknown}; splits are {SPLITS}")
+    out, held = {}, {}
+    for s in ("test", "validation", "train"):  # explicit splits first; evaluation sets named first in messages
+        if s not in sources:
+            continue
+        try:
+            out[s] = load_mix(sources[s], n[s], seed, Split(s, among=()), difficulty, unique=s != "train")
+        except (ValueError, OSError) as e:  # a malformed or missing file too
+            raise SplitSourceError(str(e), s, True) from None
+        keys = {question_hash(p.question) for p in out[s]}
+        for other, other_keys in held.items():
+            shared = keys & other_keys
+            if shared:
+                example = next(p.question for p in out[s] if question_hash(p.question) in shared)
+                raise SplitSourceError(f"the {s} and {other} sources share {len(shared)} question(s), e.g. "
+                                       f"{example[:80]!r}; splits must be disjoint", s, True)
+        held[s] = keys
+    hashed = tuple(s for s in SPLITS if s not in sources)
+    exclude = frozenset().union(*held.values()) if held else frozenset()
+    for s in hashed:
+        try:
+            out[s] = load_mix(mix, n[s], seed, Split(s, among=hashed, exclude=exclude), difficulty)
+        except (ValueError, OSError) as e:  # a malformed or missing file too
+            raise SplitSourceError(str(e), s, False) from None
+    return {s: out[s] for s in SPLITS}

@@ -18,6 +18,13 @@ normalised text is mapped to train (80%), validation (10%) or test (10%). Two pr
 question therefore always land in the same split, whichever source, seed or difficulty produced them, so the
 splits can never share a problem.
 
+Explicit splits. A config may give a split its own source (tasks.test_source, ...: a user's test file, an official
+test set) and draw the others from a mix by hash. `Split(name, among, exclude)` says which questions a source
+serves for that: `among` = the splits the hash divides the source between (fractions renormalised, so with an
+explicit test set the mix gives train 8/9 and validation 1/9); `among=()` = every question, the split used as
+given; `exclude` = question hashes held by another split (never served, so the splits stay disjoint). A plain
+split name is Split(name) over all three splits, the default above; str(Split) is its name (seeds stay the same).
+
 Sources. Two shapes cover everything under rl/tasks/:
   * `GeneratedSource` wraps a function `make(rng, difficulty) -> (question, answer, steps[, source])`, draws
     problems from a seeded `random.Random` and keeps those whose hash falls in the requested split.
@@ -143,15 +150,50 @@ def question_hash(question: str) -> str:
     return hashlib.sha256(normalise_question(question).encode("utf-8")).hexdigest()
 
 
-def split_of(question: str) -> str:
-    """The split a question belongs to, from the first 64 bits of its hash."""
+def split_of(question: str, among: tuple[str, ...] = SPLITS) -> str:
+    """The split a question belongs to, from the first 64 bits of its hash; `among` restricts the choice to some
+    splits, their fractions renormalised (the default is the 80/10/10 split over all three)."""
+    names = [s for s in SPLITS if s in among]
+    if not names:
+        raise ValueError(f"among must name at least one of {SPLITS}, got {among!r}")
+    fracs = [f for s, f in zip(SPLITS, SPLIT_FRACTIONS) if s in among]
+    total = sum(fracs) if len(names) < len(SPLITS) else 1.0  # all three: exactly the historical thresholds
     u = int(question_hash(question)[:16], 16) / 2.0**64
     acc = 0.0
-    for name, frac in zip(SPLITS, SPLIT_FRACTIONS):
-        acc += frac
+    for name, frac in zip(names, fracs):
+        acc += frac / total
         if u < acc:
             return name
-    return SPLITS[-1]
+    return names[-1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+    """Which questions a source serves for one split (see "Explicit splits" in the module docstring)."""
+
+    name: str
+    among: tuple[str, ...] = SPLITS  # () = every question (an explicit source, used as given)
+    exclude: frozenset = frozenset()  # question hashes (question_hash) held by other splits
+
+    def __post_init__(self):
+        check_split(self.name)
+        bad = [s for s in self.among if s not in SPLITS]
+        if bad or (self.among and self.name not in self.among):
+            raise ValueError(f"Split.among must be () or splits including {self.name!r}, got {self.among!r}")
+
+    def __str__(self) -> str:
+        return self.name
+
+    def contains(self, question: str, key: str | None = None) -> bool:
+        """Whether the question belongs to this split (key: its question_hash, when already computed)."""
+        if self.exclude and (key or question_hash(question)) in self.exclude:
+            return False
+        return not self.among or split_of(question, self.among) == self.name
+
+
+def as_split(split) -> Split:
+    """A Split from a split name or a Split (ValueError naming the allowed names otherwise)."""
+    return split if isinstance(split, Split) else Split(check_split(split))
 
 
 def make_id(source: str, question: str) -> str:
@@ -159,14 +201,16 @@ def make_id(source: str, question: str) -> str:
     return f"{source}-{question_hash(question)[:16]}"
 
 
-def check_split(split: str) -> str:
+def check_split(split):
+    if isinstance(split, Split):
+        return split
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     return split
 
 
-def _want_unique(unique: bool | None, split: str) -> bool:
-    return split != "train" if unique is None else bool(unique)
+def _want_unique(unique: bool | None, split) -> bool:
+    return str(split) != "train" if unique is None else bool(unique)
 
 
 def _check_n(n) -> int:
@@ -214,7 +258,7 @@ class GeneratedSource:
     def sample(self, n: int, seed: int, split: str, difficulty: int | None = None,
                unique: bool | None = None) -> list[Problem]:
         n = _check_n(n)
-        check_split(split)
+        split = as_split(split)
         self.check_difficulty(difficulty)
         want_unique = _want_unique(unique, split)
         # A string seed is hashed with SHA-512 by random.Random: deterministic across processes and platforms.
@@ -226,12 +270,12 @@ class GeneratedSource:
             level = difficulty if difficulty is not None else rng.choice(self.levels)
             p = self.problem(rng, level)
             key = question_hash(p.question)
-            if split_of(p.question) != split or (want_unique and key in seen):
+            if not split.contains(p.question, key) or (want_unique and key in seen):
                 misses += 1
                 if misses > self.max_tries_per_problem:
                     raise ValueError(
                         f"source {self.name!r} (difficulty={difficulty}) has only {len(out)} distinct problems in split "
-                        f"{split!r} (asked for {n}); ask for fewer, use another difficulty, or pass unique=False")
+                        f"{str(split)!r} (asked for {n}); ask for fewer, use another difficulty, or pass unique=False")
                 continue
             misses = 0
             seen.add(key)
@@ -262,10 +306,10 @@ class FixedSource:
     def levels(self) -> tuple[int, ...]:
         return tuple(sorted({p.difficulty for p in self.problems}))
 
-    def in_split(self, split: str, difficulty: int | None = None) -> list[Problem]:
-        check_split(split)
+    def in_split(self, split, difficulty: int | None = None) -> list[Problem]:
+        split = as_split(split)
         return [p for p in self.problems
-                if split_of(p.question) == split and (difficulty is None or p.difficulty == difficulty)]
+                if split.contains(p.question) and (difficulty is None or p.difficulty == difficulty)]
 
     def sample(self, n: int, seed: int, split: str, difficulty: int | None = None,
                unique: bool | None = None) -> list[Problem]:
@@ -275,13 +319,13 @@ class FixedSource:
         if _want_unique(unique, split):
             if len(pool) < n:
                 raise ValueError(
-                    f"source {self.name!r} has {len(pool)} problems in split {split!r}"
+                    f"source {self.name!r} has {len(pool)} problems in split {str(split)!r}"
                     f"{'' if difficulty is None else f' at difficulty {difficulty}'} (asked for {n}); "
                     "ask for fewer or pass unique=False")
             order = list(pool)
             rng.shuffle(order)
             return order[:n]
         if not pool and n:
-            raise ValueError(f"source {self.name!r} has no problems in split {split!r}"
+            raise ValueError(f"source {self.name!r} has no problems in split {str(split)!r}"
                              f"{'' if difficulty is None else f' at difficulty {difficulty}'}")
         return [rng.choice(pool) for _ in range(n)]

@@ -130,8 +130,12 @@ def parse_record(obj, line_no: int, source: str) -> tuple[Problem | None, list[L
         return None, [LineError(line_no, field, str(e))]
 
 
-def validate_jsonl(path: str, source: str = "jsonl") -> tuple[list[Problem], list[LineError]]:
-    """All good problems and all errors (line numbers are 1-based; blank lines are skipped)."""
+def validate_jsonl(path: str, source: str = "jsonl", parse=None) -> tuple[list[Problem], list[LineError]]:
+    """All good problems and all errors (line numbers are 1-based; blank lines are skipped).
+
+    parse(obj, line_no, source) -> (Problem | None, [LineError]) reads one decoded line: `parse_record` (this
+    module's format) by default; rl/tasks/gsm8k_math.py passes the GSM8K and MATH record readers."""
+    parse = parse_record if parse is None else parse
     if not os.path.exists(path):
         raise FileNotFoundError(f"JSONL file not found: {path}")
     problems, errors = [], []
@@ -157,7 +161,7 @@ def validate_jsonl(path: str, source: str = "jsonl") -> tuple[list[Problem], lis
                 errors.append(LineError(line_no, None, "invalid JSON: nested too deeply"))
                 continue
             try:
-                problem, errs = parse_record(obj, line_no, source)
+                problem, errs = parse(obj, line_no, source)
             except Exception as e:  # noqa: BLE001 - a line that breaks the checks is still reported by number
                 problem, errs = None, [LineError(line_no, None, f"cannot be read: {type(e).__name__}: "
                                                                 f"{_short(str(e), 160)}")]
@@ -167,9 +171,9 @@ def validate_jsonl(path: str, source: str = "jsonl") -> tuple[list[Problem], lis
     return problems, errors
 
 
-def read_jsonl(path: str, source: str = "jsonl") -> list[Problem]:
+def read_jsonl(path: str, source: str = "jsonl", parse=None) -> list[Problem]:
     """The problems in the file; raises JsonlError listing every malformed line if there is any."""
-    problems, errors = validate_jsonl(path, source)
+    problems, errors = validate_jsonl(path, source, parse)
     if errors:
         raise JsonlError(path, errors)
     return problems

@@ -24,6 +24,7 @@ huggingface: names also need the `datasets` package). Field mapping:
     math_dataset/<module>         question, answer                                   (no steps, difficulty 1)
     huggingface:gsm8k/main        question; answer after "####"; steps = the reasoning lines, <<calc>> removed
     huggingface:competition_math  problem; answer = last \\boxed{...} of the solution; difficulty = "Level k"
+(the mapping of the gsm8k@ / math@ JSONL sources, rl/tasks/gsm8k_math.py).
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from rl.tasks.base import SPLITS, Problem, make_id
+from rl.tasks.gsm8k_math import gsm8k_to_fields, math_to_fields  # the field mapping of the JSONL readers
 
 VERSION = "1.0.0"
 DATASET_NAME = "mathrl_tasks"
@@ -198,46 +200,6 @@ def _not_prepared_message(name: str, data_dir: str) -> str:
             f"command does that) because it is read with tfds.data_source, without TensorFlow.")
 
 
-_GSM8K_CALC = re.compile(r"<<[^<>]*>>")
-
-
-def gsm8k_to_fields(question: str, answer_text: str) -> tuple[str, str, tuple[str, ...] | None]:
-    """GSM8K's answer field is reasoning lines, calculator notes <<48/2=24>> and a final "#### 72"."""
-    reasoning, sep, final = answer_text.rpartition("####")
-    if not sep:
-        raise ValueError(f"GSM8K answer has no '####' final answer: {answer_text[-80:]!r}")
-    answer = final.strip().replace(",", "")
-    steps = tuple(line.strip() for line in _GSM8K_CALC.sub("", reasoning).splitlines() if line.strip())
-    return question.strip(), answer, steps or None
-
-
-def last_boxed(text: str) -> str | None:
-    """Content of the last \\boxed{...} (balanced braces), or None."""
-    start = text.rfind("\\boxed")
-    while start != -1:
-        i = start + len("\\boxed")
-        while i < len(text) and text[i] == " ":
-            i += 1
-        if i < len(text) and text[i] == "{":
-            depth, j = 0, i
-            while j < len(text):
-                depth += {"{": 1, "}": -1}.get(text[j], 0)
-                if depth == 0:
-                    return text[i + 1:j].strip()
-                j += 1
-        start = text.rfind("\\boxed", 0, start)
-    return None
-
-
-def competition_math_to_fields(problem: str, solution: str, level: str) -> tuple[str, str, int]:
-    answer = last_boxed(solution)
-    if not answer:
-        raise ValueError(f"competition_math solution has no \\boxed{{}} answer: {solution[-80:]!r}")
-    m = re.search(r"(\d+)", level or "")
-    difficulty = min(5, max(1, int(m.group(1)))) if m else 1
-    return problem.strip(), answer, difficulty
-
-
 def catalog_record_to_problem(name: str, rec: dict) -> Problem:
     """Map one catalog record to a Problem (field mapping in the module docstring)."""
     dataset, _ = _split_name(name)
@@ -246,7 +208,7 @@ def catalog_record_to_problem(name: str, rec: dict) -> Problem:
         q, a, steps = gsm8k_to_fields(_text(rec["question"]), _text(rec["answer"]))
         return Problem(id=make_id(source, q), question=q, answer=a, steps=steps, difficulty=1, source=source)
     if dataset == "competition_math":
-        q, a, d = competition_math_to_fields(_text(rec["problem"]), _text(rec["solution"]), _text(rec.get("level", "")))
+        q, a, d = math_to_fields(_text(rec["problem"]), _text(rec["solution"]), _text(rec.get("level", "")))
         return Problem(id=make_id(source, q), question=q, answer=a, steps=None, difficulty=d, source=source)
     if dataset == DATASET_NAME:
         return record_to_problem(rec)
