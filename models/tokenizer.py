@@ -15,6 +15,9 @@ HFTokenizer wraps a Hugging Face folder's tokenizer.json (the `tokenizers` libra
 What the trainer, the sampler's callers and the demo use, on both:
 
     PAD, EOS, BOS (BOS may be None)      pad_id, eos_id        vocab_size
+    stop_ids                             the ids that end a generation: EOS, plus for a checkpoint folder the
+                                         eos_token_id(s) of its generation_config.json (chat models end a turn
+                                         with <|im_end|> whatever tokenizer_config.json calls EOS)
     encode(text, add_bos=..., add_eos=...) -> list[int]        decode(ids, skip_special=True) -> str (stops at EOS)
     encode_batch(texts, max_len=None, pad_left=False, add_bos=..., add_eos=False) -> (ids [B, L], mask [B, L])
     decode_batch(ids, lengths=None, skip_special=True) -> list[str]
@@ -102,6 +105,7 @@ class ByteTokenizer(_Batching):
     OFFSET = 3  # id of byte 0x00
     vocab_size = 256 + OFFSET
     pad_id, eos_id, bos_id = PAD, EOS, BOS
+    stop_ids = (EOS,)
 
     # -- single sequences -------------------------------------------------------------------
     def encode(self, text: str, add_bos: bool = True, add_eos: bool = False) -> list[int]:
@@ -193,7 +197,7 @@ class HFTokenizer(_Batching):
     """A Hugging Face tokenizer folder (tokenizer.json + tokenizer_config.json [+ chat_template.jinja])."""
 
     def __init__(self, tokenizer, *, eos_token: str, pad_token: str | None = None, bos_token: str | None = None,
-                 unk_token: str | None = None, chat_template: str | None = None):
+                 unk_token: str | None = None, chat_template: str | None = None, extra_stop_ids=()):
         self._tok = tokenizer
         self.special_tokens = {name: tok for name, tok in (("eos_token", eos_token), ("pad_token", pad_token),
                                                            ("bos_token", bos_token), ("unk_token", unk_token))
@@ -203,6 +207,7 @@ class HFTokenizer(_Batching):
         self.bos_id = None if bos_token is None else self._id_of("bos_token", bos_token)
         self.chat_template = chat_template
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+        self.stop_ids = tuple(dict.fromkeys([self.eos_id, *(int(i) for i in extra_stop_ids)]))
 
     # the ByteTokenizer spelling of the special ids, used by the trainer and the sampler's callers
     PAD = property(lambda self: self.pad_id)
@@ -235,9 +240,13 @@ class HFTokenizer(_Batching):
         elif isinstance(config.get("chat_template"), list):  # named templates: [{"name": ..., "template": ...}]
             named = {t["name"]: t["template"] for t in config["chat_template"]}
             template = named.get("default")
+        stops = []
+        if (path / "generation_config.json").exists():  # e.g. Qwen: [<|im_end|>, <|endoftext|>]
+            gen = json.loads((path / "generation_config.json").read_text()).get("eos_token_id")
+            stops = [] if gen is None else [gen] if isinstance(gen, int) else list(gen)
         return cls(Tokenizer.from_file(str(path / "tokenizer.json")), eos_token=eos,
                    pad_token=_token_text(config.get("pad_token")), bos_token=_token_text(config.get("bos_token")),
-                   unk_token=_token_text(config.get("unk_token")), chat_template=template)
+                   unk_token=_token_text(config.get("unk_token")), chat_template=template, extra_stop_ids=stops)
 
     # -- text <-> ids -------------------------------------------------------------------------------------------------
     def encode(self, text: str, add_bos: bool = False, add_eos: bool = False) -> list[int]:

@@ -82,8 +82,26 @@ def source_levels(v) -> str | None:
     return None
 
 
+def mix_or_empty(v) -> str | None:
+    from rl.tasks import mix_error
+
+    return mix_error(v, allow_empty=True)
+
+
+SPLIT_SOURCES = (("train", "train_source", "n_train"), ("validation", "val_source", "n_val"),
+                 ("test", "test_source", "n_test"))  # (split, its explicit-source field, its count field)
+
 TASKS = {
-    "mix": F("arith:1.0", "problem sources and weights, e.g. 'arith:0.5,linear:0.5' (rl.tasks.load_mix)", text),
+    "mix": F("arith:1.0", "problem sources and weights, e.g. 'arith:0.5,linear:0.5' (rl.tasks.load_mix); the splits "
+                          "without an explicit *_source are drawn from it by question hash ('' when all three have "
+                          "one)", text),
+    "train_source": F("", "explicit training source: a mix spec used as given, e.g. 'gsm8k@data/gsm8k/train.jsonl' "
+                          "('' = the train part of tasks.mix by question hash)", mix_or_empty),
+    "val_source": F("", "explicit validation source, used as given ('' = from tasks.mix by question hash)",
+                    mix_or_empty),
+    "test_source": F("", "explicit test source, used as given: e.g. your own or an official test file "
+                         "'jsonl@my_test.jsonl', 'math@MATH/test.jsonl' ('' = from tasks.mix by question hash)",
+                     mix_or_empty),
     "lang": F("en", "prompt/solution language: en (Step 1: / Answer:) or zh (步骤一： / 答案：); the reward follows "
                     "it unless reward.lang is set", choice("en", "zh")),
     "n_train": F(512, "training problems", integer(1, 10**7)),
@@ -138,6 +156,18 @@ RUN = {
     "distributed": F(False, "multi-host run: call jax.distributed.initialize() before building the mesh", boolean),
     "max_consecutive_skips": F(20, "stop the run after this many consecutive non-finite optimizer steps (0 = never)",
                                integer(0, 10**6)),
+    "device_memory_gib": F(0.0, "memory budget per device for the pre-run memory plan (rl/memory_plan.py), GiB; 0 = "
+                                "auto (the accelerator's own limit, or 80% of host RAM shared by the mesh's CPU "
+                                "devices)", num(0.0, 1e6)),
+}
+
+# Fields of the model section besides ModelConfig's (rl/context.py reads them; the architecture then comes from
+# the checkpoint's config.json).
+MODEL_EXTRA = {
+    "hf_path": F("", "local Hugging Face checkpoint folder to start from: its weights, architecture and tokenizer; "
+                     "model.* then only set run-time fields (rl/context.py) ('' = from scratch)", text),
+    "chat_template": F(True, "with model.hf_path: each prompt is one user turn of the folder's chat template "
+                             "(False = the plain prompt)", boolean),
 }
 
 SECTIONS = {"mesh": MESH, "tasks": TASKS, "sampling": SAMPLING, "eval": EVAL, "checkpoint": CHECKPOINT, "log": LOG,
@@ -163,10 +193,16 @@ def _dataclass_defaults(cls) -> dict:
 
 
 def _model_defaults() -> dict:
-    """ModelConfig fields and defaults, read from the dataclass so the config always matches it."""
+    """ModelConfig fields and defaults, read from the dataclass so the config always matches it, plus MODEL_EXTRA."""
     from models.config import ModelConfig
 
-    return _dataclass_defaults(ModelConfig)
+    return {**_dataclass_defaults(ModelConfig), **_defaults(MODEL_EXTRA)}
+
+
+def split_model_section(model: dict) -> tuple[dict, dict]:
+    """(ModelConfig keyword arguments, MODEL_EXTRA values) of a model section."""
+    return ({k: v for k, v in model.items() if k not in MODEL_EXTRA},
+            {k: model.get(k, f.default) for k, f in MODEL_EXTRA.items()})
 
 
 def _reward_defaults() -> dict:
@@ -230,6 +266,7 @@ def describe() -> str:
 
     lines = [f"{k} = {f.default!r}  # {f.doc}" for k, f in TOP.items()]
     docs = _comments(ModelConfig)
+    docs.update({k: f.doc for k, f in MODEL_EXTRA.items()})
     lines += [f"model.{k} = {v!r}  # {docs.get(k, 'see models/config.py')}" for k, v in _model_defaults().items()]
     docs = {**_comments(RewardConfig), "lang": "expected solution language (zh | en); '' = tasks.lang"}
     lines += [f"reward.{k} = {v!r}  # {docs.get(k, 'see rewards/combine.py')}" for k, v in _reward_defaults().items()]
@@ -317,8 +354,12 @@ def validate(config) -> None:
     else:
         from models.config import ModelConfig
 
-        if msg := _dataclass_error(ModelConfig, model, "model"):
+        arch, extra = split_model_section(model)
+        if msg := _dataclass_error(ModelConfig, arch, "model"):
             errors.append(msg)
+        for k, f in MODEL_EXTRA.items():
+            if k in model and (msg := f.check(model[k])):
+                errors.append(f"model.{k} {msg}")
     if rew is None:
         errors.append("reward is missing or not a section")
     else:
@@ -343,12 +384,10 @@ def validate(config) -> None:
 
     # cross-section
     if isinstance(tasks.get("mix"), str):
-        from rl.tasks import parse_mix
+        from rl.tasks import split_source_errors
 
-        try:
-            parse_mix(tasks["mix"])
-        except ValueError as e:
-            errors.append(f"tasks.mix: {e}")
+        errors += [f"tasks.{f}{msg}" for f, msg in
+                   split_source_errors(tasks["mix"], {f: tasks.get(f) for _, f, _ in SPLIT_SOURCES})]
     for key in ("n_val", "n_test"):
         if isinstance(ev.get(key), int) and isinstance(tasks.get(key), int) and ev[key] > tasks[key]:
             errors.append(f"eval.{key} ({ev[key]}) must be <= tasks.{key} ({tasks[key]})")

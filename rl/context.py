@@ -1,11 +1,20 @@
 """The run context: everything a stage needs besides its own train state, built once per run.
 
     ctx = build_context(cfg, workdir)      # cfg: the validated config as plain dicts (rl.config_validation.to_dict)
-    ctx.train, ctx.val, ctx.test           # problems (rl.tasks)
+    ctx.train, ctx.val, ctx.test           # problems (rl.tasks): from tasks.mix by hash, or the explicit *_source
+    ctx.tok, ctx.prompt(problem)           # ByteTokenizer, or the checkpoint's HFTokenizer + chat template
+    params = ctx.init_params()             # the starting policy: model.hf_path's weights, else a random init
     smp = ctx.sample(params, prompts, ks, key, temperature=0.7)     # rl.rollout.Samples
     ctx.scorer.submit(texts, problems, lengths)                     # the reward pool (producer / consumer)
     ctx.key("rl", stage, unit), ctx.rng("sft", stage, unit)        # randomness derived from (seed, purpose, ...)
     ctx.close()
+
+Model: without model.hf_path the model section is the ModelConfig and the byte tokenizer is used. With it, the
+architecture comes from the folder's config.json (models.hf.config_from_hf), the section only sets the run-time
+fields (RUNTIME_FIELDS: dtype, param_dtype, remat, ...; a value other than ModelConfig's default wins, an
+architecture field that disagrees with the checkpoint is a ConfigError naming it), the weights are read by
+models.hf.load (sharded over the mesh) and the tokenizer is the folder's tokenizer.json; prompts are one user turn
+through its chat template unless model.chat_template is False.
 
 Randomness: every draw comes from `key(purpose, *parts)` / `rng(purpose, *parts)`, a pure function of the
 seed, so a run is reproducible from (config, seed) and resumes exactly. Jitted functions are cached per
@@ -72,9 +81,7 @@ class RunContext:
         return int(self.cfg["tasks"]["max_prompt_len"] + self.cfg["sampling"]["max_new_tokens"])
 
     def prompt(self, problem) -> str:
-        from rl.tasks.render import render_prompt
-
-        return render_prompt(problem, self.lang)
+        return prompt_text(self.cfg, self.tok, problem)
 
     def solution(self, problem) -> str:
         from rl.tasks.render import render_solution
@@ -108,6 +115,20 @@ class RunContext:
         return cached(("value", self.model_cfg, self.mesh, self.rules),
                       lambda: make_logprob_fn(self.model_cfg, mesh=self.mesh, rules=self.rules, with_values=True))
 
+    def init_params(self):
+        """The starting policy: the checkpoint's weights (model.hf_path, read sharded over the mesh) or a random
+        init from key("init")."""
+        path = self.cfg["model"].get("hf_path", "")
+        if not path:
+            from models import transformer
+
+            return transformer.init(self.model_cfg, self.key("init"))
+        from models import hf
+
+        _, params = hf.load(path, dtype=self.model_cfg.dtype, param_dtype=self.model_cfg.param_dtype, mesh=self.mesh,
+                            rules=self.rules)
+        return params
+
     def close(self) -> None:
         for part in (self.scorer, self.writer, self.ckpt):
             if part is not None:
@@ -115,10 +136,75 @@ class RunContext:
 
 
 # ----------------------------------------------------------------------------------------- builders
+RUNTIME_FIELDS = ("dtype", "param_dtype", "remat", "capacity_factor", "router_aux_coef", "router_z_coef", "max_seq_len")
+
+
 def build_model_cfg(cfg: dict):
+    """The run's ModelConfig: the model section, or with model.hf_path the checkpoint's (see the module docstring)."""
     from models.config import ModelConfig
 
-    return ModelConfig(**cfg["model"])
+    arch, extra = cv.split_model_section(cfg["model"])
+    return hf_model_cfg(extra["hf_path"], arch) if extra["hf_path"] else ModelConfig(**arch)
+
+
+def hf_model_cfg(path: str, section: dict):
+    """The checkpoint's ModelConfig with the section's run-time fields; ConfigError naming model.<field> when the
+    folder cannot be read or the section sets an architecture field the checkpoint disagrees with."""
+    import json
+    from pathlib import Path
+
+    from models import hf
+    from models.config import ModelConfig
+
+    defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+    try:
+        hf_json = json.loads((Path(path) / "config.json").read_text())
+        ckpt = hf.config_from_hf(hf_json, dtype=section.get("dtype", "float32"),
+                                 param_dtype=section.get("param_dtype", "float32"))
+    except (OSError, ValueError) as e:
+        raise cv.ConfigError(f"model.hf_path ({path!r}): {e}") from None
+    changes = {}
+    for name, default in defaults.items():
+        value = section.get(name, default)
+        value = tuple(value) if isinstance(value, list) else value
+        if value == default or value == getattr(ckpt, name):
+            continue
+        if name not in RUNTIME_FIELDS:
+            raise cv.ConfigError(f"model.{name} = {value!r} disagrees with the checkpoint ({getattr(ckpt, name)!r} in "
+                                 f"{path}/config.json): model.hf_path sets the architecture; remove model.{name}")
+        changes[name] = value
+    if changes.get("max_seq_len", 0) > ckpt.max_seq_len:
+        raise cv.ConfigError(f"model.max_seq_len ({changes['max_seq_len']}) exceeds the checkpoint's "
+                             f"max_position_embeddings ({ckpt.max_seq_len})")
+    return ckpt.replace(**changes)
+
+
+def build_tokenizer(cfg: dict):
+    """ByteTokenizer, or the HFTokenizer of model.hf_path (ConfigError naming the field when it cannot be used)."""
+    from models.tokenizer import ByteTokenizer, HFTokenizer
+
+    m = cfg["model"]
+    if not m.get("hf_path"):
+        return ByteTokenizer()
+    try:
+        tok = HFTokenizer.from_pretrained(m["hf_path"])
+    except (OSError, ValueError) as e:
+        raise cv.ConfigError(f"model.hf_path ({m['hf_path']!r}): {e}") from None
+    if m.get("chat_template", True) and tok.chat_template is None:
+        raise cv.ConfigError(f"model.chat_template: {m['hf_path']} has no chat template (chat_template.jinja or "
+                             "tokenizer_config.json); set model.chat_template=False for plain prompts")
+    return tok
+
+
+def prompt_text(cfg: dict, tok, problem) -> str:
+    """The prompt text the sampler continues: one user turn through the chat template (model.hf_path with
+    model.chat_template), else rl.tasks.render_prompt."""
+    from rl.tasks.render import render_prompt, render_user_message
+
+    lang = cfg["tasks"]["lang"]
+    if cfg["model"].get("hf_path") and cfg["model"].get("chat_template", True):
+        return tok.render_chat_template([{"role": "user", "content": render_user_message(problem, lang)}])
+    return render_prompt(problem, lang)
 
 
 def build_mesh(cfg: dict):
@@ -139,26 +225,50 @@ def build_mesh(cfg: dict):
         if len(devices) < n:
             raise cv.ConfigError(f"mesh needs {n} devices ({sizes}), only {len(jax.devices())} present")
     mesh = sharding.make_mesh(sizes, devices=devices)
-    rules = tuple(sharding.DEFAULT_RULES)
-    if cfg["sharding_rules"]:
-        over = cv.parse_rules(cfg["sharding_rules"])
-        rules = tuple((k, over.get(k, v)) for k, v in rules) + tuple((k, v) for k, v in over.items() if k not in dict(rules))
+    rules = run_rules(cfg)
     row_multiple = int(mesh.shape.get("data", 1) * mesh.shape.get("fsdp", 1))
     return mesh, rules, row_multiple
 
 
+def run_rules(cfg: dict) -> tuple:
+    """models.sharding.DEFAULT_RULES with the config's sharding_rules overrides."""
+    from models import sharding
+
+    rules = tuple(sharding.DEFAULT_RULES)
+    if cfg["sharding_rules"]:
+        over = cv.parse_rules(cfg["sharding_rules"])
+        rules = tuple((k, over.get(k, v)) for k, v in rules) + tuple((k, v) for k, v in over.items() if k not in dict(rules))
+    return rules
+
+
 def load_problems(cfg: dict):
-    """(train, validation, test) problem lists from the task mix."""
+    """(train, validation, test) problem lists: each split from its explicit tasks.*_source when set, the others
+    from tasks.mix by question hash (rl.tasks.load_splits); ConfigError naming the field when a split cannot be
+    filled or two splits share a question.
+
+    Difficulty: generated sources take tasks.difficulty, stored problems (files, datasets: rl.tasks.is_fixed)
+    keep their own levels; tasks.source_difficulty overrides either per source (0 = every level)."""
     from rl import tasks
 
     t = cfg["tasks"]
-    kw = {"difficulty": t["difficulty"]}
+    sources = {split: t.get(f, "") for split, f, _ in cv.SPLIT_SOURCES}
+    specs = [spec for spec in [t["mix"], *sources.values()] if spec and spec.strip()]
+    names = list(dict.fromkeys(name for spec in specs for name, _ in tasks.parse_mix(spec)))
     levels = cv.parse_source_levels(t.get("source_difficulty", ""))
-    if levels:  # per source: the listed levels (0 = drawn uniformly), the others at tasks.difficulty
-        names = [name for name, _ in tasks.parse_mix(t["mix"])]
-        kw["difficulty"] = {n: (levels[n] or None) if n in levels else t["difficulty"] for n in names}
-    return tuple(tasks.load_mix(t["mix"], t[f"n_{s}"], cfg["seed"], split, **kw)
-                 for s, split in (("train", "train"), ("val", "validation"), ("test", "test")))
+    difficulty = t["difficulty"]
+    if levels or any(tasks.is_fixed(n) for n in names):
+        difficulty = {n: (levels[n] or None) if n in levels else None if tasks.is_fixed(n) else t["difficulty"]
+                      for n in names}
+    counts = {split: t[n] for split, _, n in cv.SPLIT_SOURCES}
+    try:
+        out = tasks.load_splits(t["mix"], counts, cfg["seed"], sources, difficulty)
+    except tasks.SplitSourceError as e:
+        field, n_field = next((f, n) for s, f, n in cv.SPLIT_SOURCES if s == e.split)
+        if e.explicit:
+            raise cv.ConfigError(f"tasks.{field} ({sources[e.split]!r}): {e}") from None
+        which = "tasks.n_val / tasks.n_test" if "distinct" in str(e) else "tasks.mix"
+        raise cv.ConfigError(f"{which}: {e} (split {e.split} of tasks.mix; tasks.{n_field} = {counts[e.split]})") from None
+    return out["train"], out["validation"], out["test"]
 
 
 def reward_config(cfg: dict):
@@ -184,13 +294,12 @@ def make_reward_pool(cfg: dict):
 def check_fit(cfg: dict, tok, problems, sft_problems: int = 0) -> None:
     """Before any compute: every prompt fits tasks.max_prompt_len and the first `sft_problems` worked solutions
     (+EOS) fit sampling.max_new_tokens."""
-    from rl import config_validation as cv
-    from rl.tasks.render import render_prompt, render_solution
+    from rl.tasks.render import render_solution
 
     lang = cfg["tasks"]["lang"]
     P, N = cfg["tasks"]["max_prompt_len"], cfg["sampling"]["max_new_tokens"]
     for i, p in enumerate(problems):
-        n_p = len(tok.encode(render_prompt(p, lang), add_bos=True))
+        n_p = len(tok.encode(prompt_text(cfg, tok, p), add_bos=True))
         if n_p > P:
             raise cv.ConfigError(f"tasks.max_prompt_len ({P}) is too small: the prompt of {p.question[:80]!r} has "
                                  f"{n_p} tokens")
@@ -204,12 +313,11 @@ def check_fit(cfg: dict, tok, problems, sft_problems: int = 0) -> None:
 def build_context(cfg: dict, workdir: str, *, with_services: bool = True) -> RunContext:
     """Model config, mesh, tokenizer, problems (checked against the length limits) and, with services, the
     reward pool and checkpointer (the run loop opens the metrics writer once it knows where it resumes)."""
-    from models.tokenizer import ByteTokenizer
     from rl.stages import sft_problem_count
 
     model_cfg = build_model_cfg(cfg)
     mesh, rules, row_multiple = build_mesh(cfg)
-    tok = ByteTokenizer()
+    tok = build_tokenizer(cfg)
     train, val, test = load_problems(cfg)
     check_fit(cfg, tok, train, sft_problems=sft_problem_count(cfg))
     check_fit(cfg, tok, val + test)

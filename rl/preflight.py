@@ -1,69 +1,62 @@
 """Checks and estimates that need the data and the machine, run before any compute (also by --dry_run).
 
-    check_environment(cfg)        # ConfigError naming the field: mesh vs devices, problems the splits can supply,
-                                  # prompt / solution lengths, the model's training memory vs this machine's
+    plan = check_environment(cfg) # ConfigError naming the field: mesh vs devices, the checkpoint folder and its
+                                  # tokenizer (model.hf_path), the memory plan per device (printed; rl/memory_plan.py),
+                                  # problems the splits can supply (tasks.mix / tasks.*_source), prompt / solution
+                                  # lengths in the run's tokenizer and prompt format
     text, totals = compute_estimate(cfg)   # generated tokens, verifier calls, train tokens per stage and in total
 
 `cfg` is a validated config as plain dicts (rl.config_validation.to_dict).
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from rl import config_validation as cv
 
 
-def param_count(model_cfg) -> int:
-    """Parameters of the policy, from the abstract init (no memory is allocated)."""
-    import jax
-
-    from models import transformer
-
-    shapes = jax.eval_shape(lambda k: transformer.init(model_cfg, k), jax.random.key(0))
-    return int(sum(math.prod(x.shape) for x in jax.tree.leaves(shapes)))
-
-
-def training_bytes(cfg: dict, n_params: int) -> int:
-    """A lower bound on host/device bytes for training: float32 params, gradients, two Adam moments, and a
-    reference copy when an RL stage keeps one."""
-    stages = cv.parse_stages(cfg)
-    ref = any(getattr(s, "uses_reference", False) for s in stages)
-    return int(n_params * 4 * (4 + (1 if ref else 0)))
-
-
-def check_environment(cfg: dict) -> None:
-    """Raise ConfigError if this machine or the data cannot run `cfg` (see the module docstring)."""
-    import jax
-    import psutil
-
-    from models.tokenizer import ByteTokenizer
-    from rl import context
-    from rl.stages import sft_problem_count
-    from rl.stages.base import stage_problems
-
+def resolved_mesh(cfg: dict, n_dev: int) -> dict:
+    """The mesh axis sizes with a -1 axis resolved against n_dev devices (ConfigError naming mesh.* when they do
+    not fit this machine)."""
     sizes = dict(cfg["mesh"])
-    n_dev = len(jax.devices())
     fixed = int(np.prod([v for v in sizes.values() if v != -1]))
     if -1 in sizes.values():
         if n_dev % fixed:
             raise cv.ConfigError(f"mesh {sizes}: the fixed axes ({fixed} devices) do not divide the {n_dev} devices here")
-    elif fixed > n_dev:
+        return {k: (n_dev // fixed if v == -1 else v) for k, v in sizes.items()}
+    if fixed > n_dev:
+        import jax
+
         raise cv.ConfigError(f"mesh {sizes} needs {fixed} devices, this machine has {n_dev} "
                              f"({jax.devices()[0].platform}); set mesh.* so their product is at most {n_dev}")
+    return sizes
+
+
+def check_environment(cfg: dict, verbose: bool = True):
+    """Raise ConfigError if this machine or the data cannot run `cfg` (see the module docstring); returns the
+    memory plan (printed when verbose)."""
+    import jax
+
+    from rl import context, memory_plan
+    from rl.stages import sft_problem_count
+    from rl.stages.base import stage_problems
+
+    sizes = resolved_mesh(cfg, len(jax.devices()))
     model_cfg = context.build_model_cfg(cfg)
-    need = training_bytes(cfg, param_count(model_cfg))
-    have = psutil.virtual_memory().total * (fixed if jax.devices()[0].platform != "cpu" else 1)
-    if need > have:
-        raise cv.ConfigError(f"model: {need / 2**30:.1f} GiB needed to train this model (float32 params, gradients, "
-                             f"Adam moments, reference copy) but this machine has "
-                             f"{have / 2**30:.1f} GiB; make model.d_model / n_layers / n_experts / vocab_size smaller")
+    tok = context.build_tokenizer(cfg)
+    if tok.vocab_size > model_cfg.vocab_size:
+        raise cv.ConfigError(f"model.vocab_size: the tokenizer has {tok.vocab_size} ids, the model's embedding only "
+                             f"{model_cfg.vocab_size} rows")
+    plan = memory_plan.plan_for_config(cfg, model_cfg, sizes, context.run_rules(cfg))
+    if verbose:
+        print(plan.text(), flush=True)
+    plan.check()
     try:
         train, val, test = context.load_problems(cfg)
-    except ValueError as e:
-        which = "tasks.n_val / tasks.n_test" if "distinct" in str(e) else "tasks.mix"
-        raise cv.ConfigError(f"{which}: {e}") from None
+    except cv.ConfigError:
+        raise
+    except (ValueError, OSError) as e:  # a source that cannot be built (bad file, unknown module)
+        raise cv.ConfigError(f"tasks.mix: {e}") from None
     for name, probs in (("n_train", train), ("n_val", val), ("n_test", test)):
         if len(probs) < cfg["tasks"][name]:
             raise cv.ConfigError(f"tasks.{name}: asked for {cfg['tasks'][name]} problems, the mix supplies {len(probs)}")
@@ -73,9 +66,9 @@ def check_environment(cfg: dict) -> None:
         if st.get("kind") != "sft" and need > pool or pool == 0:
             raise cv.ConfigError(f"stages[{i}].families: {st.get('families')!r} leaves {pool} training problems in "
                                  f"tasks.mix, the stage needs {max(need, 1)}")
-    tok = ByteTokenizer()
     context.check_fit(cfg, tok, train, sft_problems=sft_problem_count(cfg))
     context.check_fit(cfg, tok, val + test)
+    return plan
 
 
 def compute_estimate(cfg: dict) -> tuple[str, dict]:

@@ -98,7 +98,7 @@ def sample(
         o = generate(
             params, model_cfg, prompts[sel], jax.random.fold_in(key, c), prompt_mask=pmask[sel], num_samples=1,
             max_new_tokens=int(max_new_tokens), temperature=float(temperature), top_p=float(top_p),
-            top_k=int(top_k), eos_id=tok.EOS, pad_id=tok.PAD,
+            top_k=int(top_k), eos_id=list(tok.stop_ids), pad_id=tok.PAD,
         )
         t, lp, ln = (np.asarray(x) for x in jax.device_get((o.tokens, o.logprobs, o.lengths)))
         toks.append(t[:real])

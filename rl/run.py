@@ -233,7 +233,7 @@ def _run(loop: Loop, meta, latest) -> dict:
     e, stop_after, ran = cfg["eval"], cfg["run"]["stop_after"], 0
     run = None
     if meta is None:
-        params = transformer.init(ctx.model_cfg, ctx.key("init"))
+        params = ctx.init_params()  # model.hf_path's weights, else a random init
         if e["initial"]:
             loop.clock.say(f"evaluating the initial policy: {e['n_val']} validation + {e['n_test']} test problems, "
                            f"greedy + {e['k']} samples each (the first call compiles the sampler)")

@@ -474,7 +474,8 @@ def make_train_step(model_cfg, loss_cfg: LossConfig, optim_cfg: OptimConfig, mes
         else:
             (total, metrics), grads = _accumulated_value_and_grad(loss_fn, params, batch, kl_coef, microbatches,
                                                                   loss_cfg.agg, loss_cfg.max_len_norm)
-        grad_norm = optax.tree.norm(grads)
+        # float32 like every other metric, also for bf16 gradients (the cast fuses into the reduction)
+        grad_norm = jnp.sqrt(sum(jnp.sum(jnp.square(g.astype(jnp.float32))) for g in jax.tree.leaves(grads)))
         direction, new_opt = opt.update(grads, state["opt_state"], params)
         new_params = jax.tree.map(lambda p, d: (p - lr * d).astype(p.dtype), params, direction)
         # The update itself is checked too: a finite gradient with an absurd learning rate must not reach the weights.

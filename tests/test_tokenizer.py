@@ -112,6 +112,18 @@ def test_hf_special_ids(hf_tok):
     assert hf_tok.vocab_size == 420
 
 
+def test_stop_ids_include_generation_config_eos_ids(hf_tok, tmp_path):
+    """The sampler stops at every id that ends a turn: EOS, plus generation_config.json's eos_token_id(s)."""
+    assert ByteTokenizer().stop_ids == (ByteTokenizer.EOS,) and hf_tok.stop_ids == (hf_tok.eos_id,)
+    folder = tmp_path / "tok"
+    shutil.copytree(HF_DIR / "tokenizer", folder)
+    other = hf_tok.pad_id
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [hf_tok.eos_id, other]}))
+    assert HFTokenizer.from_pretrained(folder).stop_ids == (hf_tok.eos_id, other)
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": other}))
+    assert HFTokenizer.from_pretrained(folder).stop_ids == (hf_tok.eos_id, other)
+
+
 @pytest.mark.parametrize("case", EXPECTED["texts"], ids=lambda c: c["text"][:20])
 def test_hf_encode_decode_match_transformers(hf_tok, case):
     assert hf_tok.encode(case["text"]) == case["ids"]

@@ -16,6 +16,13 @@ The other task families render from their payload (`Problem.check`), so one prob
     instructions  prompt   the payload's task and constraint sentences in `lang`
                   solution the gold response (`answer`), in the language its constraints require
 
+Chat checkpoints (model.hf_path with a chat template) get the prompt as one user turn instead,
+`render_user_message(p, lang)`: the question followed by an instruction asking for this layout, e.g.
+    en "{question}\nSolve it step by step: write each step as 'Step 1: ...', 'Step 2: ...', and end with a last line
+        'Answer: <final answer>'."
+The other families' statements already say what to write, so their user turn is the statement alone. The
+solution (the SFT target, after the template's assistant header) is the same text as above.
+
 Used by the SFT / rejection-sampling stages (prompt + solution as the training target) and by the samplers
 (prompt only).
 """
@@ -59,6 +66,21 @@ def render_prompt(problem: Problem, lang: str = "zh") -> str:
     if _check_lang(lang) == "zh":
         return f"问题：{question}\n解答：\n"
     return f"Question: {question}\nSolution:\n"
+
+
+_INSTRUCTION = {
+    "zh": "请逐步解答：每一步写成“步骤一：……”“步骤二：……”，最后一行写“答案：<最终答案>”。",
+    "en": "Solve it step by step: write each step as 'Step 1: ...', 'Step 2: ...', and end with a last line "
+          "'Answer: <final answer>'.",
+}
+
+
+def render_user_message(problem: Problem, lang: str = "zh") -> str:
+    """The user turn for a chat template: the question and the layout instruction (the statement alone for the
+    code and instruction families, whose statements carry their own)."""
+    if problem.reward != "math":
+        return problem.check_data["prompt"][_check_lang(lang)]
+    return f"{problem.question}\n{_INSTRUCTION[_check_lang(lang)]}"
 
 
 def step_marker(i: int, lang: str = "zh") -> str:

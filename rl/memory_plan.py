@@ -1,0 +1,248 @@
+"""The memory plan: what one device holds to run a config, from the config alone, checked before any compute.
+
+    plan = memory_plan.plan_for_config(cfg, model_cfg, mesh_sizes, budget)   # cfg: a validated config dict
+    print(plan.text())            # one line per part, GiB per device, and the peak against the budget
+    plan.check()                  # ConfigError naming what to change when the peak exceeds the budget
+
+Parts, per device (the mesh shards them; `mesh_sizes` are the resolved axis sizes):
+  resident       params             every array of the policy in model.param_dtype, each sharded as
+                                    models.sharding.logical_to_spec places it (shard sizes exact, uneven dims
+                                    replicated as there)
+                 optimizer          Adam's two moments, in the parameters' dtype (optax keeps their dtype)
+                 reference          a copy of the params when an RL stage keeps a reference policy (KL)
+  train step     gradients          one per parameter, in its dtype
+                 activations        what the backward keeps for the largest minibatch of any stage (rows =
+                                    the stage's rows per optimizer step, over the batch axes data x fsdp), per
+                                    token and block in the compute dtype: normed inputs, q/k/v and their rotated
+                                    copies, attention output, the SwiGLU (expert) gate, up, silu and product, the
+                                    residuals, plus [heads, keys] float32 scores and softmax and compute-dtype
+                                    probabilities; with model.remat only each block's input plus one block. An
+                                    estimate: 0.97-1.16x of XLA's compiled temporaries on CPU without remat (float32,
+                                    dense and MoE; XLA on CPU computes bf16 in float32 and keeps most activations
+                                    under remat, so there the bf16 and remat figures are lower bounds).
+                 logits             float32 [rows, length, vocab] x LOGITS_COPIES: the train step's log-softmax,
+                                    its exp and their gradients (measured: experiments/bench/large_vocab.py,
+                                    23.2 GiB of temporaries for 4.64 GiB of logits at 8 x 1024 x 151,936)
+  sampling       kv cache           [layers, batch_rows, kv_heads, prompt + new tokens, head_dim] for k and v in the
+                                    compute dtype, rows over data x fsdp and kv heads over tensor
+                 sampler temps      prefill attention scores (float32 + probabilities) and a few float32
+                                    [rows, vocab] decode-step logits
+peak = resident + max(train step, sampling).
+
+`check()` compares the peak with `budget` (run.device_memory_gib, or `device_budget`'s default: the accelerator's
+own limit, 80% of host RAM split over the mesh's CPU devices) and names the largest part's remedy.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from types import SimpleNamespace
+
+GIB = 2**30
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+LOGITS_COPIES = 5  # float32 logits-sized temporaries of the train step's loss + grad (bench above: 23.16 / 4.64)
+SAMPLER_LOGITS_COPIES = 4  # decode step: logits, scaled, sorted (top-p), log-softmax, each [rows, vocab] float32
+
+REMEDY = {
+    "params": "shard the parameters over more devices (mesh.fsdp; mesh.expert for MoE experts) or store them in "
+              "bfloat16 (model.param_dtype)",
+    "optimizer": "shard the parameters over more devices (mesh.fsdp; mesh.expert for MoE experts) or keep them in "
+                 "bfloat16 (model.param_dtype, which also stores the Adam moments in bfloat16)",
+    "reference": "shard over more devices (mesh.fsdp) or drop the reference policy (stages[i].kl_coef=0)",
+    "gradients": "shard the parameters over more devices (mesh.fsdp; mesh.expert for MoE experts)",
+    "activations": "lower the rows per optimizer step (stages[i].token_budget for grpo/ppo, stages[i].batch_size "
+                   "for sft/rejection), set model.remat=True, or add data/fsdp devices",
+    "logits": "lower the rows per optimizer step (stages[i].token_budget / stages[i].batch_size) or shard the "
+              "vocabulary (mesh.tensor)",
+    "kv cache": "lower sampling.batch_rows, or sampling.max_new_tokens / tasks.max_prompt_len",
+    "sampler temps": "lower sampling.batch_rows",
+}
+PHASES = {"params": "resident", "optimizer": "resident", "reference": "resident", "gradients": "train step",
+          "activations": "train step", "logits": "train step", "kv cache": "sampling", "sampler temps": "sampling"}
+
+
+# ---- pieces (pure functions of shapes and sizes) -----------------------------------------------------------------
+def fmt(n: int) -> str:
+    """Bytes as GiB / MiB / KiB, three significant digits."""
+    for unit, size in (("GiB", GIB), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size or unit == "KiB":
+            return f"{n / size:.3g} {unit}"
+    return f"{n} B"
+
+
+def shard_factor(shape, axes, mesh_sizes: dict, rules) -> int:
+    """Into how many pieces the mesh cuts an array with these logical axes (models.sharding's placement)."""
+    from models.sharding import logical_to_spec
+
+    spec = logical_to_spec(axes, rules, shape=tuple(shape), mesh=SimpleNamespace(shape=dict(mesh_sizes)))
+    factor = 1
+    for entry in spec:
+        for axis in (() if entry is None else (entry,) if isinstance(entry, str) else entry):
+            factor *= int(mesh_sizes[axis])
+    return factor
+
+
+def sharded_bytes(leaves, mesh_sizes: dict, rules, itemsize: int) -> int:
+    """Bytes one device holds of arrays given as (shape, logical axes) pairs."""
+    return sum(math.prod(shape) // shard_factor(shape, axes, mesh_sizes, rules) * itemsize for shape, axes in leaves)
+
+
+def model_leaves(model_cfg) -> list[tuple[tuple[int, ...], tuple]]:
+    """(shape, logical axes) of every parameter of models.transformer.init(model_cfg) (abstract: no arrays)."""
+    import jax
+
+    from models import transformer
+
+    shapes = jax.eval_shape(lambda k: transformer.init(model_cfg, k), jax.random.key(0))
+    axes = transformer.param_axes(model_cfg)
+    is_axes = lambda x: isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x)
+    return [(tuple(s.shape), a) for s, a in zip(jax.tree.leaves(shapes), jax.tree.leaves(axes, is_leaf=is_axes))]
+
+
+def activation_bytes_per_token(m, seq_len: int, tensor: int = 1) -> int:
+    """Bytes the backward keeps per token (see the module docstring); `tensor` divides the head and MLP terms."""
+    c = DTYPE_BYTES[m.dtype]
+    N, K, H, D = -(-m.n_heads // tensor), -(-m.n_kv_heads // tensor), m.head_dim, m.d_model
+    attn = c * (D + (N + 2 * K) * H + (N + K) * H + N * H) + N * seq_len * (8 + c)
+
+    def ffn(i):
+        if not m.is_moe_layer(i):
+            return c * (D + 4 * -(-m.d_ff // tensor))
+        shared = 4 * -(-m.n_shared_experts * m.expert_ff // tensor)
+        return c * (D + m.experts_per_token * (2 * D + 4 * m.expert_ff) + shared) + 4 * 2 * m.n_experts
+
+    blocks = [attn + ffn(i) + c * 2 * D for i in range(m.n_layers)]
+    if m.remat:
+        return c * D * m.n_layers + max(blocks) + 2 * c * D
+    return sum(blocks) + 2 * c * D  # + the embedding output and the final norm
+
+
+def kv_cache_bytes(m, rows: int, length: int, mesh_sizes: dict) -> int:
+    """Bytes per device of the sampler's KV cache for `rows` rows of `length` slots."""
+    batch = int(mesh_sizes.get("data", 1)) * int(mesh_sizes.get("fsdp", 1))
+    kv_heads = -(-m.n_kv_heads // int(mesh_sizes.get("tensor", 1)))
+    return 2 * m.n_layers * -(-rows // batch) * kv_heads * length * m.head_dim * DTYPE_BYTES[m.dtype]
+
+
+# ---- the plan -------------------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes per device of each part (PHASES order) with a note on how it was counted; budget in bytes."""
+
+    parts: dict
+    notes: dict
+    budget: int
+    budget_note: str
+    devices: int
+
+    def phase(self, name: str) -> int:
+        return sum(v for k, v in self.parts.items() if PHASES[k] == name)
+
+    @property
+    def peak(self) -> int:
+        return self.phase("resident") + max(self.phase("train step"), self.phase("sampling"))
+
+    @property
+    def fits(self) -> bool:
+        return self.peak <= self.budget
+
+    def text(self) -> str:
+        lines = [f"memory plan per device ({self.devices} device{'s' if self.devices != 1 else ''}):"]
+        for k, v in self.parts.items():
+            lines.append(f"  {PHASES[k]:<11} {k:<14} {fmt(v):>10}  {self.notes.get(k, '')}")
+        lines.append(f"  peak = resident + max(train step, sampling) = {fmt(self.peak)} of a {fmt(self.budget)} "
+                     f"budget ({self.budget_note})")
+        return "\n".join(lines)
+
+    def check(self) -> None:
+        """ConfigError naming the largest part and its remedy when the peak exceeds the budget."""
+        from rl.config_validation import ConfigError
+
+        if self.fits:
+            return
+        phase = "train step" if self.phase("train step") >= self.phase("sampling") else "sampling"
+        live = {k: v for k, v in self.parts.items() if PHASES[k] in ("resident", phase)}
+        worst = max(live, key=live.get)
+        raise ConfigError(
+            f"model / mesh: {self.peak / GIB:.1f} GiB needed to train this model per device, more than the budget of "
+            f"{self.budget / GIB:.1f} GiB ({self.budget_note}{'' if 'device_memory_gib' in self.budget_note else '; run.device_memory_gib sets it'}); the largest part is "
+            f"{worst} ({live[worst] / GIB:.1f} GiB): {REMEDY[worst]}.\n{self.text()}")
+
+
+def plan(m, mesh_sizes: dict, rules, *, leaves, train_rows: int, seq_len: int, sample_rows: int, prompt_len: int,
+         new_tokens: int, reference: bool, budget: int, budget_note: str = "") -> MemoryPlan:
+    """The plan from sizes alone (see the module docstring). leaves: model_leaves(m); train_rows: the largest
+    rows per optimizer step of any stage; sample_rows: sampling.batch_rows."""
+    p = sharded_bytes(leaves, mesh_sizes, rules, DTYPE_BYTES[m.param_dtype])
+    batch = int(mesh_sizes.get("data", 1)) * int(mesh_sizes.get("fsdp", 1))
+    tensor = int(mesh_sizes.get("tensor", 1))
+    rows_dev, sample_dev = -(-train_rows // batch), -(-sample_rows // batch)
+    vocab_dev = m.vocab_size // tensor if m.vocab_size % tensor == 0 else m.vocab_size
+    heads_dev = -(-m.n_heads // tensor)
+    length = prompt_len + new_tokens
+    parts = {"params": p, "optimizer": 2 * p, "reference": p if reference else 0, "gradients": p,
+             "activations": rows_dev * seq_len * activation_bytes_per_token(m, seq_len, tensor),
+             "logits": LOGITS_COPIES * rows_dev * seq_len * vocab_dev * 4,
+             "kv cache": kv_cache_bytes(m, sample_rows, length, mesh_sizes),
+             "sampler temps": (sample_dev * heads_dev * prompt_len * length * (4 + DTYPE_BYTES[m.dtype])
+                               + SAMPLER_LOGITS_COPIES * sample_dev * vocab_dev * 4)}
+    c, pd = m.dtype, m.param_dtype
+    notes = {"params": f"{pd}", "optimizer": f"Adam mu + nu, {pd}", "reference": "KL reference copy" if reference else
+             "no stage keeps a reference", "gradients": f"{pd}",
+             "activations": f"{rows_dev} rows x {seq_len} tokens, {c}{', remat' if m.remat else ''} (estimate)",
+             "logits": f"{LOGITS_COPIES} x float32 [{rows_dev}, {seq_len}, {vocab_dev}]",
+             "kv cache": f"{sample_dev} rows x {length} slots, {c}",
+             "sampler temps": f"prefill scores + {SAMPLER_LOGITS_COPIES} x float32 [{sample_dev}, {vocab_dev}]"}
+    return MemoryPlan(parts=parts, notes=notes, budget=int(budget), budget_note=budget_note,
+                      devices=math.prod(int(v) for v in mesh_sizes.values()))
+
+
+def train_rows(cfg: dict, row_multiple: int) -> int:
+    """The largest rows per optimizer step of any stage (the stages' own rule: rl.stages.sft.sft_rows for
+    sft/rejection, rl.rollout.rows_for_budget for grpo/ppo)."""
+    from rl import config_validation as cv
+    from rl.rollout import rows_for_budget
+    from rl.stages.sft import sft_rows
+
+    seq_len = cfg["tasks"]["max_prompt_len"] + cfg["sampling"]["max_new_tokens"]
+    rows = [sft_rows(s.batch_size, row_multiple) if s.kind in ("sft", "rejection")
+            else rows_for_budget(s.token_budget, seq_len, row_multiple) for s in cv.parse_stages(cfg)]
+    return max(rows)
+
+
+def device_budget(run_gib: float, n_devices: int) -> tuple[int, str]:
+    """(bytes, how it was chosen): run.device_memory_gib when > 0; else the first device's own limit
+    (memory_stats' bytes_limit on GPU / TPU); else, on CPU, 80% of host RAM split over the mesh's devices."""
+    import jax
+    import psutil
+
+    if run_gib > 0:
+        return int(run_gib * GIB), "run.device_memory_gib"
+    dev = jax.devices()[0]
+    if dev.platform != "cpu":
+        try:
+            limit = (dev.memory_stats() or {}).get("bytes_limit")
+        except Exception:  # noqa: BLE001 - a backend without memory statistics
+            limit = None
+        if limit:
+            return int(limit), f"{dev.device_kind} memory limit"
+        return 16 * GIB, f"{dev.device_kind} reports no memory limit; 16 GiB assumed"
+    total = psutil.virtual_memory().total
+    return int(0.8 * total / max(1, n_devices)), f"80% of {total / GIB:.0f} GiB host RAM over {n_devices} CPU device(s)"
+
+
+def plan_for_config(cfg: dict, model_cfg, mesh_sizes: dict, rules=None, row_multiple: int | None = None) -> MemoryPlan:
+    """The plan of a validated config on a resolved mesh (axis sizes without -1), against device_budget."""
+    from models.sharding import DEFAULT_RULES
+    from rl import config_validation as cv
+
+    rules = DEFAULT_RULES if rules is None else rules
+    if row_multiple is None:
+        row_multiple = int(mesh_sizes.get("data", 1)) * int(mesh_sizes.get("fsdp", 1))
+    n_dev = math.prod(int(v) for v in mesh_sizes.values())
+    budget, note = device_budget(float(cfg["run"].get("device_memory_gib", 0.0)), n_dev)
+    P, N = cfg["tasks"]["max_prompt_len"], cfg["sampling"]["max_new_tokens"]
+    reference = any(getattr(s, "uses_reference", False) for s in cv.parse_stages(cfg))
+    return plan(model_cfg, mesh_sizes, rules, leaves=model_leaves(model_cfg), train_rows=train_rows(cfg, row_multiple),
+                seq_len=P + N, sample_rows=cfg["sampling"]["batch_rows"], prompt_len=P, new_tokens=N,
+                reference=reference, budget=budget, budget_note=note)
