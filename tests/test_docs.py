@@ -9,7 +9,8 @@ before it is executed, in document order, so a command or snippet that stops wor
                                 numbers masked, must appear in that order in the real output ("..." lines skipped)
 
 Paths under runs/ are moved to a temporary directory (one per page: a later block may use an earlier block's
-workdir); commands run from the repository root. Tiny variants and --dry_run keep this fast.
+workdir); commands run from the repository root. Tiny variants and --dry_run keep this fast, and all pages run in
+one test (one process), so a second page's tiny run reuses the first one's compiles.
 """
 import ast
 import contextlib
@@ -103,22 +104,31 @@ def check_output(expected: str, got: str, tmp: str) -> None:
         i += 1
 
 
-@pytest.mark.parametrize("page", [p for p in PAGES if blocks(open(os.path.join(ROOT, p), encoding="utf-8").read())])
-def test_marked_examples_run(page, tmp_path, monkeypatch):
+MARKED = [p for p in PAGES if blocks(open(os.path.join(ROOT, p), encoding="utf-8").read())]
+
+
+def test_marked_examples_run(tmp_path, monkeypatch):
+    """All pages in one test: one process, so a page's tiny run reuses the compiles of the page before it."""
+    assert "docs/training.md" in MARKED
     monkeypatch.chdir(ROOT)
-    tmp = str(tmp_path)
-    last_out = None
-    for mode, lang, code in blocks(open(os.path.join(ROOT, page), encoding="utf-8").read()):
-        if mode == "output":
-            assert last_out is not None, f"{page}: an output block without a command block before it"
-            check_output(code, last_out, tmp)
-        elif lang in ("bash", "sh", "shell"):
-            last_out = "".join(run_command(c, tmp, mode == "dry_run") for c in commands(code))
-        elif lang == "python":
-            run_python(code, tmp)
-            last_out = None
-        else:
-            raise AssertionError(f"{page}: a doctest block must be bash or python, got {lang!r}")
+    for page in MARKED:
+        tmp = str(tmp_path / page.replace("/", "_"))
+        os.makedirs(tmp)
+        last_out = None
+        for mode, lang, code in blocks(open(os.path.join(ROOT, page), encoding="utf-8").read()):
+            try:
+                if mode == "output":
+                    assert last_out is not None, "an output block without a command block before it"
+                    check_output(code, last_out, tmp)
+                elif lang in ("bash", "sh", "shell"):
+                    last_out = "".join(run_command(c, tmp, mode == "dry_run") for c in commands(code))
+                elif lang == "python":
+                    run_python(code, tmp)
+                    last_out = None
+                else:
+                    raise AssertionError(f"a doctest block must be bash or python, got {lang!r}")
+            except AssertionError as e:
+                raise AssertionError(f"{page}: {e}\nblock:\n{code[:600]}") from None
 
 
 def test_the_doctest_reader():
