@@ -203,8 +203,8 @@ def label_stats(data: dict) -> dict:
                                                     for x in data["train"]]))}
 
 
-def run_source(ctx, params, data: dict, cfg, source: str, seed: int, workdir: str) -> dict:
-    """Train, calibrate and evaluate one PRM; returns its results (and writes its .npz)."""
+def run_source(ctx, params, data: dict, cfg, source: str, seed: int, prm_dir: str) -> dict:
+    """Train, calibrate and evaluate one PRM; returns its results (and writes prm_dir/SOURCE.npz, first seed)."""
     import jax
 
     from models import transformer
@@ -253,8 +253,8 @@ def run_source(ctx, params, data: dict, cfg, source: str, seed: int, workdir: st
                 "calib": calibs, "calib_auroc": calib_auroc, "best_step": log.get("best_step", cfg.steps),
                 "selection": log.get("selection", [])})
     if seed == cfg.seeds[0]:
-        os.makedirs(os.path.join(workdir, "prms"), exist_ok=True)
-        save(prm, os.path.join(workdir, "prms", f"{source}.npz"))
+        os.makedirs(prm_dir, exist_ok=True)
+        save(prm, os.path.join(prm_dir, f"{source}.npz"))
     return res
 
 
@@ -333,6 +333,8 @@ def main(argv=None) -> int:
     ap.add_argument("--workdir", required=True)
     ap.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
                     help="PRM config overrides, values as Python literals (e.g. lr=3e-4 sources=prior,mix)")
+    ap.add_argument("--tag", default="", help="a second experiment on the same samples: results_TAG.json, "
+                                               "table_TAG.md and prms_TAG/ (no prm.npz)")
     args = ap.parse_args(argv)
     from rl import config_validation as cv
     from rl.config_fields import FieldErrors
@@ -348,31 +350,45 @@ def main(argv=None) -> int:
     data = build_data(ctx, params, cfg, args.workdir)
     stats = {**label_stats(data), "data_seconds": data["seconds"]}
     print(json.dumps(stats), flush=True)
+    suffix = f"_{args.tag}" if args.tag else ""
+    res_path = os.path.join(args.workdir, f"results{suffix}.json")
+    prm_dir = os.path.join(args.workdir, f"prms{suffix}")
+    done = {}
+    if cfg.cache and os.path.exists(res_path):  # runs of the same PRM config are reused: a rerun only reports
+        with open(res_path, encoding="utf-8") as f:
+            old = json.load(f)
+        if old.get("prm_config") == json.loads(json.dumps(cfg.to_dict())):
+            done = old["runs"]
     results = {}
     for source in cfg.source_list():
+        if source in done and os.path.exists(os.path.join(prm_dir, f"{source}.npz")):
+            results[source] = done[source]
+            continue
         results[source] = []
         for seed in cfg.seeds:
             print(f"PRM {source} seed {seed} ...", flush=True)
-            results[source].append(run_source(ctx, params, data, cfg, source, seed, args.workdir))
+            results[source].append(run_source(ctx, params, data, cfg, source, seed, prm_dir))
             r = results[source][-1]
             print(f"  auroc {r['auroc']:.3f} f1 {r['first_error/f1']:.3f} ece {r['ece/none']:.3f}->"
                   f"{r['ece/platt']:.3f} ({r['train_seconds']:.0f} s)", flush=True)
     summary = summarize(results, cfg)
     out = {"config": args.config, "prm_config": cfg.to_dict(), "stats": stats, "summary": summary,
            "runs": results, "wall_seconds": time.time() - t_start}
-    with open(os.path.join(args.workdir, "results.json"), "w", encoding="utf-8") as f:
+    with open(res_path, "w", encoding="utf-8") as f:
         json.dump(out, f, indent=1, default=float)
     text = table(summary, stats, cfg)
-    with open(os.path.join(args.workdir, "table.md"), "w", encoding="utf-8") as f:
+    with open(os.path.join(args.workdir, f"table{suffix}.md"), "w", encoding="utf-8") as f:
         f.write(text + "\n")
-    import shutil
-
-    deploy = cfg.deploy
-    if deploy == "auto":  # the best calibration-split AUROC (first seed); ties go to the source listed first
-        deploy = max(results, key=lambda s: results[s][0]["calib_auroc"])
-    shutil.copy(os.path.join(args.workdir, "prms", f"{deploy}.npz"), os.path.join(args.workdir, "prm.npz"))
     print(text)
-    print(f"deployed {deploy} -> {os.path.join(args.workdir, 'prm.npz')}; wall {time.time() - t_start:.0f} s")
+    if not args.tag:
+        import shutil
+
+        deploy = cfg.deploy
+        if deploy == "auto":  # the best calibration-split AUROC (first seed); ties go to the source listed first
+            deploy = max(results, key=lambda s: results[s][0]["calib_auroc"])
+        shutil.copy(os.path.join(prm_dir, f"{deploy}.npz"), os.path.join(args.workdir, "prm.npz"))
+        print(f"deployed {deploy} -> {os.path.join(args.workdir, 'prm.npz')}", flush=True)
+    print(f"wall {time.time() - t_start:.0f} s")
     return 0
 
 
