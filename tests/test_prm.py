@@ -22,6 +22,7 @@ from rewards.prm.train import PRMConfig, evaluate, fit_calibrations, fit_thresho
 from rewards.steps import check_steps
 from rl.config_fields import FieldErrors
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOK = ByteTokenizer()
 TINY = ModelConfig(vocab_size=259, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64,
                    n_experts=0, moe_every=0, max_seq_len=96)
@@ -333,7 +334,7 @@ def test_grpo_with_a_prm_file_end_to_end(tmp_path):
     path = tmp_path / "prm.npz"
     save(PRM(mcfg, params, {"kind": "platt", "a": 0.1, "b": 1.0}, 0.5, "min", likelihood=True), path)
     wd = tmp_path / "run"
-    config = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments/configs/prm_arith.py")
+    config = os.path.join(ROOT, "experiments/configs/prm_arith.py")
     rc = launch.main(["--config", config + ":variant=tiny_grpo_prm", "--workdir", str(wd),
                       f"--config.reward.prm_path={path}"])
     assert rc == 0
@@ -345,3 +346,23 @@ def test_grpo_with_a_prm_file_end_to_end(tmp_path):
         from rl.prm_reward import load_scorer
 
         load_scorer(str(bad), TOK, {"w_prm": 0.2})
+
+
+@pytest.mark.slow
+def test_train_prm_pipeline_tiny(tmp_path, capsys):
+    """experiments/train_prm.py end to end on the tiny variant: policy, samples, labels, every source, the table,
+    the deployed file; a second call with the same settings reuses everything."""
+    from experiments import train_prm
+
+    config = os.path.join(ROOT, "experiments/configs/prm_arith.py")
+    wd = tmp_path / "prm"
+    assert train_prm.main(["--config", config + ":variant=tiny", "--workdir", str(wd)]) == 0
+    out = capsys.readouterr().out
+    for source in ("prior", "corrupted", "mc", "mix", "exact", "majority vote", "oracle"):
+        assert f"| {source}" in out
+    assert (wd / "prm.npz").exists() and (wd / "table.md").exists()
+    prm = load(wd / "prm.npz")
+    assert prm.likelihood and prm.calib["kind"] == "platt"
+    assert train_prm.main(["--config", config + ":variant=tiny", "--workdir", str(wd)]) == 0
+    assert "PRM prior seed" not in capsys.readouterr().out  # reused
+    assert train_prm.main(["--config", config + ":variant=tiny", "--workdir", str(wd), "--set", "lr=-1"]) == 2
