@@ -40,8 +40,8 @@ from rewards.parse import as_text
 from rewards.prm import metrics
 from rewards.prm.data import step_ends
 
-__all__ = ["PRM", "Encoded", "utf8_safe", "encode", "step_prev", "train_batch", "logits_fn", "step_logits", "logits_at", "score_texts",
-           "save", "load", "FORMAT"]
+__all__ = ["PRM", "Encoded", "utf8_safe", "encode", "step_prev", "train_batch", "logits_fn", "step_logits",
+           "logits_at", "score_texts", "save", "load", "FORMAT"]
 
 FORMAT = "mathrl-prm-v2"
 
