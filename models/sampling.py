@@ -25,6 +25,10 @@ schedule or a different filter does not recompile. eos_id is one id or a list of
 checkpoints end a turn with any of several); eos_id=-1 disables stopping (benchmarks).
 The prefill computes logits for the last prompt position only (no [B, P, vocab] array).
 
+Routes (return_routes=True, MoE): the experts each prompt and generated token used in each MoE block, by cache slot,
+for routing replay in the train step (rl/train_step.py). A generated token's route is recorded when it is fed back
+(the next step), so the last token of each row has none (-1); it predicts nothing the loss uses.
+
 Exactness of cached decoding against a full forward needs a dropless MoE
 (capacity_factor=None): with a capacity, which tokens drop depends on the batch, and a
 one-token decode batch differs from a full-sequence batch.
@@ -45,6 +49,7 @@ class SampleOutput(NamedTuple):
     tokens: jax.Array    # [B*K, max_new_tokens] int32, pad_id after the EOS (the EOS is kept)
     logprobs: jax.Array  # [B*K, max_new_tokens] float32, 0 after the end
     lengths: jax.Array   # [B*K] int32, generated tokens including the EOS
+    routes: jax.Array | None = None  # with return_routes: [B*K, P + max_new_tokens, n_moe_layers, k] int32 per slot
 
 
 # ----------------------------------------------------------------------------------------
@@ -98,14 +103,14 @@ def choose_tokens(logits_BV, keys_B, temperature, top_p, top_k):
 # ----------------------------------------------------------------------------------------
 @partial(
     jax.jit,
-    static_argnames=("cfg", "num_samples", "max_new_tokens", "mesh", "rules"),
+    static_argnames=("cfg", "num_samples", "max_new_tokens", "mesh", "rules", "return_routes"),
 )
 def _generate(params, prompts_BP, mask_BP, key, temperature, top_p, top_k, eos_id, pad_id, *, cfg,
-              num_samples, max_new_tokens, mesh, rules):
+              num_samples, max_new_tokens, mesh, rules, return_routes=False):
     B, P = prompts_BP.shape
     K, N = num_samples, max_new_tokens
     R = B * K  # rows after repeating each prompt K times
-    fwd = partial(transformer.forward, cfg=cfg, mesh=mesh, rules=rules)
+    fwd = partial(transformer.forward, cfg=cfg, mesh=mesh, rules=rules, return_routes=return_routes)
 
     # Prefill: real tokens keep the positions they would have without padding.
     mask_BP = mask_BP.astype(bool)
@@ -118,6 +123,12 @@ def _generate(params, prompts_BP, mask_BP, key, temperature, top_p, top_k, eos_i
     _, aux = fwd(params, prompts_BP, positions=positions_BP, attn_mask=mask_BP, cache=cache,
                  cache_index=jnp.int32(0), kv_valid=kv_valid_BL, return_logits=False)
     last_logits_B1V = transformer.logits_from_hidden(params, aux["hidden"][:, -1:], cfg, mesh=mesh, rules=rules)
+    # Routes per cache slot (-1 = none): the prompt's from the prefill, token t's from the step that feeds it back.
+    routes_RLMK = None
+    if return_routes:
+        routes_RLMK = jnp.full((R, P + N, *aux["routes"].shape[2:]), -1, jnp.int32)
+        prompt_routes = jnp.where(mask_BP[:, :, None, None], aux["routes"], -1)
+        routes_RLMK = routes_RLMK.at[:, :P].set(jnp.repeat(prompt_routes, K, axis=0))
 
     # K copies of each prompt's state: row b*K + k <- prompt b.
     cache = jax.tree.map(lambda c: jnp.repeat(c, K, axis=1), aux["cache"])
@@ -140,7 +151,7 @@ def _generate(params, prompts_BP, mask_BP, key, temperature, top_p, top_k, eos_i
         return (t < N) & ~jnp.all(done_R)
 
     def body(carry):
-        t, cache, kv_valid_RL, prev_R, done_R, tokens_RN, logprobs_RN, lengths_R = carry
+        t, cache, kv_valid_RL, prev_R, done_R, tokens_RN, logprobs_RN, lengths_R, routes_RLMK = carry
         slot = P + t - 1  # where the previous token goes
         kv_valid_RL = kv_valid_RL.at[:, slot].set(True)
         positions_R1 = (prompt_len_R + t - 1)[:, None]
@@ -152,12 +163,15 @@ def _generate(params, prompts_BP, mask_BP, key, temperature, top_p, top_k, eos_i
         tokens_RN = tokens_RN.at[:, t].set(tok_R)
         logprobs_RN = logprobs_RN.at[:, t].set(logp_R)
         lengths_R = lengths_R + (~done_R).astype(jnp.int32)
+        if return_routes:  # the previous token's experts; none for a finished row (its token is an EOS or padding)
+            step_routes = jnp.where(done_R[:, None, None], -1, aux["routes"][:, 0])
+            routes_RLMK = routes_RLMK.at[:, slot].set(step_routes)
         done_R = done_R | is_eos(tok_R)
-        return (t + 1, aux["cache"], kv_valid_RL, tok_R, done_R, tokens_RN, logprobs_RN, lengths_R)
+        return (t + 1, aux["cache"], kv_valid_RL, tok_R, done_R, tokens_RN, logprobs_RN, lengths_R, routes_RLMK)
 
-    carry = (jnp.int32(1), cache, kv_valid_RL, tok_R, done_R, tokens_RN, logprobs_RN, lengths_R)
+    carry = (jnp.int32(1), cache, kv_valid_RL, tok_R, done_R, tokens_RN, logprobs_RN, lengths_R, routes_RLMK)
     carry = jax.lax.while_loop(cond, body, carry)
-    return SampleOutput(tokens=carry[5], logprobs=carry[6], lengths=carry[7])
+    return SampleOutput(tokens=carry[5], logprobs=carry[6], lengths=carry[7], routes=carry[8])
 
 
 def _host_value(x):
@@ -183,7 +197,7 @@ def _check_scalar(name, value, low, high, low_open=False):
 
 
 def generate(params, cfg, prompts, key, *, prompt_mask=None, num_samples=1, max_new_tokens=64,
-             temperature=1.0, top_p=1.0, top_k=0, eos_id=2, pad_id=0, mesh=None, rules=None):
+             temperature=1.0, top_p=1.0, top_k=0, eos_id=2, pad_id=0, mesh=None, rules=None, return_routes=False):
     """Sample `num_samples` continuations of each LEFT-padded prompt (see the module docstring).
 
     prompts [B, P] int32; prompt_mask [B, P] (1 = real token; None = no padding). Returns a
@@ -191,6 +205,9 @@ def generate(params, cfg, prompts, key, *, prompt_mask=None, num_samples=1, max_
     of prompt b. temperature 0 is greedy; top_k 0 and top_p 1 disable those filters. eos_id: one id or a list
     (chat checkpoints stop at any of several, e.g. Qwen's <|im_end|> and <|endoftext|>); -1 never stops.
     mesh/rules are passed through to transformer.forward for sharded models.
+    return_routes (MoE, for routing replay): also return `routes` [B*K, P + N, n_moe_layers, k], the experts every
+    token used in every MoE block, by cache slot: slots < P the (left-padded) prompt, slot P + i generated token i;
+    -1 for padding and for tokens never fed back (each row's last token).
     """
     prompts = jnp.asarray(prompts, jnp.int32)
     if prompts.ndim != 2 or prompts.shape[1] < 1:
@@ -224,4 +241,4 @@ def generate(params, cfg, prompts, key, *, prompt_mask=None, num_samples=1, max_
                      jnp.asarray(top_p, jnp.float32), jnp.asarray(top_k, jnp.int32),
                      eos_ids, jnp.asarray(pad_id, jnp.int32), cfg=cfg,
                      num_samples=int(num_samples), max_new_tokens=int(max_new_tokens), mesh=mesh,
-                     rules=rules)
+                     rules=rules, return_routes=bool(return_routes))

@@ -136,15 +136,16 @@ def init_cache(cfg: ModelConfig, batch_size: int, max_len: int, dtype=None):
 
 
 # ---- forward ---------------------------------------------------------------------------------------------------------
-def _block(p, x_BTD, positions_BT, rope, mask_BTS, token_mask_BT, cache, cache_index, *, cfg: ModelConfig, layer: int,
-           constrain, mesh=None, rules=None):
+def _block(p, x_BTD, positions_BT, rope, mask_BTS, token_mask_BT, cache, cache_index, routes_BTK=None, *,
+           cfg: ModelConfig, layer: int, constrain, mesh=None, rules=None, replay: bool = True):
     h_BTD = rms_norm(x_BTD, p["attn_norm"], cfg.norm_eps)
     a_BTD, cache = attention(p["attn"], h_BTD, positions_BT, mask_BTS, rope_theta=cfg.rope_theta, cache=cache,
                              layer=layer, cache_index=cache_index, rope=rope, norm_eps=cfg.norm_eps)
     x_BTD = constrain(x_BTD + a_BTD)
     h_BTD = rms_norm(x_BTD, p["mlp_norm"], cfg.norm_eps)
     if "moe" in p:
-        y_BTD, stats = moe_layer(p["moe"], h_BTD, cfg, token_mask_BT=token_mask_BT, mesh=mesh, rules=rules)
+        y_BTD, stats = moe_layer(p["moe"], h_BTD, cfg, token_mask_BT=token_mask_BT, mesh=mesh, rules=rules,
+                                 routes_BTK=routes_BTK, replay=replay)
     else:
         y_BTD, stats = swiglu(p["mlp"], h_BTD), None
     return constrain(x_BTD + y_BTD), cache, stats
@@ -159,8 +160,9 @@ def _stack_stats(stats, n_experts: int):
 
 
 def forward(params, tokens, cfg: ModelConfig, *, positions=None, attn_mask=None, cache=None, cache_index=None,
-            kv_valid=None, return_hidden=False, return_logits=True, mesh=None, rules=None):
-    """Logits [B, T, vocab] (float32) and aux (router statistics per MoE layer, "hidden", "cache").
+            kv_valid=None, return_hidden=False, return_logits=True, mesh=None, rules=None, routes=None,
+            replay_routes=True, return_routes=False):
+    """Logits [B, T, vocab] (float32) and aux (router statistics per MoE layer, "hidden", "cache", "routes").
 
     return_hidden: aux["hidden"] = the final-normed hidden states [B, T, d_model] (compute dtype).
     return_logits=False: no unembedding at all; returns (None, aux) with aux["hidden"], for callers that take
@@ -171,6 +173,12 @@ def forward(params, tokens, cfg: ModelConfig, *, positions=None, attn_mask=None,
     With cache: the tokens fill slots cache_index .. cache_index + T - 1 (cache_index may be traced); the query in slot
     s sees slot j iff j <= s and kv_valid[b, j] (default: all slots valid); positions default to the slot numbers;
     attn_mask, if given, only marks which new tokens are real for the router statistics.
+
+    Routes (MoE): return_routes=True adds aux["routes"] [B, T, n_moe_layers, k] int32, the experts each token used in
+    each MoE block (in the order of cfg.moe_layers; dense blocks have no entry). routes (same layout, -1 = no record)
+    are recorded experts, e.g. the sampler's: with replay_routes (routing replay, R3) the MoE blocks use them, gate
+    weights recomputed from the current router (models/moe.py); either way aux gains "replay_differ" and
+    "replay_compared" per MoE layer, the token routes the router's own top-k would choose differently / compared.
     """
     B, T = tokens.shape
     dtype = jnp.dtype(cfg.dtype)
@@ -196,18 +204,28 @@ def forward(params, tokens, cfg: ModelConfig, *, positions=None, attn_mask=None,
     token_mask_BT = None if attn_mask is None else attn_mask.astype(bool)
     rope = rope_tables(positions, cfg.head_dim, cfg.rope_theta)  # shared by every layer
 
+    moe_index = {layer: j for j, layer in enumerate(cfg.moe_layers)}
+    if routes is not None and tuple(routes.shape) != (B, T, len(moe_index), cfg.experts_per_token):
+        raise ValueError(f"routes must be [batch, time, n_moe_layers, experts_per_token] = "
+                         f"{(B, T, len(moe_index), cfg.experts_per_token)}, got {tuple(routes.shape)}")
+
     x_BTD = constrain(jnp.take(params["embed"], tokens, axis=0).astype(dtype))
-    stats = []
+    stats, used = [], []
     for i in range(cfg.n_layers):
-        block = partial(_block, cfg=cfg, layer=i, constrain=constrain, mesh=mesh, rules=rules)
+        block = partial(_block, cfg=cfg, layer=i, constrain=constrain, mesh=mesh, rules=rules, replay=replay_routes)
         if cfg.remat and cache is None:
             block = jax.checkpoint(block)
+        routes_BTK = routes[:, :, moe_index[i]] if routes is not None and i in moe_index else None
         x_BTD, cache, layer_stats = block(params[f"block_{i}"], x_BTD, positions, rope, mask_BTS, token_mask_BT,
-                                          cache, cache_index)
+                                          cache, cache_index, routes_BTK)
         if layer_stats is not None:
+            used.append(layer_stats.pop("experts").reshape(B, T, cfg.experts_per_token))
             stats.append(layer_stats)
     h_BTD = rms_norm(x_BTD, params["final_norm"], cfg.norm_eps)
     aux = _stack_stats(stats, cfg.n_experts)
+    if return_routes:
+        aux["routes"] = (jnp.stack(used, axis=2) if used
+                         else jnp.zeros((B, T, 0, cfg.experts_per_token), jnp.int32))
     if return_hidden or not return_logits:
         aux["hidden"] = h_BTD
     if cache is not None:

@@ -418,6 +418,8 @@ def validate(config) -> None:
             v = getattr(sc, fld, None)
             if n_train is not None and isinstance(v, int) and v > n_train:
                 errors.append(f"{p}.{fld} ({v}) must be <= tasks.n_train ({n_train})")
+        if isinstance(model, dict) and hasattr(sc, "model_checks"):  # stage rules that need the model section
+            errors += [f"{p}.{fld} {msg}" for fld, msg in sc.model_checks(model)]
     if errors:
         raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
 

@@ -94,12 +94,15 @@ class RunContext:
 
         return sampling.generate(params, mcfg, prompts, key, mesh=self.mesh, rules=self.rules, **kw)
 
-    def sample(self, params, prompts: list[str], ks, key, *, temperature: float) -> rollout.Samples:
-        """ks[i] answers per prompt at `temperature` with the config's max_new_tokens / top_p / top_k."""
+    def sample(self, params, prompts: list[str], ks, key, *, temperature: float, model_cfg=None,
+               return_routes: bool = False) -> rollout.Samples:
+        """ks[i] answers per prompt at `temperature` with the config's max_new_tokens / top_p / top_k; model_cfg
+        overrides the run's (e.g. another compute dtype for the sampler), return_routes keeps the MoE experts."""
         smp = self.cfg["sampling"]
-        return rollout.sample(self.generate, params, self.model_cfg, self.tok, prompts, ks, key, temperature=temperature,
-                              max_new_tokens=smp["max_new_tokens"], top_p=smp["top_p"], top_k=smp["top_k"],
-                              max_prompt_len=self.cfg["tasks"]["max_prompt_len"], rows_per_call=smp["batch_rows"])
+        return rollout.sample(self.generate, params, model_cfg or self.model_cfg, self.tok, prompts, ks, key,
+                              temperature=temperature, max_new_tokens=smp["max_new_tokens"], top_p=smp["top_p"],
+                              top_k=smp["top_k"], max_prompt_len=self.cfg["tasks"]["max_prompt_len"],
+                              rows_per_call=smp["batch_rows"], return_routes=return_routes)
 
     @property
     def logprob_fn(self):

@@ -4,7 +4,9 @@ All functions are pure and jit-compatible and work on `[batch, time]` float32 ar
 that is 1 on the tokens that count (response tokens). Per-token terms are reduced to a scalar by
 `aggregate`, whose four modes cover the token-mean (DAPO), sequence-mean (original GRPO) and
 constant-length-normalised (Dr. GRPO) choices. `POLICY_LOSSES` maps a config name to a policy
-loss with the `policy_loss` signature, so a variant is a new entry rather than a new trainer.
+loss with the `policy_loss` signature, so a variant is a new entry rather than a new trainer:
+"ppo" (clipped token ratio), "reinforce" (unclipped), "gspo" (clipped sequence ratio, GSPO-token form) and
+"cispo" (clipped, stop-gradient importance weight times the logprob).
 
 Alignment: `token_logprobs(logits, tokens)[:, t]` is log p(tokens[:, t] | tokens[:, :t]) computed
 from `logits[:, t - 1]`; position 0 has no prediction and gets 0 (its loss mask must be 0).
@@ -25,6 +27,8 @@ __all__ = [
     "entropy_from_logits",
     "policy_loss",
     "reinforce_loss",
+    "gspo_loss",
+    "cispo_loss",
     "kl_penalty",
     "value_loss",
     "sft_loss",
@@ -163,6 +167,75 @@ def reinforce_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, 
     return aggregate(-jnp.asarray(advantages, jnp.float32) * ratio, mask, agg, max_len, denom), metrics
 
 
+def _no_dual_clip(name: str, dual_clip) -> None:
+    if dual_clip is not None:
+        raise ValueError(f"dual_clip applies to the 'ppo' loss only; {name} has none (got {dual_clip})")
+
+
+def _ratio_metrics(ratio, log_ratio, adv, m, clip_low, clip_high, any_sign: bool = False):
+    """The metrics every policy loss reports (policy_loss's keys), for a per-token ratio. Clip fractions count
+    tokens with A < 0 below / A > 0 above the band (where a PPO-style min clips), or any token with any_sign."""
+    real = m > 0
+    neg, pos = (True, True) if any_sign else (adv < 0, adv > 0)
+    return {
+        "clip_frac_low": _masked_mean((neg & (ratio < 1.0 - clip_low)).astype(jnp.float32), m),
+        "clip_frac_high": _masked_mean((pos & (ratio > 1.0 + clip_high)).astype(jnp.float32), m),
+        "dual_clip_frac": jnp.zeros((), jnp.float32),
+        "approx_kl": _masked_mean(ratio - 1.0 - log_ratio, m),
+        "ratio_mean": _masked_mean(ratio, m),
+        "ratio_max": jnp.max(jnp.where(real, ratio, -jnp.inf), initial=0.0),
+    }
+
+
+def gspo_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, mask: jax.Array,
+              clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: float | None = None,
+              agg: str = "seq-mean-token-mean", max_len: int | None = None, denom: jax.Array | None = None):
+    """GSPO (Zheng et al. 2025), GSPO-token form: a clipped sequence-level ratio.
+
+    s_i = exp(masked mean over row i's response of (logp - old_logp)) (log clamped to +-20). Per token,
+    s_it = sg(s_i) * exp(logp_t - sg(logp_t)) (value s_i, gradient s_i * grad logp_t) and
+    l_it = -min(s_it * A_it, clip(s_it, 1 - clip_low, 1 + clip_high) * A_it); aggregated with `agg`. With
+    agg "seq-mean-token-mean" (GSPO's; the stage config requires it) and one advantage per sequence this is
+    exactly -mean_i min(s_i A_i, clip(s_i) A_i), with GSPO's gradient; per-token advantages also work. GSPO's
+    clip ranges are small (the paper: 3e-4 / 4e-4). Metrics as `policy_loss`, of the sequence ratio on every
+    token (dual_clip_frac 0; dual_clip must be None).
+    """
+    _no_dual_clip("gspo", dual_clip)
+    m = jnp.asarray(mask, jnp.float32)
+    adv = jnp.asarray(advantages, jnp.float32)
+    d = (logp.astype(jnp.float32) - old_logp.astype(jnp.float32)) * m
+    seq_log = jnp.clip(d.sum(-1) / jnp.maximum(m.sum(-1), 1.0), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    s_B1 = jnp.exp(seq_log)[:, None]
+    lp = logp.astype(jnp.float32)
+    s_tok = jax.lax.stop_gradient(s_B1) * jnp.exp(lp - jax.lax.stop_gradient(lp))
+    per_token = -jnp.minimum(s_tok * adv, jnp.clip(s_tok, 1.0 - clip_low, 1.0 + clip_high) * adv)
+    loss = aggregate(per_token, m, agg, max_len, denom)
+    s_BT = jnp.broadcast_to(s_B1, m.shape)
+    return loss, _ratio_metrics(s_BT, jnp.broadcast_to(seq_log[:, None], m.shape), adv, m, clip_low, clip_high)
+
+
+def cispo_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, mask: jax.Array,
+               clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: float | None = None,
+               agg: str = "token-mean", max_len: int | None = None, denom: jax.Array | None = None):
+    """CISPO (MiniMax-M1, 2025): the importance weight is clipped and stop-gradiented, never the token dropped.
+
+    Per token l_t = -sg(clip(ratio_t, 1 - clip_low, 1 + clip_high)) * A_t * logp_t, ratio_t = exp(logp_t -
+    old_logp_t) (log clamped to +-20), aggregated with `agg`: token-mean (the default) is the paper's sum over
+    masked tokens divided by their number. Every token keeps a gradient -clip(ratio) * A * grad logp. Metrics as
+    `policy_loss` (clip fractions: tokens whose weight was clipped below / above, whatever their advantage;
+    dual_clip must be None).
+    """
+    _no_dual_clip("cispo", dual_clip)
+    m = jnp.asarray(mask, jnp.float32)
+    adv = jnp.asarray(advantages, jnp.float32)
+    lp = logp.astype(jnp.float32)
+    log_ratio = jnp.clip(lp - old_logp.astype(jnp.float32), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    ratio = jnp.exp(log_ratio)
+    weight = jax.lax.stop_gradient(jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high))
+    loss = aggregate(-weight * adv * lp, m, agg, max_len, denom)
+    return loss, _ratio_metrics(ratio, log_ratio, adv, m, clip_low, clip_high, any_sign=True)
+
+
 def kl_penalty(logp: jax.Array, ref_logp: jax.Array, kind: str = "k3") -> jax.Array:
     """Per-token KL(policy || ref) estimate from sampled-token logprobs (Schulman's k1/k2/k3).
 
@@ -221,6 +294,8 @@ def sft_loss(logits: jax.Array, tokens: jax.Array, loss_mask: jax.Array, agg: st
 POLICY_LOSSES: dict[str, Callable] = {
     "ppo": policy_loss,
     "reinforce": reinforce_loss,
+    "gspo": gspo_loss,
+    "cispo": cispo_loss,
 }
 
 

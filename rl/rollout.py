@@ -8,9 +8,11 @@ Pieces (used by the trainer's rejection and RL stages, and by evaluation):
                                        compiles once per run
   build_batch(prompt_ids, samples, T)  train-step rows: BOS + prompt + response (+EOS), right-padded to T;
                                        loss_mask on the response tokens, the sampler's logprobs beside them
+                                       (and, when sampled with return_routes, its expert choices: `routes`)
   even_minibatches(order, max_rows)    an epoch's rows split into near-equal minibatches (sizes differ by <= 1)
   pad_rows(batch, rows)                append empty rows (masks 0) up to a fixed row count: one compiled shape
   chunked(fn, params, batch, rows)     a forward (logprobs, values) over fixed-size row chunks
+  pending_tree / _meta / _template / _load   the batches sampled ahead (bounded staleness) in a checkpoint
   Scorer                               submits a batch to the reward pool's worker processes and returns
                                        at once, so the main thread samples the next batch while this
                                        one is scored (the producer / consumer overlap)
@@ -58,6 +60,7 @@ class Samples:
     texts: list[str]
     group_sizes: np.ndarray  # [n_prompts] samples per prompt, in prompt order
     scores: list[dict] = field(default_factory=list)  # filled by the reward pool
+    routes: np.ndarray | None = None  # [N, P + max_new, n_moe_layers, k] int32 by sampler cache slot (-1 = none)
 
 
 def sample(
@@ -75,13 +78,15 @@ def sample(
     top_k: int = 0,
     max_prompt_len: int,
     rows_per_call: int = 128,
+    return_routes: bool = False,
 ) -> Samples:
     """Draw ks[i] answers for prompt i.
 
     Every prompt is repeated ks[i] times and the rows go to the sampler in calls of exactly
     `rows_per_call` rows (the last call padded) with prompts left-padded to `max_prompt_len`, so
     the sampler compiles once per run whatever the batch, K or eval size. Deterministic in `key`
-    (call c uses fold_in(key, c); the sampler folds in the row).
+    (call c uses fold_in(key, c); the sampler folds in the row). return_routes: also keep the sampler's expert
+    choices (models.sampling.generate), for routing replay.
     """
     ks = np.asarray(ks, np.int64)
     n = len(prompt_texts)
@@ -90,7 +95,7 @@ def sample(
     prompts, pmask, _ = encode_prompts(tok, prompt_texts, multiple=max_prompt_len, max_len=max_prompt_len)
     row_prompt = np.repeat(np.arange(n), ks)
     R = len(row_prompt)
-    toks, lps, lens = [], [], []
+    toks, lps, lens, routes = [], [], [], []
     for c, start in enumerate(range(0, R, rows_per_call)):
         sel = row_prompt[start : start + rows_per_call]
         real = len(sel)
@@ -98,16 +103,19 @@ def sample(
         o = generate(
             params, model_cfg, prompts[sel], jax.random.fold_in(key, c), prompt_mask=pmask[sel], num_samples=1,
             max_new_tokens=int(max_new_tokens), temperature=float(temperature), top_p=float(top_p),
-            top_k=int(top_k), eos_id=list(tok.stop_ids), pad_id=tok.PAD,
+            top_k=int(top_k), eos_id=list(tok.stop_ids), pad_id=tok.PAD, **({"return_routes": True} if return_routes else {}),
         )
         t, lp, ln = (np.asarray(x) for x in jax.device_get((o.tokens, o.logprobs, o.lengths)))
         toks.append(t[:real])
         lps.append(lp[:real])
         lens.append(ln[:real])
+        if return_routes:
+            routes.append(np.asarray(jax.device_get(o.routes))[:real])
     tokens = np.concatenate(toks, 0).astype(np.int32)
     return Samples(
         prompt_index=row_prompt, tokens=tokens, logprobs=np.concatenate(lps, 0).astype(np.float32),
         lengths=np.concatenate(lens, 0).astype(np.int32), texts=[tok.decode(row) for row in tokens], group_sizes=ks,
+        routes=np.concatenate(routes, 0).astype(np.int32) if return_routes else None,
     )
 
 
@@ -115,7 +123,9 @@ def build_batch(prompt_ids: Sequence[Sequence[int]], samples: Samples, length: i
     """Rows BOS + prompt + response for the train step, right-padded to `length` (fixed: one compile).
 
     Returns tokens, attn_mask, loss_mask [N, T] int32, sample_logp [N, T] float32 (the sampler's
-    logprobs placed on the response tokens) and resp_start [N] (index of the first response token).
+    logprobs placed on the response tokens) and resp_start [N] (index of the first response token); with
+    samples.routes also routes [N, T, n_moe_layers, k] int32, the sampler's experts of every prompt and response
+    token at its row position (-1 = none: padding, each row's last token).
     """
     N, M = samples.tokens.shape
     plens = np.array([len(prompt_ids[p]) for p in samples.prompt_index], np.int64)
@@ -126,6 +136,10 @@ def build_batch(prompt_ids: Sequence[Sequence[int]], samples: Samples, length: i
     attn = np.zeros((N, T), np.int32)
     loss = np.zeros((N, T), np.int32)
     slp = np.zeros((N, T), np.float32)
+    routes = None
+    if samples.routes is not None:
+        W = samples.routes.shape[1] - M  # the sampler's (left-padded) prompt width
+        routes = np.full((N, T, *samples.routes.shape[2:]), -1, np.int32)
     for r in range(N):
         p = prompt_ids[samples.prompt_index[r]]
         L = int(samples.lengths[r])
@@ -135,7 +149,13 @@ def build_batch(prompt_ids: Sequence[Sequence[int]], samples: Samples, length: i
         attn[r, : P + L] = 1
         loss[r, P : P + L] = 1
         slp[r, P : P + L] = samples.logprobs[r, :L]
-    return {"tokens": tokens, "attn_mask": attn, "loss_mask": loss, "sample_logp": slp, "resp_start": plens}
+        if routes is not None:
+            routes[r, :P] = samples.routes[r, W - P : W]
+            routes[r, P : P + L] = samples.routes[r, W : W + L]
+    out = {"tokens": tokens, "attn_mask": attn, "loss_mask": loss, "sample_logp": slp, "resp_start": plens}
+    if routes is not None:
+        out["routes"] = routes
+    return out
 
 
 class Scorer:
@@ -183,7 +203,8 @@ def even_minibatches(order: np.ndarray, max_rows: int) -> list[np.ndarray]:
 
 def pad_rows(batch: dict, rows: int) -> dict:
     """`batch` with empty rows appended up to `rows` (all masks 0, one attended pad token so the attention
-    softmax stays finite; float fields 0). Empty rows change no loss term and no metric."""
+    softmax stays finite; float fields 0; routes -1, i.e. none recorded). Empty rows change no loss term and no
+    metric."""
     n = int(batch["tokens"].shape[0])
     if n > rows:
         raise ValueError(f"batch has {n} rows, more than the {rows} it should be padded to")
@@ -194,6 +215,8 @@ def pad_rows(batch: dict, rows: int) -> dict:
     out["attn_mask"][n:, 0] = 1
     if "temperature" in out:
         out["temperature"][n:] = 1.0
+    if "routes" in out:
+        out["routes"][n:] = -1
     return out
 
 
@@ -218,3 +241,32 @@ def rows_for_budget(token_budget: int, seq_len: int, multiple: int = 1) -> int:
     """Rows per train step for a token budget at a fixed padded length, a multiple of the mesh's batch axes."""
     r = max(1, int(token_budget) // int(seq_len))
     return max(multiple, (r // multiple) * multiple)
+
+
+# ---- batches sampled ahead, in checkpoints --------------------------------------------------------------------------
+# A pending batch is {"arrays": {name: array}, "unit": iteration, "temperature": float, "version": updates done when
+# it was sampled}; the arrays go in the checkpoint's tree under "u<unit>", the rest in its JSON meta.
+def pending_tree(batches: list[dict]) -> dict:
+    return {f"u{b['unit']}": b["arrays"] for b in batches}
+
+
+def pending_meta(batches: list[dict]) -> list[dict]:
+    return [{"shapes": {k: [list(v.shape), str(v.dtype)] for k, v in b["arrays"].items()}, "unit": b["unit"],
+             "temperature": b["temperature"], "version": b["version"]} for b in batches]
+
+
+def pending_template(meta) -> dict:
+    """Zero arrays in the tree structure `pending_tree` wrote for `meta` (a dict: one batch, the layout from before
+    bounded staleness)."""
+    zeros = lambda b: {k: np.zeros(shape, dtype) for k, (shape, dtype) in b["shapes"].items()}
+    return zeros(meta) if isinstance(meta, dict) else {f"u{b['unit']}": zeros(b) for b in meta}
+
+
+def pending_load(tree, meta, default_version: int = 0) -> list[dict]:
+    """The pending batches of a restored checkpoint ([] when there are none)."""
+    if not meta:
+        return []
+    if isinstance(meta, dict):  # one batch, stored without a version
+        meta, tree = [meta], {f"u{meta['unit']}": tree}
+    return [{"arrays": {k: np.asarray(v) for k, v in tree[f"u{b['unit']}"].items()}, "unit": b["unit"],
+             "temperature": b["temperature"], "version": b.get("version", default_version)} for b in meta]

@@ -31,7 +31,9 @@ Batch (dict of arrays, all rows first; rows must divide the mesh's batch axes):
   temperature the row was sampled at; logprobs are taken under softmax(logits / T), the sampler's
   distribution); advantages [B, T] or [B] (broadcast); old_logp [B, T] (optional: the behaviour
   policy's logprobs, i.e. the sampler's; absent means on-policy, old = stop_gradient(logp));
-  ref_logp [B, T] (optional: absent means no KL term); PPO also old_values [B, T] and returns [B, T].
+  ref_logp [B, T] (optional: absent means no KL term); PPO also old_values [B, T] and returns [B, T];
+  routes [B, T, n_moe_layers, k] int32 (optional: the sampler's experts per token, -1 = none; replayed when
+  LossConfig.routing_replay, else only compared with the trainer's own: router/replay_disagreement).
 PRM (mode "prm", the process reward model of rewards/prm/): tokens, attn_mask, loss_mask = 1 at each labelled
 step end and step_labels [B, T] in [0, 1] there; the loss is the binary cross-entropy of the value head's logit
 at token t (not shifted: it reads the prefix up to and including t), aggregated like a policy loss. With
@@ -91,6 +93,7 @@ class LossConfig:
     value_coef: float = 0.5  # PPO value-loss weight
     value_clip: float | None = 0.2  # PPO value clip (None = unclipped)
     entropy_coef: float = 0.0  # entropy bonus weight (loss -= entropy_coef * entropy)
+    routing_replay: bool = False  # R3: MoE blocks use the batch's recorded routes (gates from the current router)
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -312,8 +315,13 @@ def make_loss_fn(model_cfg, loss_cfg: LossConfig, mesh, rules):
         tokens = batch["tokens"].astype(jnp.int32)
         mask = batch["loss_mask"].astype(jnp.float32)
         inputs, n_bad = _masked_inputs(batch, mask)
+        if loss_cfg.routing_replay and "routes" not in batch:
+            raise ValueError("LossConfig.routing_replay needs batch['routes'] (the sampler's experts, "
+                             "models.sampling.generate(..., return_routes=True))")
         logits, aux = transformer.forward(_model_params(params), tokens, model_cfg, attn_mask=batch["attn_mask"],
-                                          return_hidden=is_ppo or is_prm, mesh=mesh, rules=rules)
+                                          return_hidden=is_ppo or is_prm, mesh=mesh, rules=rules,
+                                          routes=batch.get("routes"),
+                                          replay_routes=loss_cfg.routing_replay)
         if is_prm:
             z = _head(params, aux["hidden"])
             if "step_prev" in batch:  # + each step's log-likelihood under the model's own LM head
@@ -378,6 +386,9 @@ def make_loss_fn(model_cfg, loss_cfg: LossConfig, mesh, rules):
             metrics["router/expert_load"] = aux["expert_load"] * real_w
         if "dropped_fraction" in aux:
             metrics["router/dropped_fraction"] = aux["dropped_fraction"] * real_w
+        if "replay_differ" in aux:  # share of token-layer routes the trainer's router would choose differently
+            metrics["router/replay_disagreement"] = (
+                jnp.sum(aux["replay_differ"]) / jnp.maximum(jnp.sum(aux["replay_compared"]), 1.0) * real_w)
         return total, metrics
 
     return loss_fn
@@ -507,11 +518,11 @@ def make_train_step(model_cfg, loss_cfg: LossConfig, optim_cfg: OptimConfig, mes
 
 
 # ------------------------------------------------------------------------------------- logprobs
-def _logprobs(params, tokens, attn_mask, temperature, model_cfg, mesh, rules, with_values):
+def _logprobs(params, tokens, attn_mask, temperature, model_cfg, mesh, rules, with_values, routes=None):
     from models import transformer
 
     logits, aux = transformer.forward(_model_params(params), tokens, model_cfg, attn_mask=attn_mask,
-                                      return_hidden=with_values, mesh=mesh, rules=rules)
+                                      return_hidden=with_values, mesh=mesh, rules=rules, routes=routes)
     real = attn_mask.astype(jnp.float32)
     logp = losses.token_logprobs(logits, tokens, temperature) * real
     if not with_values:
@@ -520,15 +531,17 @@ def _logprobs(params, tokens, attn_mask, temperature, model_cfg, mesh, rules, wi
 
 
 def make_logprob_fn(model_cfg, mesh=None, rules=None, with_values: bool = False):
-    """Jitted `fn(params, tokens, attn_mask, temperature=1.0) -> logp [B, T]` (and values [B, T] for PPO).
+    """Jitted `fn(params, tokens, attn_mask, temperature=1.0, routes=None) -> logp [B, T]` (and values [B, T] for
+    PPO).
 
     logp[:, t] = log softmax(logits[:, t-1] / temperature)[tokens[:, t]], logp[:, 0] = 0, and 0 on
     padding; temperature is a scalar or one per row, traced (no recompiles). Use it for reference
-    logprobs at the sampling temperature (the behaviour logprobs are the sampler's own).
+    logprobs at the sampling temperature (the behaviour logprobs are the sampler's own). routes: recorded
+    experts [B, T, n_moe_layers, k] to replay (routing replay), as in the train step.
     """
 
-    def fn(params, tokens, attn_mask, temperature=1.0):
-        return _logprobs(params, tokens, attn_mask, temperature, model_cfg, mesh, rules, with_values)
+    def fn(params, tokens, attn_mask, temperature=1.0, routes=None):
+        return _logprobs(params, tokens, attn_mask, temperature, model_cfg, mesh, rules, with_values, routes)
 
     if mesh is None:
         return jax.jit(fn)

@@ -15,7 +15,8 @@ CONFIGS = sorted(p for p in glob.glob(os.path.join(ROOT, "experiments/configs/*.
                  if os.path.basename(p) not in ("__init__.py", "common.py"))
 VARIANTS = {"quickstart": ["full", "tiny"], "grpo_arith": ["full", "tiny"], "grpo_process": ["full", "step_rewards", "tiny"],
             "ppo_arith": ["full", "tiny"], "r1_zero": ["full", "tiny"], "r1_pipeline": ["full", "tiny"],
-            "prm_arith": ["full", "grpo_prm", "tiny", "tiny_grpo_prm"], "qwen_gsm8k": ["full", "moe", "tiny"]}
+            "prm_arith": ["full", "grpo_prm", "tiny", "tiny_grpo_prm"], "qwen_gsm8k": ["full", "moe", "tiny"],
+            "mismatch_moe": ["full", "tiny"]}
 
 
 def test_every_config_file_is_covered():

@@ -193,3 +193,113 @@ def test_policy_loss_registry():
     np.testing.assert_allclose(float(loss), ref_aggregate(-adv * np.exp(lp - old), m, "token-mean"), rtol=1e-5)
     with pytest.raises(ValueError, match="unknown"):
         L.get_policy_loss("nope")
+
+
+# ---------------------------------------------------------------- GSPO and CISPO (issue 14)
+def ref_gspo_seq_objective(lp, old, a_seq, m, cl, ch):
+    """GSPO as the paper writes it: -mean over sequences of min(s_i A_i, clip(s_i) A_i), s_i = exp(mean log ratio)."""
+    out = []
+    for b in range(lp.shape[0]):
+        n = m[b].sum()
+        if n == 0:
+            continue
+        s = np.exp(((lp[b] - old[b]) * m[b]).sum() / n)
+        out.append(-min(s * a_seq[b], np.clip(s, 1 - cl, 1 + ch) * a_seq[b]))
+    return np.mean(out)
+
+
+def ref_gspo_token(lp, old, a, m, cl, ch):
+    """Per-token GSPO-token values and their analytic d/d logp (float64): value -min(s A, clip(s) A) with the row's
+    sequence ratio s; gradient -A s where the unclipped branch is the smaller loss, else 0."""
+    n = np.maximum(m.sum(-1, keepdims=True), 1)
+    s = np.exp(((lp - old) * m).sum(-1, keepdims=True) / n) * np.ones_like(lp)
+    val = -np.minimum(s * a, np.clip(s, 1 - cl, 1 + ch) * a)
+    clipped = ((a > 0) & (s > 1 + ch)) | ((a < 0) & (s < 1 - cl))
+    return val, np.where(clipped, 0.0, -a * s)
+
+
+def _seq_batch(seed, b=5, t=7, spread=0.3):
+    lp, _, _, m = _batch(seed, b, t)
+    rng = np.random.default_rng(seed + 100)
+    old = lp + rng.normal(0, spread, size=lp.shape)
+    a_seq = rng.normal(size=(b,))
+    return lp, old, a_seq, m
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_gspo_value_and_gradient_match_the_sequence_objective(seed):
+    """One advantage per sequence: the GSPO-token loss equals GSPO's sequence objective, and so does its gradient
+    (float64 central differences of the NumPy objective)."""
+    lp, old, a_seq, m = _seq_batch(seed)
+    cl, ch = 0.1, 0.15  # wide enough that some rows clip and some do not at this spread
+    adv = np.broadcast_to(a_seq[:, None], lp.shape)
+    f = lambda x: L.gspo_loss(x, old, adv, m, cl, ch, None, "seq-mean-token-mean")[0]
+    want = ref_gspo_seq_objective(lp, old, a_seq, m, cl, ch)
+    np.testing.assert_allclose(float(f(jnp.asarray(lp, jnp.float32))), want, rtol=1e-5, atol=1e-6)
+    grad = np.asarray(jax.grad(f)(jnp.asarray(lp, jnp.float32)))
+    h, fd = 1e-6, np.zeros_like(lp)
+    for idx in np.ndindex(lp.shape):
+        up, dn = lp.copy(), lp.copy()
+        up[idx] += h
+        dn[idx] -= h
+        fd[idx] = (ref_gspo_seq_objective(up, old, a_seq, m, cl, ch) - ref_gspo_seq_objective(dn, old, a_seq, m, cl, ch)) / (2 * h)
+    np.testing.assert_allclose(grad, fd, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["seq-mean-token-mean", "token-mean"])
+def test_gspo_token_form_with_per_token_advantages(mode):
+    lp, old, _, m = _seq_batch(3)
+    adv = np.random.default_rng(4).normal(size=lp.shape)
+    cl, ch = 0.1, 0.15
+    val, dval = ref_gspo_token(lp, old, adv, m, cl, ch)
+    loss, met = L.gspo_loss(lp, old, adv, m, cl, ch, None, mode)
+    np.testing.assert_allclose(float(loss), ref_aggregate(val, m, mode), rtol=1e-5, atol=1e-6)
+    grad = np.asarray(jax.grad(lambda x: L.gspo_loss(x, old, adv, m, cl, ch, None, mode)[0])(jnp.asarray(lp, jnp.float32)))
+    # d aggregate / d value_t: 1 / (rows with tokens * row tokens) for the sequence mean, 1 / tokens for token-mean
+    n_row = m.sum(-1, keepdims=True)
+    scale = (1.0 / ((n_row > 0).sum() * np.maximum(n_row, 1))) if mode == "seq-mean-token-mean" else 1.0 / m.sum()
+    np.testing.assert_allclose(grad, dval * m * scale, rtol=1e-4, atol=1e-7)
+    s = np.exp(((lp - old) * m).sum(-1) / np.maximum(n_row[:, 0], 1))
+    np.testing.assert_allclose(float(met["ratio_max"]), s[n_row[:, 0] > 0].max(), rtol=1e-5)
+
+
+def test_cispo_value_and_gradient_match_reference():
+    """-sum_t sg(clip(ratio_t)) A_t logp_t / n over masked tokens; the gradient keeps every token (weight clipped, not
+    the token dropped): -clip(ratio) A / n."""
+    lp, old, adv, m = _batch(11)
+    cl, ch = 0.2, 0.28
+    w = np.clip(np.exp(lp - old), 1 - cl, 1 + ch)
+    loss, met = L.cispo_loss(lp, old, adv, m, cl, ch)
+    np.testing.assert_allclose(float(loss), -(w * adv * lp * m).sum() / m.sum(), rtol=1e-5)
+    grad = np.asarray(jax.grad(lambda x: L.cispo_loss(x, old, adv, m, cl, ch)[0])(jnp.asarray(lp, jnp.float32)))
+    np.testing.assert_allclose(grad, -w * adv * m / m.sum(), rtol=1e-4, atol=1e-7)
+    r = np.exp(lp - old)
+    np.testing.assert_allclose(float(met["clip_frac_high"]), ((r > 1 + ch) * m).sum() / m.sum(), rtol=1e-6)
+    np.testing.assert_allclose(float(met["clip_frac_low"]), ((r < 1 - cl) * m).sum() / m.sum(), rtol=1e-6)
+    assert 0 < float(met["clip_frac_high"]) and 0 < float(met["clip_frac_low"])  # the batch exercises both clips
+
+
+def test_sequence_and_cispo_losses_share_the_registry_signature():
+    import inspect
+
+    want = list(inspect.signature(L.policy_loss).parameters)
+    for name in ("gspo", "cispo"):
+        fn = L.get_policy_loss(name)
+        assert list(inspect.signature(fn).parameters) == want
+        with pytest.raises(ValueError, match="dual_clip"):
+            fn(*_batch(0)[:4], 0.2, 0.2, 2.0)
+
+
+def test_policy_loss_is_selected_from_the_stage_config():
+    from rl import stages
+    from rl.config_fields import FieldErrors
+
+    def cfg(**kw):
+        return stages.parse_stage({**stages.defaults("grpo"), **kw})
+
+    assert cfg(policy_loss="cispo").components(32)[0].policy_loss == "cispo"
+    assert cfg(policy_loss="gspo", agg="seq-mean-token-mean").components(32)[0].policy_loss == "gspo"
+    with pytest.raises(FieldErrors, match="agg must be seq-mean-token-mean"):
+        cfg(policy_loss="gspo")
+    with pytest.raises(FieldErrors, match="dual_clip"):
+        cfg(policy_loss="cispo", dual_clip=3.0)

@@ -321,10 +321,11 @@ class PolicyGradientRun(StageRun):
         fut = ctx.scorer.submit(texts, [self.problems[int(a["ids"][p])] for p in a["prompt_index"]], a["lengths"])
         # Producer / consumer: while the reward pool scores this batch, sample ahead up to iteration u + k with the
         # current params (batch u + k then trains k updates later: bounded staleness k).
+        ahead = range(u + 1 + len(self.pending), min(u + self.lookahead(), self.units - 1) + 1)
         t0 = time.time()
-        for v in range(u + 1 + len(self.pending), min(u + self.lookahead(), self.units - 1) + 1):
+        for v in ahead:
             self.pending.append(self._produce(v))
-        t_overlap = time.time() - t0
+        t_overlap = time.time() - t0 if len(ahead) else 0.0
         t0 = time.time()
         scores = ctx.scorer.result(fut)
         t_wait = time.time() - t0
