@@ -43,6 +43,7 @@ class ModelConfig:
     param_dtype: str = "float32"  # storage dtype of parameters
     tie_embeddings: bool = True  # unembedding = embedding table (scaled by d_model**-0.5 if scale_tied_unembed)
     remat: bool = False  # rematerialise each block in the backward pass (saves activation memory)
+    logits_chunk: int = 0  # train step: logprobs + entropy N positions at a time, no [B, T, V] logits (0 = full)
     # Fields that pretrained checkpoints need (models/hf.py sets them); the defaults reproduce the from-scratch model.
     attn_bias: bool = False  # learned bias on the q/k/v projections (Qwen2)
     qk_norm: bool = False  # per-head RMSNorm of queries and keys before the rotary embedding (Qwen3)
@@ -53,7 +54,7 @@ class ModelConfig:
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff", "max_seq_len"):
             _check_int(name, getattr(self, name), minimum=1)
-        for name in ("n_experts", "moe_every", "n_shared_experts"):
+        for name in ("n_experts", "moe_every", "n_shared_experts", "logits_chunk"):
             _check_int(name, getattr(self, name), minimum=0)
         _check_int("experts_per_token", self.experts_per_token, minimum=1)
         if self.expert_d_ff is not None:

@@ -19,7 +19,11 @@ chunk's logits, so the largest temporaries are a few [B, chunk_len, vocab] float
 
 The weight gradient accumulates in float32 across chunks; hidden and weight gradients are returned in the inputs'
 dtypes (bf16 parameters get bf16 gradients). Everything from the logits on is float32; the three matmuls take their
-inputs in the compute dtype (hidden's) and accumulate in float32.
+inputs in the compute dtype (hidden's) and accumulate in float32. Given a mesh, each chunk's logits are laid out as
+forward's are (("batch", "length", "vocab") through the rules: rows over the batch axes, the vocabulary over tensor),
+so a sharded vocabulary stays sharded and logsumexp / E[z] reduce across its shards.
+
+The train step uses this path when ModelConfig.logits_chunk > 0 (rl/train_step.py).
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+
+from models import sharding
 
 _EINSUM = {"DV": ("BCD,DV->BCV", "BCV,DV->BCD", "BCD,BCV->DV"),
            "VD": ("BCD,VD->BCV", "BCV,VD->BCD", "BCD,BCV->VD")}
@@ -44,15 +50,17 @@ def _unchunk(x):
     return x.reshape(x.shape[0], x.shape[1] * x.shape[2], *x.shape[3:])
 
 
-def _chunk_logits(h_BCD, w, s_B, layout):
+def _chunk_logits(h_BCD, w, s_B, layout, z_sharding):
     z_BCV = jnp.einsum(_EINSUM[layout][0], h_BCD, w.astype(h_BCD.dtype), preferred_element_type=jnp.float32)
+    if z_sharding is not None:
+        z_BCV = jax.lax.with_sharding_constraint(z_BCV, z_sharding)
     return z_BCV * s_B[:, None, None]
 
 
-def _forward(h_nBCD, w, tgt_nBC, s_B, layout):
+def _forward(h_nBCD, w, tgt_nBC, s_B, layout, z_sharding):
     def chunk(_, xs):
         h_BCD, tgt_BC = xs
-        z_BCV = _chunk_logits(h_BCD, w, s_B, layout)
+        z_BCV = _chunk_logits(h_BCD, w, s_B, layout, z_sharding)
         lse_BC = jax.nn.logsumexp(z_BCV, axis=-1)
         p_BCV = jnp.exp(z_BCV - lse_BC[..., None])
         ez_BC = jnp.sum(p_BCV * z_BCV, axis=-1)
@@ -62,25 +70,25 @@ def _forward(h_nBCD, w, tgt_nBC, s_B, layout):
     return jax.lax.scan(chunk, None, (h_nBCD, tgt_nBC))[1]
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _logprobs_entropy(h_nBCD, w, tgt_nBC, s_B, layout):
-    logp, ent, _, _ = _forward(h_nBCD, w, tgt_nBC, s_B, layout)
+@partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _logprobs_entropy(h_nBCD, w, tgt_nBC, s_B, layout, z_sharding):
+    logp, ent, _, _ = _forward(h_nBCD, w, tgt_nBC, s_B, layout, z_sharding)
     return logp, ent
 
 
-def _fwd(h_nBCD, w, tgt_nBC, s_B, layout):
-    logp, ent, lse, ez = _forward(h_nBCD, w, tgt_nBC, s_B, layout)
+def _fwd(h_nBCD, w, tgt_nBC, s_B, layout, z_sharding):
+    logp, ent, lse, ez = _forward(h_nBCD, w, tgt_nBC, s_B, layout, z_sharding)
     return (logp, ent), (h_nBCD, w, tgt_nBC, s_B, lse, ez)
 
 
-def _bwd(layout, residuals, cotangents):
+def _bwd(layout, z_sharding, residuals, cotangents):
     h_nBCD, w, tgt_nBC, s_B, lse_nBC, ez_nBC = residuals
     g_logp_nBC, g_ent_nBC = cotangents
     _, to_h, to_w = _EINSUM[layout]
 
     def chunk(dw, xs):
         h_BCD, tgt_BC, lse_BC, ez_BC, g_logp_BC, g_ent_BC = xs
-        z_BCV = _chunk_logits(h_BCD, w, s_B, layout)
+        z_BCV = _chunk_logits(h_BCD, w, s_B, layout, z_sharding)
         p_BCV = jnp.exp(z_BCV - lse_BC[..., None])
         dz_BCV = -p_BCV * (g_logp_BC[..., None] + g_ent_BC[..., None] * (z_BCV - ez_BC[..., None]))
         onehot_BCV = jax.nn.one_hot(tgt_BC, z_BCV.shape[-1], dtype=jnp.float32)
@@ -101,13 +109,14 @@ _logprobs_entropy.defvjp(_fwd, _bwd)
 
 
 def chunked_logprobs(hidden_BTD, w, targets_BT, *, layout: str = "DV", scale: float = 1.0, temperature=1.0,
-                     chunk_len: int = 128):
+                     chunk_len: int = 128, mesh=None, rules=None):
     """(logp [B, T], entropy [B, T]) float32 of softmax(z), z = scale * hidden @ w / temperature, position by position.
 
     w: [D, V] for layout "DV" or [V, D] for "VD" (a tied embedding table, used without a transpose copy).
     temperature: a scalar or one value per row [B]. chunk_len: positions per chunk (the last chunk is padded); the
     largest temporaries are about three [B, chunk_len, V] float32 arrays in the backward pass. Differentiable in
-    hidden and w (custom VJP, see the module docstring); targets and temperature get no gradient.
+    hidden and w (custom VJP, see the module docstring); targets and temperature get no gradient. mesh / rules
+    (models/sharding.py; rules default to DEFAULT_RULES): lay each chunk's logits out as forward's logits are.
     """
     if layout not in _EINSUM:
         raise ValueError(f"layout must be 'DV' or 'VD', got {layout!r}")
@@ -125,19 +134,27 @@ def chunked_logprobs(hidden_BTD, w, targets_BT, *, layout: str = "DV", scale: fl
         targets_BT = jnp.pad(targets_BT, ((0, 0), (0, pad)))
     temp_B = jnp.broadcast_to(jnp.asarray(temperature, jnp.float32), (B,))
     s_B = jnp.float32(scale) / temp_B
-    logp, ent = _logprobs_entropy(_chunks(hidden_BTD, n, c), w, _chunks(targets_BT, n, c), s_B, layout)
+    z_sharding = None
+    if mesh is not None:
+        rules = sharding.DEFAULT_RULES if rules is None else rules
+        V = w.shape[1] if layout == "DV" else w.shape[0]
+        spec = sharding.logical_to_spec(("batch", "length", "vocab"), rules, shape=(B, c, V), mesh=mesh)
+        z_sharding = jax.sharding.NamedSharding(mesh, spec)  # hashable: a static argument of the custom VJP
+    logp, ent = _logprobs_entropy(_chunks(hidden_BTD, n, c), w, _chunks(targets_BT, n, c), s_B, layout, z_sharding)
     return _unchunk(logp)[:, :T], _unchunk(ent)[:, :T]
 
 
-def sequence_logprobs(params, cfg, hidden_BTD, tokens_BT, temperature=1.0, *, chunk_len: int = 128):
+def sequence_logprobs(params, cfg, hidden_BTD, tokens_BT, temperature=1.0, *, chunk_len: int = 128, mesh=None,
+                      rules=None):
     """Next-token (logp [B, T], entropy [B, T]) of a sequence from forward(..., return_logits=False)'s aux["hidden"].
 
     Column t: log p(tokens[:, t] | tokens[:, :t]) and the entropy of that predictive distribution, both from the
     hidden state at t - 1, under softmax(logits / temperature); column 0 is 0 (rl.losses.token_logprobs' alignment).
+    temperature: a scalar or one value per row [B]; mesh / rules as in chunked_logprobs.
     """
     from models.transformer import unembedding  # local import: transformer does not depend on this module
 
     w, layout, scale = unembedding(params, cfg)
     logp, ent = chunked_logprobs(hidden_BTD[:, :-1], w, tokens_BT[:, 1:], layout=layout, scale=scale,
-                                 temperature=temperature, chunk_len=chunk_len)
+                                 temperature=temperature, chunk_len=chunk_len, mesh=mesh, rules=rules)
     return jnp.pad(logp, ((0, 0), (1, 0))), jnp.pad(ent, ((0, 0), (1, 0)))

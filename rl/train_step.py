@@ -2,7 +2,8 @@
 
 One jitted pure function `(state, batch, hparams) -> (state, metrics)` serves all three modes. It
 runs the policy forward once, derives per-token logprobs and entropy from the same logits (divided
-by each row's sampling temperature), and sums
+by each row's sampling temperature; with ModelConfig.logits_chunk > 0 from the hidden states that
+many positions at a time, models/vocab.py, never holding [B, T, vocab] logits), and sums
   policy loss (or masked cross-entropy for SFT)
   + kl_coef * KL(policy || ref)          (when the batch has ref_logp and kl_in_loss)
   - entropy_coef * entropy
@@ -258,6 +259,15 @@ def _shifted_values(params: dict, hidden: jax.Array) -> jax.Array:
     return jnp.pad(_head(params, hidden[:, :-1]), ((0, 0), (1, 0)))
 
 
+def _chunked_logprobs(params, aux, tokens, temperature, model_cfg, mesh, rules):
+    """(logp, entropy) [B, T] from forward(..., return_logits=False)'s hidden states, model_cfg.logits_chunk positions
+    at a time (models/vocab.py): the full-logits path's numbers without [B, T, vocab] float32 logits."""
+    from models import vocab
+
+    return vocab.sequence_logprobs(_model_params(params), model_cfg, aux["hidden"], tokens, temperature,
+                                   chunk_len=model_cfg.logits_chunk, mesh=mesh, rules=rules)
+
+
 def _router_terms(aux: dict, model_cfg) -> tuple[jax.Array, jax.Array]:
     lb = jnp.asarray(aux.get("router_aux_loss", jnp.zeros((0,))), jnp.float32)
     z = jnp.asarray(aux.get("router_z_loss", jnp.zeros((0,))), jnp.float32)
@@ -306,6 +316,7 @@ def make_loss_fn(model_cfg, loss_cfg: LossConfig, mesh, rules):
     agg, max_len = loss_cfg.agg, loss_cfg.max_len_norm
     is_ppo, is_sft = loss_cfg.mode == "ppo", loss_cfg.mode == "sft"
     is_prm = loss_cfg.mode == "prm"
+    chunked = model_cfg.logits_chunk > 0
 
     def loss_fn(params, batch, kl_coef, share=None):
         denom = None if share is None else share["denom"]
@@ -319,22 +330,27 @@ def make_loss_fn(model_cfg, loss_cfg: LossConfig, mesh, rules):
             raise ValueError("LossConfig.routing_replay needs batch['routes'] (the sampler's experts, "
                              "models.sampling.generate(..., return_routes=True))")
         logits, aux = transformer.forward(_model_params(params), tokens, model_cfg, attn_mask=batch["attn_mask"],
-                                          return_hidden=is_ppo or is_prm, mesh=mesh, rules=rules,
-                                          routes=batch.get("routes"),
+                                          return_hidden=is_ppo or is_prm, return_logits=not chunked, mesh=mesh,
+                                          rules=rules, routes=batch.get("routes"),
                                           replay_routes=loss_cfg.routing_replay)
         if is_prm:
             z = _head(params, aux["hidden"])
             if "step_prev" in batch:  # + each step's log-likelihood under the model's own LM head
-                f = jnp.cumsum(losses.token_logprobs(logits, tokens) * batch["attn_mask"], axis=1)
+                lp = (_chunked_logprobs(params, aux, tokens, 1.0, model_cfg, mesh, rules)[0] if chunked
+                      else losses.token_logprobs(logits, tokens))
+                f = jnp.cumsum(lp * batch["attn_mask"], axis=1)
                 z = z + f - jnp.take_along_axis(f, batch["step_prev"].astype(jnp.int32), axis=1)
             return _prm_terms(z, inputs["step_labels"], mask, aux, n_bad, model_cfg, agg, max_len, denom, tok_w,
                               real_w)
         temp = jnp.ones((tokens.shape[0],), jnp.float32) if is_sft else _row_temperature(batch, tokens.shape[0])
-        # One log-softmax at the sampling temperature feeds both the sampled-token logprobs and the entropy.
-        logp_all = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32) / temp[:, None, None], axis=-1)
-        logp = jnp.take_along_axis(logp_all, tokens[:, 1:, None], axis=-1)[..., 0]
-        logp = jnp.pad(logp, ((0, 0), (1, 0)))
-        ent_tok = jnp.pad(-(jnp.exp(logp_all) * logp_all).sum(-1), ((0, 0), (1, 0)))
+        if chunked:
+            logp, ent_tok = _chunked_logprobs(params, aux, tokens, temp, model_cfg, mesh, rules)
+        else:
+            # One log-softmax at the sampling temperature feeds both the sampled-token logprobs and the entropy.
+            logp_all = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32) / temp[:, None, None], axis=-1)
+            logp = jnp.take_along_axis(logp_all, tokens[:, 1:, None], axis=-1)[..., 0]
+            logp = jnp.pad(logp, ((0, 0), (1, 0)))
+            ent_tok = jnp.pad(-(jnp.exp(logp_all) * logp_all).sum(-1), ((0, 0), (1, 0)))
         entropy = losses.aggregate(ent_tok, mask, agg, max_len, denom)
         metrics: dict[str, Any] = {"entropy": entropy, "nonfinite_inputs": n_bad}
 
@@ -521,10 +537,15 @@ def make_train_step(model_cfg, loss_cfg: LossConfig, optim_cfg: OptimConfig, mes
 def _logprobs(params, tokens, attn_mask, temperature, model_cfg, mesh, rules, with_values, routes=None):
     from models import transformer
 
+    chunked = model_cfg.logits_chunk > 0
     logits, aux = transformer.forward(_model_params(params), tokens, model_cfg, attn_mask=attn_mask,
-                                      return_hidden=with_values, mesh=mesh, rules=rules, routes=routes)
+                                      return_hidden=with_values, return_logits=not chunked, mesh=mesh, rules=rules,
+                                      routes=routes)
     real = attn_mask.astype(jnp.float32)
-    logp = losses.token_logprobs(logits, tokens, temperature) * real
+    if chunked:
+        logp = _chunked_logprobs(params, aux, tokens, temperature, model_cfg, mesh, rules)[0] * real
+    else:
+        logp = losses.token_logprobs(logits, tokens, temperature) * real
     if not with_values:
         return logp
     return logp, _shifted_values(params, aux["hidden"]) * real

@@ -15,8 +15,11 @@ CONFIGS = sorted(p for p in glob.glob(os.path.join(ROOT, "experiments/configs/*.
                  if os.path.basename(p) not in ("__init__.py", "common.py"))
 VARIANTS = {"quickstart": ["full", "tiny"], "grpo_arith": ["full", "tiny"], "grpo_process": ["full", "step_rewards", "tiny"],
             "ppo_arith": ["full", "tiny"], "r1_zero": ["full", "tiny"], "r1_pipeline": ["full", "tiny"],
-            "prm_arith": ["full", "grpo_prm", "tiny", "tiny_grpo_prm"], "qwen_gsm8k": ["full", "moe", "tiny"],
-            "mismatch_moe": ["full", "tiny"]}
+            "mismatch_moe": ["full", "tiny"], "prm_arith": ["full", "grpo_prm", "tiny", "tiny_grpo_prm"],
+            "qwen_gsm8k": ["full", "moe", "tiny"],
+            **{f"claim_{n}": ["full", "tiny"] for n in ("cold_start", "process_reward", "format_reward", "curriculum",
+                                                        "kl_control", "temperature", "rejection", "step_rewards",
+                                                        "prm_calibration")}}
 
 
 def test_every_config_file_is_covered():
@@ -171,7 +174,8 @@ def test_sweep_grid_table_and_csv(tmp_path):
     rows, stages = sweep.collect(runs)
     assert stages == ["grpo"] and rows[2]["grpo/pass@1"] == pytest.approx(0.3)
     text = sweep.table(rows, ["stages[2].clip_high"], stages, "pass@1")
-    assert "| 0.2 | 0.150 ± 0.050 | 2 |" in text and "| 0.28 | 0.300 ± 0.000 | 1 |" in text
+    # mean +- the sample std (ddof=1) with n and every seed's value
+    assert "| 0.2 | 0.150 ± 0.071 (n=2: 0.100, 0.200) |" in text and "| 0.28 | 0.300 (n=1: 0.300) |" in text
     sweep.write_csv(str(tmp_path / "results.csv"), rows)
     assert (tmp_path / "results.csv").read_text().splitlines()[0].startswith("stages[2].clip_high,seed")
     sweep.plot(str(tmp_path / "p.png"), rows, ["stages[2].clip_high"], stages, "pass@1")
