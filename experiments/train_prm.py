@@ -15,7 +15,9 @@ workdir so that a rerun continues where the last one stopped:
               (c) mix = (a) + (b); exact = the checker on the training samples (the exact-label reference)
   4. PRMs     per label source and seed: train (rl.train_step mode "prm"), fit temperature and Platt scaling and
               the first-error threshold on the calibration samples, evaluate on the held-out test samples
-  5. report   workdir/results.json, workdir/table.md and workdir/prm.npz (the deploy source, first seed)
+  5. report   workdir/results.json, workdir/table.md and workdir/prm.npz (the deploy source, first seed); each
+              PRM file stores every fitted map (none, temperature, platt; it applies Platt's unless the user picks
+              another: reward.prm_calibration), and a rerun adds them to files written before they were stored
 
 Calibration and threshold use exact labels on the validation split's samples (a small labelled set, two
 parameters and a threshold); every reported metric is on the test split's samples.
@@ -243,7 +245,7 @@ def run_source(ctx, params, data: dict, cfg, source: str, seed: int, prm_dir: st
     first = np.array([i % k < min(cfg.eval_samples, k) for i in range(len(test))])  # first eval_samples per problem
     res = evaluate(z_t[first], enc_t.rows(first), calibs, threshold)
     prm = PRM(ctx.model_cfg, trained, calibs["platt"], threshold, cfg.agg,
-              {"source": source, "seed": seed, "metrics": res}, lik)
+              {"source": source, "seed": seed, "metrics": res}, lik, calibs)
     res["bon"] = best_of_n_table(prm, z_t, enc_t, test, k, cfg)
     n_lab = int(enc.label_mask.sum())
     res.update({"train_seconds": log["seconds"], "train_loss_last": float(np.mean(log["loss"][-20:])),
@@ -256,6 +258,20 @@ def run_source(ctx, params, data: dict, cfg, source: str, seed: int, prm_dir: st
         os.makedirs(prm_dir, exist_ok=True)
         save(prm, os.path.join(prm_dir, f"{source}.npz"))
     return res
+
+
+def store_calibrations(path: str, calibs: dict) -> bool:
+    """Give a PRM file written before PRM.calibs existed every map fitted for it (results.json keeps them), so
+    reward.prm_calibration can choose among them; True when the file was rewritten."""
+    import dataclasses
+
+    from rewards.prm.model import load, save
+
+    prm = load(path)
+    if prm.calibs == calibs:
+        return False
+    save(dataclasses.replace(prm, calibs=calibs), path)
+    return True
 
 
 def best_of_n_table(prm, z, enc, test: list[dict], k: int, cfg) -> dict:
@@ -363,6 +379,7 @@ def main(argv=None) -> int:
     for source in cfg.source_list():
         if source in done and os.path.exists(os.path.join(prm_dir, f"{source}.npz")):
             results[source] = done[source]
+            store_calibrations(os.path.join(prm_dir, f"{source}.npz"), done[source][0]["calib"])
             continue
         results[source] = []
         for seed in cfg.seeds:

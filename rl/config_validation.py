@@ -420,6 +420,8 @@ def validate(config) -> None:
                 errors.append(f"{p}.{fld} ({v}) must be <= tasks.n_train ({n_train})")
         if isinstance(model, dict) and hasattr(sc, "model_checks"):  # stage rules that need the model section
             errors += [f"{p}.{fld} {msg}" for fld, msg in sc.model_checks(model)]
+        if isinstance(rew, dict) and hasattr(sc, "reward_checks"):  # stage rules that need the reward section
+            errors += [f"{p}.{fld} {msg}" for fld, msg in sc.reward_checks(rew)]
     if errors:
         raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
 

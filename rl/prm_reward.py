@@ -8,7 +8,12 @@ token rows beside the policy's, not in the plain-Python reward pool. Config (rew
     reward.prm_agg    the response's PRM score from its calibrated step probabilities: min | mean | prod | last
     reward.prm_steps  step_rewards / process_grpo take their step scores from the PRM instead of the checker
 
-    scorer = for_context(ctx)                 # None when reward.prm_path is ""; loaded once per process
+An RL stage adds its own terms (rl/stages/policy_gradient.py; stage-level, so a sweep over them shares the cold
+start): stages[i].prm_weight (+ weight x the PRM score, on top of reward.w_prm) and stages[i].prm_calibration (the
+map its probabilities use: none | temperature | platt, each stored in the file by experiments/train_prm.py; ""
+= the file's own). "{seed}" in reward.prm_path is replaced by the run's seed (one PRM per seed in a sweep).
+
+    scorer = for_context(ctx, stage_cfg, "stages[1]")   # None when reward.prm_path is ""; loaded once per process
     out = scorer.score_rows(tokens, attn_mask, texts, resp_start)       # PRM probabilities per step
     rewards, m = scorer.add_reward(rewards, out, families)              # + w_prm * score; prm/* metrics
     sc, pos, msk = scorer.step_scores(out, final)                       # the step_scores layout
@@ -25,7 +30,7 @@ import time
 
 import numpy as np
 
-__all__ = ["PRMScorer", "for_context", "load_scorer", "eval_rerank"]
+__all__ = ["PRMScorer", "for_context", "load_scorer", "prm_file", "eval_rerank"]
 
 
 class PRMScorer:
@@ -107,16 +112,21 @@ def eval_rerank(ctx, prompts, samples, scores, k: int) -> dict:
     built as the trainer's: rl.rollout.build_batch at ctx.seq_len), else {}."""
     from rl import rollout
 
+    if k < 1 or samples is None:
+        return {}  # nothing to rerank: the PRM file is not even read (a cold start may run before it exists)
     scorer = for_context(ctx)
-    if scorer is None or k < 1 or samples is None:
+    if scorer is None:
         return {}
     b = rollout.build_batch([ctx.tok.encode(p, add_bos=True) for p in prompts], samples, ctx.seq_len,
                             pad_id=ctx.tok.PAD)
     return scorer.rerank(b, samples.texts, [sc["solved"] > 0.5 for sc in scores], k)
 
 
-def load_scorer(path: str, tok, reward: dict) -> PRMScorer:
-    """A PRMScorer for the reward section's settings; ValueError naming reward.prm_path for a bad file."""
+def load_scorer(path: str, tok, reward: dict, *, w_extra: float = 0.0, calibration: str = "",
+                calibration_field: str = "prm_calibration") -> PRMScorer:
+    """A PRMScorer for the reward section's settings, plus `w_extra` on w_prm and the stored map `calibration`
+    ("" = the file's own); ValueError naming reward.prm_path for a bad file, `calibration_field` for a map the
+    file does not hold."""
     from rewards.prm.model import load
 
     try:
@@ -124,15 +134,29 @@ def load_scorer(path: str, tok, reward: dict) -> PRMScorer:
     except (OSError, ValueError, KeyError) as e:
         raise ValueError(f"reward.prm_path {path!r}: {e} (train one: python -m experiments.train_prm --config "
                          "experiments/configs/prm_arith.py --workdir runs/prm)") from None
-    return PRMScorer(prm, tok, w=reward.get("w_prm", 0.0), agg=reward.get("prm_agg", "min"),
+    try:
+        prm = prm.calibrated(calibration)
+    except ValueError as e:
+        raise ValueError(f"{calibration_field} {calibration!r} with reward.prm_path {path!r}: {e}") from None
+    return PRMScorer(prm, tok, w=reward.get("w_prm", 0.0) + float(w_extra), agg=reward.get("prm_agg", "min"),
                      steps=reward.get("prm_steps", False))
 
 
-def for_context(ctx) -> PRMScorer | None:
-    """The run's PRM scorer (cached per path and settings in the process), None when reward.prm_path is ""."""
+def prm_file(reward: dict, seed: int) -> str:
+    """reward.prm_path with "{seed}" replaced by the run's seed ("" = no PRM)."""
+    return str(reward.get("prm_path", "")).replace("{seed}", str(int(seed)))
+
+
+def for_context(ctx, stage=None, where: str = "stages[i]") -> PRMScorer | None:
+    """The run's PRM scorer (cached per file and settings in the process), None when reward.prm_path is "". With an
+    RL stage config, its prm_weight adds to reward.w_prm and its prm_calibration (when set) picks the map; `where`
+    names the stage in errors."""
     reward = ctx.cfg["reward"]
-    path = reward.get("prm_path", "")
+    path = prm_file(reward, ctx.cfg["seed"])
     if not path:
         return None
-    key = ("prm", path, reward.get("w_prm"), reward.get("prm_agg"), reward.get("prm_steps"))
-    return ctx.cached(key, lambda: load_scorer(path, ctx.tok, reward))
+    w_extra = float(getattr(stage, "prm_weight", 0.0) or 0.0)
+    calibration = str(getattr(stage, "prm_calibration", "") or "")
+    key = ("prm", path, reward.get("w_prm"), reward.get("prm_agg"), reward.get("prm_steps"), w_extra, calibration)
+    return ctx.cached(key, lambda: load_scorer(path, ctx.tok, reward, w_extra=w_extra, calibration=calibration,
+                                               calibration_field=f"{where}.prm_calibration"))

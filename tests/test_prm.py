@@ -314,6 +314,125 @@ def test_reward_config_prm_fields_are_checked():
         cv.validate(c)
 
 
+# ---- the calibration chosen at use time (PRM.calibs, stages[i].prm_calibration) -------------------------------------
+CALIBS = {"none": {"kind": "none"}, "temperature": {"kind": "temperature", "a": 0.5, "b": 0.0, "T": 2.0},
+          "platt": {"kind": "platt", "a": 2.0, "b": -1.0}}
+HAND = {"": (2.0, -1.0), "none": (1.0, 0.0), "temperature": (0.5, 0.0), "platt": (2.0, -1.0)}  # (a, b); "" = own
+
+
+class _Ctx:
+    """What rl.prm_reward.for_context reads of a run context."""
+
+    def __init__(self, reward: dict, seed: int):
+        from rl.context import cached
+
+        self.cfg, self.tok, self.cached = {"seed": seed, "reward": reward}, TOK, cached
+
+
+def _drop_calibs(path):
+    """Rewrite a PRM file as one written before PRM.calibs existed (no "calibs" in its metadata)."""
+    import json
+
+    with np.load(path, allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    meta = json.loads(str(arrays.pop("__meta__")))
+    del meta["calibs"]
+    with open(path, "wb") as fh:
+        np.savez(fh, __meta__=np.array(json.dumps(meta)), **arrays)
+
+
+def _tiny_head_prm(tmp_path, name: str):
+    params = {**transformer.init(TINY, jax.random.key(3)),
+              "value_head": {"w": jnp.linspace(-0.5, 0.5, TINY.d_model), "b": jnp.float32(0.2)}}
+    path = tmp_path / name / "prm.npz"
+    path.parent.mkdir(parents=True)
+    save(PRM(TINY, params, CALIBS["platt"], 0.5, "min", calibs=CALIBS), path)
+    return params, path
+
+
+def test_stage_calibration_choice_matches_hand_computed_maps(tmp_path):
+    """Each choice of stages[i].prm_calibration scores the trainer's rows with sigmoid(a z + b) of the same raw step
+    logits z: none (1, 0), temperature T = 2 (0.5, 0), platt (2, -1), "" the file's own (Platt); the stage's
+    prm_weight adds to reward.w_prm; "{seed}" in the path picks the seed's file."""
+    from rl import rollout
+    from rl.prm_reward import for_context
+    from rl.stages.grpo import GRPOConfig
+
+    params, _ = _tiny_head_prm(tmp_path, "seed7")
+    texts = ["Step 1: 1+2=3\nStep 2: 3*3=10\nAnswer: 10", "Step 1: 2+2=4\nAnswer: 4"]
+    prompts = ["Question: 1+2\nSolution:\n"] * 2
+    z = step_logits(params, TINY, encode(TOK, prompts, texts, 96))  # raw logits (the scorer's compiled shape)
+    zs = [np.asarray(z[r][: len(pd.step_ends(t))], np.float64) for r, t in enumerate(texts)]
+    ids = [TOK.encode(t, add_bos=False) + [TOK.EOS] for t in texts]
+    smp = rollout.Samples(prompt_index=np.zeros(2, np.int64), tokens=np.array([x + [0] * (64 - len(x)) for x in ids]),
+                          logprobs=np.zeros((2, 64), np.float32), lengths=np.array([len(x) for x in ids], np.int32),
+                          texts=texts, group_sizes=np.array([2]))
+    b = rollout.build_batch([TOK.encode(prompts[0], add_bos=True)], smp, 96, pad_id=TOK.PAD)
+    reward = {"prm_path": str(tmp_path / "seed{seed}" / "prm.npz"), "w_prm": 0.1, "prm_agg": "min", "prm_steps": True}
+    seen = {}
+    for name, (a, bias) in HAND.items():
+        sc = for_context(_Ctx(reward, seed=7), GRPOConfig(prm_weight=0.3, prm_calibration=name), "stages[1]")
+        assert sc.w == pytest.approx(0.4) and sc.prm.calib == (CALIBS[name] if name else CALIBS["platt"])
+        out = sc.score_rows(b["tokens"], b["attn_mask"], texts, b["resp_start"])
+        for r in range(2):
+            want = 1.0 / (1.0 + np.exp(-(a * zs[r] + bias)))
+            np.testing.assert_allclose(out["probs"][r][out["mask"][r] > 0], want, rtol=1e-5, atol=1e-6)
+        new, _ = sc.add_reward(np.ones(2), out, ["math", "math"])
+        np.testing.assert_allclose(new, 1.0 + 0.4 * np.array([min(1.0 / (1.0 + np.exp(-(a * x + bias)))) for x in zs]),
+                                   rtol=1e-5)
+        seen[name] = out["probs"]
+    assert not np.allclose(seen["none"], seen["temperature"]) and not np.allclose(seen["none"], seen["platt"])
+    np.testing.assert_array_equal(seen[""], seen["platt"])
+
+
+def test_older_prm_files_load_and_get_their_maps(tmp_path):
+    """A file without stored maps still loads (its own map and none); asking it for another names the field;
+    experiments.train_prm.store_calibrations adds the fitted maps to it once."""
+    from experiments.train_prm import store_calibrations
+    from rl.prm_reward import for_context
+    from rl.stages.grpo import GRPOConfig
+
+    _, path = _tiny_head_prm(tmp_path, "old")
+    _drop_calibs(path)
+    old = load(path)
+    assert old.calibs == {} and set(old.stored_calibrations()) == {"none", "platt"}
+    assert old.calibrated("none").calib == {"kind": "none"} and old.calibrated("") is old
+    with pytest.raises(ValueError, match="temperature"):
+        old.calibrated("temperature")
+    reward = {"prm_path": str(path), "w_prm": 0.0, "prm_agg": "min", "prm_steps": False}
+    with pytest.raises(ValueError, match=r"stages\[1\]\.prm_calibration 'temperature'"):
+        for_context(_Ctx(reward, seed=0), GRPOConfig(prm_calibration="temperature"), "stages[1]")
+    assert store_calibrations(str(path), CALIBS) and not store_calibrations(str(path), CALIBS)
+    back = load(path)
+    assert back.calibs == CALIBS and back.calibrated("temperature").calib == CALIBS["temperature"]
+    assert back.calib == old.calib and back.threshold == old.threshold and back.meta == old.meta
+
+
+def test_stage_prm_fields_are_checked():
+    from rl import config_validation as cv
+    from rl.prm_reward import eval_rerank
+
+    spec = os.path.join(ROOT, "experiments/configs/claim_prm_calibration.py") + ":variant=tiny"
+    from experiments import launch
+
+    c = launch.get_config(spec)
+    cv.validate(c)
+    assert "{seed}" in c.reward.prm_path and c.stages[1].prm_calibration == "platt"
+    c.stages[1].prm_calibration = "hot"
+    with pytest.raises(cv.ConfigError, match=r"stages\[1\]\.prm_calibration must be one of"):
+        cv.validate(c)
+    c = launch.get_config(spec)
+    c.reward.update(dict(prm_path="", prm_steps=False))
+    with pytest.raises(cv.ConfigError, match=r"stages\[1\]\.prm_weight needs reward.prm_path"):
+        cv.validate(c)
+    c.stages[1].prm_weight = 0.0
+    with pytest.raises(cv.ConfigError, match=r"stages\[1\]\.prm_calibration needs reward.prm_path"):
+        cv.validate(c)
+    # evaluation without samples never reads the PRM file (a cold start runs before the file exists)
+    missing = {"prm_path": "does/not/exist.npz", "w_prm": 0.0, "prm_agg": "min", "prm_steps": False}
+    assert eval_rerank(_Ctx(missing, seed=0), [], None, None, 0) == {}
+
+
 def test_plain_rewards_do_not_import_jax():
     code = ("import sys; import rewards.combine, rewards.task_score, rewards.pool, rewards.verify, rewards.format, "
             "rewards.prm.metrics, rewards.prm.data; print('jax' in sys.modules)")

@@ -25,10 +25,11 @@ import numpy as np
 
 __all__ = ["N_BINS", "sigmoid", "nll", "ece", "brier", "auroc", "fit_temperature", "fit_platt", "calibrate",
            "step_metrics", "first_error", "predict_first_error", "first_error_f1", "best_threshold", "aggregate",
-           "AGGREGATES", "best_of_n"]
+           "AGGREGATES", "CALIBRATIONS", "best_of_n"]
 
 N_BINS = 15
 AGGREGATES = ("min", "mean", "prod", "last")
+CALIBRATIONS = ("none", "temperature", "platt")  # the maps calibrate() applies (rewards.prm.train.fit_calibrations)
 
 
 def sigmoid(z):

@@ -3,8 +3,9 @@ token rows it reads, batched jitted scoring, calibration parameters and the .npz
 
     enc = encode(tok, prompts, solutions, seq_len, labels)    # rows + step-end positions (+ labels)
     z = step_logits(params, model_cfg, enc)                   # [N, S] raw logits at the step ends
-    prm = PRM(model_cfg, params, calib={"kind": "platt", "a": 0.8, "b": 0.1}, threshold=0.5)
+    prm = PRM(model_cfg, params, calib={"kind": "platt", "a": 0.8, "b": 0.1}, threshold=0.5, calibs=fitted)
     prm.probs(z)                                              # calibrated P(step good)
+    prm.calibrated("temperature")                             # the same PRM with another stored map
     score_texts(prm, tok, prompts, solutions)                 # list of per-step probabilities per solution
     save(prm, "runs/prm/prm.npz"); prm = load("runs/prm/prm.npz")
 
@@ -23,6 +24,11 @@ weights (it reads the policy's tokens with the policy's tokenizer) or from a fre
 Rows are prompt (with BOS) + solution tokens, right-padded to seq_len (the trainer's row length); steps that end
 past seq_len are not scored. A step's position is len(tok.encode(prompt + solution[:end], add_bos=True)) - 1,
 the same rule as rl.stages.policy_gradient.step_scores, so trainer rows and text rows agree.
+
+Calibration. `calib` is the map probs() applies (the file's own: Platt scaling from experiments/train_prm.py);
+`calibs` holds every map fitted on the calibration split ({"none", "temperature", "platt"}), so a user picks one
+at use time (reward.prm_calibration, stages[i].prm_calibration) without refitting. Files written before `calibs`
+existed load with {"none", their own map}.
 """
 from __future__ import annotations
 
@@ -59,9 +65,25 @@ class PRM:
     agg: str = "min"
     meta: dict = dataclasses.field(default_factory=dict)
     likelihood: bool = False  # the logit adds the step's log-likelihood under the model's LM head
+    calibs: dict = dataclasses.field(default_factory=dict)  # every stored map by name (metrics.CALIBRATIONS)
 
     def probs(self, logits) -> np.ndarray:
         return metrics.calibrate(logits, self.calib)
+
+    def stored_calibrations(self) -> dict:
+        """{name: map} of the maps this PRM can apply: `calibs`, plus "none" and its own map's kind."""
+        return {"none": {"kind": "none"}, self.calib.get("kind", "none"): self.calib, **self.calibs}
+
+    def calibrated(self, name: str = "") -> "PRM":
+        """This PRM applying its stored map `name` (none | temperature | platt; "" = its own); ValueError naming
+        the maps it has when `name` is not one of them."""
+        if not name:
+            return self
+        have = self.stored_calibrations()
+        if name not in metrics.CALIBRATIONS or name not in have:
+            raise ValueError(f"calibration {name!r} is not stored in this PRM (it has {', '.join(sorted(have))}; "
+                             "experiments/train_prm.py stores none, temperature and platt)")
+        return dataclasses.replace(self, calib=dict(have[name]))
 
 
 class Encoded:
@@ -220,7 +242,7 @@ def _unflatten(flat):
 
 def save(prm: PRM, path) -> None:
     """One .npz: arrays under "params/...", everything else as JSON text under "__meta__" (no pickle)."""
-    meta = {"format": FORMAT, "model_cfg": prm.model_cfg.to_dict(), "calib": prm.calib,
+    meta = {"format": FORMAT, "model_cfg": prm.model_cfg.to_dict(), "calib": prm.calib, "calibs": prm.calibs,
             "threshold": prm.threshold, "agg": prm.agg, "meta": prm.meta, "likelihood": prm.likelihood}
     arrays = {f"params/{k}": v for k, v in _flatten(jax.device_get(prm.params)).items()}
     with open(path, "wb") as fh:
@@ -237,4 +259,4 @@ def load(path) -> PRM:
             raise ValueError(f"{path}: not a PRM file (format {meta.get('format')!r}, expected {FORMAT!r})")
         flat = {k[len("params/"):]: z[k] for k in z.files if k.startswith("params/")}
     return PRM(ModelConfig.from_dict(meta["model_cfg"]), _unflatten(flat), meta["calib"], float(meta["threshold"]),
-               meta["agg"], meta["meta"], bool(meta.get("likelihood", False)))
+               meta["agg"], meta["meta"], bool(meta.get("likelihood", False)), meta.get("calibs", {}))

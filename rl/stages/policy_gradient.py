@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rewards.prm.metrics import CALIBRATIONS
 from rl import curriculum as cur
 from rl import offpolicy, rollout, schedules
 from rl.config_fields import boolean, choice, field, integer, num
@@ -78,6 +79,10 @@ class RLConfig(StageConfig):
                                        "start shared in a sweep over it)", num(0.0, 100.0))
     format_weight: float = field(0.0, "this stage's format reward: adds weight x the format score, on top of "
                                       "reward.w_format", num(0.0, 100.0))
+    prm_weight: float = field(0.0, "this stage's PRM reward: adds weight x the response's PRM score, on top of "
+                                   "reward.w_prm (needs reward.prm_path; rl/prm_reward.py)", num(0.0, 100.0))
+    prm_calibration: str = field("", "the PRM calibration map this stage applies: '' (the file's own) | none | "
+                                     "temperature | platt (needs reward.prm_path)", choice("", *CALIBRATIONS))
     entropy_coef: float = field(0.0, "entropy bonus coefficient", num(0.0, 10.0))
     filter_zero_variance: bool = field(True, "drop groups whose rewards are all equal (zero advantage)", boolean)
     step_rewards: bool = field(False, "add step-level rewards (exactly checked arithmetic steps) at step ends", boolean)
@@ -127,6 +132,12 @@ class RLConfig(StageConfig):
     @property
     def records_routes(self) -> bool:
         return self.routing_replay or self.record_routes
+
+    def reward_checks(self, reward: dict):
+        """Rules that need the reward section (rl.config_validation.validate)."""
+        for fld in ("prm_weight", "prm_calibration"):
+            if getattr(self, fld) and not reward.get("prm_path"):
+                yield fld, "needs reward.prm_path (a PRM file from experiments/train_prm.py)"
 
     def model_checks(self, model: dict):
         """Rules that need the model section (rl.config_validation.validate)."""
@@ -198,7 +209,7 @@ class PolicyGradientRun(StageRun):
         self.cur_state = cur.init_state(len(self.problems)) if cfg.curriculum.enabled else None
         from rl import prm_reward
 
-        self.prm = prm_reward.for_context(ctx)  # reward.prm_path: the process reward model, None when off
+        self.prm = prm_reward.for_context(ctx, cfg, f"stages[{index}]")  # reward.prm_path: the PRM, None when off
         self.prm_out = None  # the current batch's PRM scores (process reward and step scores share one forward)
         self.pending: list[dict] = []  # batches sampled ahead, oldest first (bounded staleness); checkpointed
         self.trained_units = 0  # updates so far: a batch's "version" is this count when it was sampled
@@ -370,7 +381,7 @@ class PolicyGradientRun(StageRun):
         batch.update(extra)
         starts = np.concatenate([[0], np.cumsum(ks)[:-1]]).astype(np.int64)
         m.update({"kept_groups": float(np.mean(keep_rows[starts])), "response_length": float(np.mean(a["lengths"])),
-                  "temperature": temp, "kl_coef": coef})
+                  "temperature": temp, "kl_coef": coef, "n_samples": int(np.sum(ks))})
         if kl_seq is not None:
             m["kl"] = kl_seq
         idx = np.nonzero(keep_rows)[0]
