@@ -22,7 +22,9 @@ Parts, per device (the mesh shards them; `mesh_sizes` are the resolved axis size
                                     under remat, so there the bf16 and remat figures are lower bounds).
                  logits             float32 [rows, length, vocab] x LOGITS_COPIES: the train step's log-softmax,
                                     its exp and their gradients (measured: experiments/bench/large_vocab.py,
-                                    23.2 GiB of temporaries for 4.64 GiB of logits at 8 x 1024 x 151,936)
+                                    23.2 GiB of temporaries for 4.64 GiB of logits at 8 x 1024 x 151,936); with
+                                    model.logits_chunk = C > 0, CHUNK_COPIES x float32 [rows, C, vocab] instead
+                                    (models/vocab.py's backward; the same bench: 0.93 GiB at C = 32)
   sampling       kv cache           [layers, batch_rows, kv_heads, prompt + new tokens, head_dim] for k and v in the
                                     compute dtype, rows over data x fsdp and kv heads over tensor
                  sampler temps      prefill attention scores (float32 + probabilities) and a few float32
@@ -41,6 +43,7 @@ from types import SimpleNamespace
 GIB = 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 LOGITS_COPIES = 5  # float32 logits-sized temporaries of the train step's loss + grad (bench above: 23.16 / 4.64)
+CHUNK_COPIES = 3  # models/vocab.py: logits, probabilities and their gradient of one chunk in the backward pass
 SAMPLER_LOGITS_COPIES = 4  # decode step: logits, scaled, sorted (top-p), log-softmax, each [rows, vocab] float32
 
 REMEDY = {
@@ -52,8 +55,8 @@ REMEDY = {
     "gradients": "shard the parameters over more devices (mesh.fsdp; mesh.expert for MoE experts)",
     "activations": "lower the rows per optimizer step (stages[i].token_budget for grpo/ppo, stages[i].batch_size "
                    "for sft/rejection), set model.remat=True, or add data/fsdp devices",
-    "logits": "lower the rows per optimizer step (stages[i].token_budget / stages[i].batch_size) or shard the "
-              "vocabulary (mesh.tensor)",
+    "logits": "set model.logits_chunk (e.g. 128: logprobs chunk by chunk, never the full logits), lower the rows "
+              "per optimizer step (stages[i].token_budget / stages[i].batch_size) or shard the vocabulary (mesh.tensor)",
     "kv cache": "lower sampling.batch_rows, or sampling.max_new_tokens / tasks.max_prompt_len",
     "sampler temps": "lower sampling.batch_rows",
 }
@@ -182,7 +185,8 @@ def plan(m, mesh_sizes: dict, rules, *, leaves, train_rows: int, seq_len: int, s
     length = prompt_len + new_tokens
     parts = {"params": p, "optimizer": 2 * p, "reference": p if reference else 0, "gradients": p,
              "activations": rows_dev * seq_len * activation_bytes_per_token(m, seq_len, tensor),
-             "logits": LOGITS_COPIES * rows_dev * seq_len * vocab_dev * 4,
+             "logits": (CHUNK_COPIES * rows_dev * min(m.logits_chunk, seq_len) * vocab_dev * 4 if m.logits_chunk
+                        else LOGITS_COPIES * rows_dev * seq_len * vocab_dev * 4),
              "kv cache": kv_cache_bytes(m, sample_rows, length, mesh_sizes),
              "sampler temps": (sample_dev * heads_dev * prompt_len * length * (4 + DTYPE_BYTES[m.dtype])
                                + SAMPLER_LOGITS_COPIES * sample_dev * vocab_dev * 4)}
@@ -190,7 +194,9 @@ def plan(m, mesh_sizes: dict, rules, *, leaves, train_rows: int, seq_len: int, s
     notes = {"params": f"{pd}", "optimizer": f"Adam mu + nu, {pd}", "reference": "KL reference copy" if reference else
              "no stage keeps a reference", "gradients": f"{pd}",
              "activations": f"{rows_dev} rows x {seq_len} tokens, {c}{', remat' if m.remat else ''} (estimate)",
-             "logits": f"{LOGITS_COPIES} x float32 [{rows_dev}, {seq_len}, {vocab_dev}]",
+             "logits": (f"{CHUNK_COPIES} x float32 [{rows_dev}, {min(m.logits_chunk, seq_len)}, {vocab_dev}] "
+                        f"(logits_chunk)" if m.logits_chunk else f"{LOGITS_COPIES} x float32 [{rows_dev}, {seq_len}, "
+                                                                  f"{vocab_dev}]"),
              "kv cache": f"{sample_dev} rows x {length} slots, {c}",
              "sampler temps": f"prefill scores + {SAMPLER_LOGITS_COPIES} x float32 [{sample_dev}, {vocab_dev}]"}
     return MemoryPlan(parts=parts, notes=notes, budget=int(budget), budget_note=budget_note,

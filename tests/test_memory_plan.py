@@ -136,3 +136,17 @@ def test_estimate_tracks_xla_compiled_temporaries():
     p = mp.plan(m, ONE, DEFAULT_RULES, leaves=mp.model_leaves(m), train_rows=rows, seq_len=T, sample_rows=8,
                 prompt_len=T // 2, new_tokens=T // 2, reference=False, budget=2**40)
     assert 0.8 < p.phase("train step") / xla < 1.3
+
+
+def test_logits_chunk_replaces_the_full_logits():
+    """model.logits_chunk = C: the train step holds 3 float32 [rows, C, vocab] arrays (models/vocab.py's backward)
+    instead of 5 full [rows, seq_len, vocab] ones; a chunk longer than the row counts as the row."""
+    full = _plan(10**9)
+    chunked = mp.plan(TINY.replace(logits_chunk=4), ONE, DEFAULT_RULES, leaves=mp.model_leaves(TINY), train_rows=4,
+                      seq_len=16, sample_rows=4, prompt_len=8, new_tokens=8, reference=True, budget=10**9)
+    assert full.parts["logits"] == 5 * 4 * 16 * 10 * 4 and chunked.parts["logits"] == 3 * 4 * 4 * 10 * 4
+    assert "(logits_chunk)" in chunked.notes["logits"]
+    long = mp.plan(TINY.replace(logits_chunk=64), ONE, DEFAULT_RULES, leaves=mp.model_leaves(TINY), train_rows=4,
+                   seq_len=16, sample_rows=4, prompt_len=8, new_tokens=8, reference=True, budget=10**9)
+    assert long.parts["logits"] == 3 * 4 * 16 * 10 * 4
+    assert "model.logits_chunk" in mp.REMEDY["logits"]
