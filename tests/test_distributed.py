@@ -20,6 +20,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N_PROCESSES, LOCAL_DEVICES, STEPS = 2, 4, 3
@@ -226,6 +227,7 @@ def test_two_processes_train_and_checkpoint(tmp_path):
             np.testing.assert_array_equal(res["resumed" + name], res["live" + name])
 
 
+@pytest.mark.slow  # default-suite budget (make test-slow runs it)
 def test_two_processes_expert_parallel(tmp_path):
     """Expert pairs spanning the two processes: the all-to-all runs over gloo between processes; 4 of the 8 experts
     per device, parameters after three steps equal one process's."""

@@ -107,6 +107,7 @@ def check_output(expected: str, got: str, tmp: str) -> None:
 MARKED = [p for p in PAGES if blocks(open(os.path.join(ROOT, p), encoding="utf-8").read())]
 
 
+@pytest.mark.slow  # default-suite budget (make test-slow runs it)
 def test_marked_examples_run(tmp_path, monkeypatch):
     """All pages in one test: one process, so a page's tiny run reuses the compiles of the page before it."""
     assert "docs/training.md" in MARKED

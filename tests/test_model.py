@@ -342,6 +342,7 @@ def test_hidden_states_and_bfloat16(params):
     assert np.all(np.isfinite(logits16)) and np.abs(logits16 - logits).max() < 0.5
 
 
+@pytest.mark.slow  # default-suite budget (make test-slow runs it)
 def test_return_logits_false_gives_hidden_only(params):
     tokens = _tokens()
     logits, aux = FWD(params, tokens, cfg=CFG)

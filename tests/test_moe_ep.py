@@ -160,7 +160,8 @@ def test_buffer_slots():
         moe_ep.buffer_slots(3, 2, 8, 4, 0.0)
 
 
-@pytest.mark.parametrize("buffer_factor,expected_rounds", [(0.25, 6), (2.0, 2), (None, 1)])
+@pytest.mark.parametrize("buffer_factor,expected_rounds", [(0.25, 6), pytest.param(2.0, 2, marks=pytest.mark.slow),
+                                                           pytest.param(None, 1, marks=pytest.mark.slow)])
 def test_overflow_takes_more_rounds_and_drops_nothing(mesh, buffer_factor, expected_rounds):
     """Data shard: 2 x 6 = 12 tokens, 3 per expert device, 6 assignments all for device 0. Slots per destination:
     ceil(f * 3 * 2 / 4) -> 1 (f = 0.25) or 3 (f = 2), so 6 or 2 rounds; None here means worst-case slots (6): 1."""

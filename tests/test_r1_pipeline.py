@@ -16,6 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAMILIES = ("code", "instructions", "math")
 
 
+@pytest.mark.slow  # default-suite budget (make test-slow runs it)
 def test_tiny_pipeline_runs_every_stage_with_per_family_results(tmp_path):
     wd = tmp_path / "r1"
     cfg = os.path.join(ROOT, "experiments/configs/r1_pipeline.py") + ":variant=tiny"

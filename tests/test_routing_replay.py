@@ -90,7 +90,8 @@ def test_replayed_experts_are_used_and_gates_follow_the_router():
 
 
 @pytest.mark.parametrize("kw,moe_layers", [(dict(n_layers=4, moe_every=2), (1, 3)),
-                                           (dict(n_layers=4, moe_every=1, dense_layers=(1,)), (0, 2, 3))])
+                                           pytest.param(dict(n_layers=4, moe_every=1, dense_layers=(1,)), (0, 2, 3),
+                                                        marks=pytest.mark.slow)])
 def test_route_slots_follow_the_moe_blocks_when_some_are_dense(kw, moe_layers):
     """routes[..., j, :] belongs to MoE block cfg.moe_layers[j]: forcing slot j changes block j's experts only from
     that block on (blocks before it route as before), whatever dense blocks sit in between."""
@@ -115,6 +116,7 @@ def test_route_slots_follow_the_moe_blocks_when_some_are_dense(kw, moe_layers):
         transformer.forward(params, tok, cfg, routes=jnp.zeros((3, 10, len(moe_layers) + 1, 2), jnp.int32))
 
 
+@pytest.mark.slow  # default-suite budget (make test-slow runs it)
 def test_sampler_records_the_routes_the_trainer_replays():
     """float32: the sampler's recorded experts (prefill + decode, by cache slot) are those a full forward over prompt
     + response chooses, and replaying them reproduces the sampler's logprobs; padding and each row's last token have
@@ -197,6 +199,7 @@ def test_expert_parallel_path_replays_the_same_routes():
     assert float(jnp.abs(g8["router"]).max()) > 0
 
 
+@pytest.mark.slow  # default-suite budget (make test-slow runs it)
 def test_train_step_replays_logs_disagreement_and_needs_routes():
     from rl.train_step import LossConfig, OptimConfig, init_train_state, make_loss_fn, make_train_step
 

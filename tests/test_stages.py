@@ -70,7 +70,8 @@ def test_rejection_keeps_verified_distinct_answers():
     assert keep_verified(texts, idx, scores, min_format=1.0, max_keep=2) == [0, 2]  # dedupe, cap, wrong, ill-formed
 
 
-@pytest.mark.parametrize("name", ["ppo_arith", "grpo_arith", "grpo_process"])
+@pytest.mark.parametrize("name", [pytest.param("ppo_arith", marks=pytest.mark.slow), "grpo_arith",
+                                  pytest.param("grpo_process", marks=pytest.mark.slow)])
 def test_tiny_variant_trains_every_stage(name, tmp_path):
     """The tiny variants exist for tests: their RL stages must take real optimizer steps."""
     wd = tmp_path / name

@@ -147,7 +147,7 @@ def test_grpo_moves_probability_to_rewarded_answer():
 
 
 # ------------------------------------------------------------------------------------- sampling temperature
-@pytest.mark.parametrize("temperature", [0.5, 0.7])
+@pytest.mark.parametrize("temperature", [pytest.param(0.5, marks=pytest.mark.slow), 0.7])
 def test_gradient_at_sampling_temperature_matches_exact_enumeration(temperature):
     """The policy gradient of J_T = sum_y pi_T(y) R(y), with pi_T the sampler's distribution softmax(logits / T),
     computed exactly over every 2-token response, equals the train step's expected gradient when each sequence is
@@ -247,6 +247,7 @@ def test_logprob_fn_matches_forward_and_step_is_on_policy(grpo):
     assert float(m["kl"]) > 0 and int(m["skipped"]) == 0
 
 
+@pytest.mark.slow  # default-suite budget (make test-slow runs it)
 def test_kl_metric_is_the_sequence_mean_whatever_the_aggregation():
     """The controller reads the mean over sequences of each sequence's masked token-mean KL: with
     seq-mean-token-sum-norm the loss's KL term is a different number, the `kl` metric is not (float64 reference)."""

@@ -74,8 +74,9 @@ def assert_trees_close(a, b, rtol, atol):
 @pytest.mark.parametrize("mode, model_kw, loss_kw", [
     ("sft", dict(tie_embeddings=False), {}),  # untied [D, V] unembedding ("DV" layout)
     ("grpo", {}, dict(clip_high=0.28, entropy_coef=0.01)),  # tied, scaled table ("VD"), entropy in the loss
-    ("ppo", dict(tie_embeddings=False), dict(kl_kind="k2", dual_clip=3.0)),  # value head on the same hidden states
-    ("prm", {}, {}),  # value head logit + each step's log-likelihood under the LM head
+    pytest.param("ppo", dict(tie_embeddings=False), dict(kl_kind="k2", dual_clip=3.0),  # value head, same hidden
+                 marks=pytest.mark.slow),
+    pytest.param("prm", {}, {}, marks=pytest.mark.slow),  # value head logit + each step's log-likelihood under the LM head
 ])
 def test_chunked_loss_metrics_and_gradients_equal_full_logits(mode, model_kw, loss_kw):
     full, chunked = cfgs(**model_kw)
@@ -110,6 +111,7 @@ def test_chunked_logprob_fn_with_values_equals_full_logits():
     assert np.all(np.asarray(lp_c)[1, T - 2:] == 0) and np.all(np.asarray(lp_c)[:, 0] == 0)
 
 
+@pytest.mark.slow  # default-suite budget (make test-slow runs it)
 def test_routing_replay_and_bf16_compute():
     """Replayed routes reach the chunked path's forward; bf16 compute gives float32 logprobs within bf16 rounding
     of the full path (the two differ only in where the tied table's scale is applied)."""
@@ -137,6 +139,7 @@ def test_routing_replay_and_bf16_compute():
     assert cos > 0.99
 
 
+@pytest.mark.slow  # default-suite budget (make test-slow runs it)
 def test_sharded_chunked_step_equals_unsharded():
     """A mesh with the vocabulary split over tensor=2 (16 / 2) and rows over data=2: the same metrics and update."""
     _, cfg = cfgs(router_aux_coef=0.0)
