@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow bench clean
+.PHONY: demo demo-seeds test test-slow bench clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) on PATH (set PYTHON=...)"; exit 1; }
@@ -15,6 +15,10 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(PY) -m experiments.launch --config experiments/configs/quickstart.py --workdir runs/quickstart
+
+demo-seeds: $(STAMP)  # the main job with seeds 0, 1, 2 one after the other, then mean +- sd per stage and every seed
+	$(PY) -m experiments.sweep --config experiments/configs/quickstart.py:sweep=seeds --workdir runs/quickstart_seeds \
+		--init_from none --parallel 1
 
 test: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" -n 2
