@@ -8,7 +8,9 @@ shared machine moves numerator and denominator together:
     print_table(["metric", "value"], rows)
 
 `peak_rss_mib()` reads this process's high-water resident memory (ru_maxrss), which is why
-model_step.py runs each measured phase in its own subprocess.
+model_step.py runs each measured phase in its own subprocess. Every script takes `--json PATH` and writes its
+figures there with `write_json` (add_json_arg / write_json). On a shared machine, `wait_quiet(max_s)` waits (a
+bounded time) for the 1-minute load average to drop before a measurement and returns the load it saw.
 """
 from __future__ import annotations
 
@@ -92,6 +94,54 @@ def machine_info() -> dict:
     }
 
 
+def add_json_arg(ap) -> None:
+    """The `--json PATH` option every bench script takes."""
+    ap.add_argument("--json", default=None, help="also write the figures as JSON to this path")
+
+
+def write_json(path, obj) -> None:
+    """Write `obj` (plain dicts / lists / numbers / strings; numpy scalars, arrays and tuples converted) to path,
+    creating its folder. No-op when path is None."""
+    import json
+
+    if not path:
+        return
+
+    def plain(x):
+        if isinstance(x, dict):
+            return {str(k): plain(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [plain(v) for v in x]
+        if isinstance(x, (np.generic, np.ndarray)):
+            return x.tolist()
+        return x
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(plain(obj), f, indent=1)
+        f.write("\n")
+
+
+def load1() -> float:
+    """The machine's 1-minute load average."""
+    return round(os.getloadavg()[0], 2)
+
+
+def wait_quiet(max_s: float, threshold: float = 1.5, poll_s: float = 15.0, log=print) -> dict:
+    """Wait until the 1-minute load average is below `threshold` (a quiet machine), at most `max_s` seconds.
+
+    Returns {"waited_s", "load", "quiet"}: the load when it stopped waiting and whether it was below the threshold
+    (False = gave up: the measurement that follows ran on a busy machine, and says so)."""
+    start = time.monotonic()
+    load = load1()
+    while load >= threshold and time.monotonic() - start < max_s:
+        log(f"[wait-quiet] load average {load} >= {threshold}; waiting "
+            f"({time.monotonic() - start:.0f} of {max_s:.0f} s)")
+        time.sleep(min(poll_s, max(0.0, max_s - (time.monotonic() - start))) or poll_s)
+        load = load1()
+    return {"waited_s": round(time.monotonic() - start, 1), "load": load, "quiet": load < threshold}
+
+
 def fmt(x, digits: int = 3) -> str:
     """Compact number formatting for tables."""
     if isinstance(x, str):
@@ -119,3 +169,34 @@ def print_table(headers, rows) -> str:
     text = format_table(headers, rows)
     print(text, flush=True)
     return text
+
+
+def trace_ops(fn, *args, top: int = 40, reps: int = 3, path: str = "/tmp/jax_trace_ops"):
+    """Where a call of the jitted `fn(*args)` spends its time: [(op name, ms per call, robust ms per call,
+    executions per call, JAX op path)], the `top` XLA operations by robust time in a jax.profiler trace of `reps`
+    calls. On CPU the trace has one event per executed thunk (loop bodies count every iteration; loops and
+    conditionals also appear as a whole). "ms per call" sums the measured durations; "robust" is the op's 20th
+    percentile duration times its executions, which discounts the times a thread waited for a core on a loaded
+    machine. Compare shares, not milliseconds."""
+    import collections
+    import glob
+    import gzip
+    import json
+    import re
+    import shutil
+
+    block(fn(*args))  # compile outside the trace
+    shutil.rmtree(path, ignore_errors=True)
+    with jax.profiler.trace(path):
+        for _ in range(reps):
+            block(fn(*args))
+    durations = collections.defaultdict(list)
+    for name in glob.glob(f"{path}/**/*.trace.json.gz", recursive=True):
+        for e in json.load(gzip.open(name))["traceEvents"]:
+            if e.get("ph") == "X" and not e["name"].startswith(("$", "ThunkExecutor", "PjitFunction")):
+                durations[e["name"]].append(e["dur"] / 1e3)
+    text = fn.lower(*args).compile().as_text() if hasattr(fn, "lower") else ""
+    origin = dict(re.findall(r"%([\w.\-]+) = [^\n]*?op_name=\"([^\"]+)\"", text))
+    rows = [(n, sum(d) / reps, float(np.percentile(d, 20)) * len(d) / reps, len(d) / reps, origin.get(n, ""))
+            for n, d in durations.items()]
+    return sorted(rows, key=lambda r: -r[2])[:top]

@@ -1,8 +1,8 @@
-"""Workload W1 from PEERS.md: one full GRPO step (sample -> reward -> logprob -> update), vs TRL and Tunix.
+"""Workload W1 from PEERS.md: one full GRPO step (sample -> reward -> logprob -> update), side by side with TRL.
 
-    python -m experiments.bench.w1                    # KL 0 and KL 0.04, 3 timed steps each
-    python -m experiments.bench.w1 --steps 1 --quick  # smoke run (fewer prompts and tokens)
-    python -m experiments.bench.w1 --md /tmp/bench/w1.md
+    python -m experiments.bench.w1                           # KL 0 and 0.04, 3 timed steps each, then the TRL peer
+    python -m experiments.bench.w1 --reps 3 --wait_quiet 900 --json runs/bench/w1.json
+    python -m experiments.bench.w1 --steps 1 --quick --no_peer   # smoke run (fewer prompts and tokens)
 
 W1 exactly as PEERS.md states it: MoE decoder, 4 layers, d_model 256, 4 heads / 2 KV heads of 64,
 8 experts top-2 (SwiGLU width 512, no shared expert, dropless), vocab 512, untied, float32, random
@@ -10,16 +10,24 @@ init; 8 prompts x 8 samples, prompts up to 32 tokens, 64 new tokens, temperature
 the last integer of the decoded response equals the gold answer; one AdamW update on the whole
 batch of 64 sequences, with a reference policy at KL weight 0.04 and without one (weight 0).
 
-Phases of one step, each timed after a full untimed warm-up step (which holds the compiles):
-  sampling   models.sampling.generate (KV cache, all 64 rows, stops when every row hit EOS)
+Phases of one step, each timed (wall and process CPU seconds) after a full untimed warm-up step (which holds the
+compiles):
+  sampling   models.sampling.generate (KV cache, all 64 rows, stops when every row hit EOS); its logprobs are
+             the behaviour policy (old_logp), so no old-logprob pass runs
   reward     host: decode (byte ids 3..258; other ids print nothing), last-integer regex
-  logprob    reference-policy logprobs (KL 0.04 only; KL 0 needs none: one on-policy update
-             uses old_logp = stop_gradient(logp), the same number the sampler would give)
+  logprob    reference-policy logprobs (KL 0.04 only)
   update     rl.train_step: GRPO loss (+ k3 KL) + router losses, AdamW, one step on 64 rows
              (gradient accumulated over --microbatches row slices, default 4: same update, ~1/3
              of the activation memory; --microbatches 1 computes the 64 rows at once)
 Each KL setting runs in its own subprocess so its peak resident memory (ru_maxrss) is its own.
-Ratios vs the peers are peer seconds / our seconds (above 1 = we are faster).
+
+The peer: right after our measurement the script runs the TRL harness (../shared/peers/trl/trl_w1.py, by path,
+with the python of its venv: `bash ../shared/peers/trl/setup.sh` makes /tmp/peer-trl-venv) on the same workload
+and prints ours / TRL ratios from the two measurements of this run: time per step (target <= 0.5 at KL 0.04),
+CPU seconds per step, sampling tokens/s (target >= 2) and peak memory (target < 1). It never divides by a stored
+figure; without the harness or its venv it says so and reports our figures alone. --wait_quiet S waits (at most S
+seconds) before each measurement for the 1-minute load average to drop below --quiet_load; the load at the start
+and end of every measurement is printed and written to --json.
 """
 from __future__ import annotations
 
@@ -36,11 +44,6 @@ W1_MODEL = dict(vocab_size=512, d_model=256, n_layers=4, n_heads=4, n_kv_heads=2
                 n_experts=8, experts_per_token=2, moe_every=1, n_shared_experts=0, capacity_factor=None,
                 max_seq_len=128, dtype="float32", param_dtype="float32", tie_embeddings=False)
 N_PROMPTS, N_SAMPLES, PROMPT_LEN, NEW_TOKENS = 8, 8, 32, 64
-PEERS = {  # PEERS.md, 2-core 24 GiB machine: (s/step KL 0, s/step KL 0.04, sampling tok/s, peak GiB)
-    "TRL 1.16.0": (4.2, 4.5, 1950, 1.7),
-    "Tunix 0.1.7 (MoE)": (13.6, 15.2, 1100, 4.7),
-    "Tunix 0.1.7 (dense, same active size)": (None, 5.6, 1720, 2.4),
-}
 _INT = re.compile(r"-?\d+")
 
 
@@ -75,8 +78,9 @@ def make_prompts(rng, n, max_len, vocab):
     return ids, mask, rng.integers(0, 100, size=n)
 
 
-def to_train_layout(prompts, prompt_mask, responses, lengths, n_samples):
-    """Left-padded prompts + responses -> right-padded [B*K, P+N] tokens, attn_mask, loss_mask."""
+def to_train_layout(prompts, prompt_mask, responses, lengths, n_samples, logprobs=None):
+    """Left-padded prompts + responses -> right-padded [B*K, P+N] tokens, attn_mask, loss_mask (and the sampler's
+    logprobs at the response positions, the behaviour policy's old_logp, when given)."""
     import numpy as np
 
     rows, p_len = responses.shape[0], prompts.shape[1]
@@ -84,6 +88,7 @@ def to_train_layout(prompts, prompt_mask, responses, lengths, n_samples):
     tokens = np.zeros((rows, total), np.int32)
     attn = np.zeros((rows, total), np.int32)
     loss = np.zeros((rows, total), np.int32)
+    old = np.zeros((rows, total), np.float32)
     for r in range(rows):
         b = r // n_samples
         real = prompts[b][prompt_mask[b] > 0]
@@ -92,7 +97,9 @@ def to_train_layout(prompts, prompt_mask, responses, lengths, n_samples):
         tokens[r, n_p:n_p + n_r] = responses[r, :n_r]
         attn[r, :n_p + n_r] = 1
         loss[r, n_p:n_p + n_r] = 1
-    return tokens, attn, loss
+        if logprobs is not None:
+            old[r, n_p:n_p + n_r] = logprobs[r, :n_r]
+    return (tokens, attn, loss) if logprobs is None else (tokens, attn, loss, old)
 
 
 def run_setting(kl: float, steps: int, quick: bool, microbatches: int = 4) -> dict:
@@ -124,27 +131,28 @@ def run_setting(kl: float, steps: int, quick: bool, microbatches: int = 4) -> di
     def one_step(state, key):
         t = {}
         cpu0 = time.process_time()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = common.block(sampling.generate(state["params"], cfg, jnp.asarray(prompts), key,
                                              prompt_mask=jnp.asarray(pmask), num_samples=N_SAMPLES,
                                              max_new_tokens=new_tokens, temperature=1.0))
-        t["sampling"] = time.perf_counter() - t0
+        t["sampling"], t["cpu_sampling"] = time.perf_counter() - t0, time.process_time() - c0
         t0 = time.perf_counter()
-        resp, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+        resp, lengths, logp = np.asarray(out.tokens), np.asarray(out.lengths), np.asarray(out.logprobs)
         rewards = np.array([last_int_reward(decode(resp[r, :lengths[r]]), int(gold[r // N_SAMPLES]))
                             for r in range(resp.shape[0])], np.float32)
-        tokens, attn, loss_mask = to_train_layout(prompts, pmask, resp, lengths, N_SAMPLES)
+        tokens, attn, loss_mask, old_logp = to_train_layout(prompts, pmask, resp, lengths, N_SAMPLES, logp)
         adv = advantages.grpo(jnp.asarray(rewards), N_SAMPLES)
-        batch = {"tokens": tokens, "attn_mask": attn, "loss_mask": loss_mask, "advantages": adv}
+        # The sampler's logprobs are the behaviour policy: no old-logprob pass.
+        batch = {"tokens": tokens, "attn_mask": attn, "loss_mask": loss_mask, "advantages": adv, "old_logp": old_logp}
         t["reward"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         if ref_params is not None:
             batch["ref_logp"] = common.block(logprob_fn(ref_params, tokens, attn, 1.0))
-        t["logprob"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
+        t["logprob"], t["cpu_logprob"] = time.perf_counter() - t0, time.process_time() - c0
+        t0, c0 = time.perf_counter(), time.process_time()
         state, metrics = common.block(step_fn(state, batch, hparams))
-        t["update"] = time.perf_counter() - t0
-        t["total"] = sum(t.values())
+        t["update"], t["cpu_update"] = time.perf_counter() - t0, time.process_time() - c0
+        t["total"] = t["sampling"] + t["reward"] + t["logprob"] + t["update"]
         t["cpu_total"] = time.process_time() - cpu0
         t["generated_tokens"] = int(lengths.sum())
         t["train_tokens"] = int(attn.sum())
@@ -176,65 +184,171 @@ def run_setting(kl: float, steps: int, quick: bool, microbatches: int = 4) -> di
                 machine=common.machine_info())
 
 
+def _default_peer() -> str:
+    # ../shared relative to the repository root (this file is experiments/bench/w1.py).
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return os.path.join(os.path.dirname(root), "shared", "peers", "trl", "trl_w1.py")
+
+
+def run_ours(kl: float, args) -> dict:
+    """One KL setting in its own subprocess (its peak RSS is its own), with the load average around it."""
+    from experiments.bench import common
+
+    cmd = [sys.executable, "-m", "experiments.bench.w1", "--_child", str(kl), "--steps", str(args.steps),
+           "--microbatches", str(args.microbatches)] + (["--quick"] if args.quick else [])
+    wait = common.wait_quiet(args.wait_quiet, args.quiet_load) if args.wait_quiet else None
+    load_start = common.load1()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
+    if proc.returncode:
+        sys.stderr.write(proc.stderr)
+        raise SystemExit(f"W1 child (kl={kl}) failed with exit code {proc.returncode}")
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    res.update(load_start=load_start, load_end=common.load1(), wait=wait)
+    return res
+
+
+def run_peer(args) -> dict | None:
+    """The TRL harness (../shared/peers/trl/trl_w1.py) by path with its own venv's python, right after our
+    measurement; None (and a message) when the harness or its venv is absent."""
+    from experiments.bench import common
+
+    if args.no_peer:
+        return None
+    missing = [p for p in (args.peer, args.peer_python) if not os.path.exists(p)]
+    if missing:
+        print(f"[w1] peer skipped: {', '.join(missing)} not found (set up the TRL venv with "
+              f"`bash ../shared/peers/trl/setup.sh`, or pass --peer / --peer_python)", flush=True)
+        return None
+    betas = ",".join(str(k) for k in args.kl)
+    n_prompts, new_tokens = (2, 16) if args.quick else (N_PROMPTS, NEW_TOKENS)
+    cmd = [args.peer_python, args.peer, "--betas", betas, "--steps", str(args.peer_steps or args.steps),
+           "--warmup", "1", "--retries", "0", "--wait-quiet", "0", "--prompts-per-step", str(n_prompts),
+           "--num-generations", str(N_SAMPLES), "--max-completion", str(new_tokens), "--skip-generate"]
+    wait = common.wait_quiet(args.wait_quiet, args.quiet_load) if args.wait_quiet else None
+    load_start = common.load1()
+    print(f"[w1] running the peer: {' '.join(cmd)}", flush=True)
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    lines = [ln for ln in proc.stdout.strip().splitlines() if ln.startswith("{")]
+    if proc.returncode or not lines:
+        sys.stderr.write(proc.stderr[-4000:])
+        print(f"[w1] peer failed (exit code {proc.returncode}); no ratios", flush=True)
+        return None
+    out = json.loads(lines[-1])
+    settings = []
+    for r in out["results"]:
+        if r.get("kind") != "grpo" or "error" in r:
+            continue
+        own = (r.get("contention") or {}).get("own_cpu_per_wall")
+        settings.append(dict(
+            kl=r["beta"], step_s=r["step_s_median"], step_s_all=r["step_s_all"],
+            cpu_s_per_step=r["step_s_median"] * own if own else None,
+            sampling_tok_s=r["gen_kept_tok_per_s"], sampling_tok_s_all_slots=r["gen_tok_per_s"],
+            sampling_s=r["gen_s_median"], train_s=r["train_s_median"], peak_rss_mib=r["peak_rss_mib"],
+            foreign_cpu_frac=(r.get("contention") or {}).get("foreign_cpu_frac")))
+    return dict(name=f"TRL {out['versions'].get('trl')} GRPOTrainer (torch {out['versions'].get('torch')})",
+                settings=settings, load_start=load_start, load_end=common.load1(), wait=wait, wall_s=wall,
+                versions=out["versions"], command=" ".join(cmd))
+
+
+def ratios(ours: list[dict], peer: dict | None) -> list[dict]:
+    """ours / TRL per KL setting, from the two measurements of this run (never a stored figure)."""
+    if not peer:
+        return []
+    by_kl = {round(float(s["kl"]), 6): s for s in peer["settings"]}
+    rows = []
+    for r in ours:
+        t = by_kl.get(round(float(r["kl"]), 6))
+        if t is None:
+            continue
+        cpu = r["seconds"]["cpu_total"] / t["cpu_s_per_step"] if t.get("cpu_s_per_step") else None
+        rows.append(dict(kl=r["kl"], time=r["seconds"]["total"] / t["step_s"], cpu_time=cpu,
+                         sampling=r["sampling_tok_s"] / t["sampling_tok_s"],
+                         memory=r["peak_rss_mib"] / t["peak_rss_mib"]))
+    return rows
+
+
 def main(argv=None):
+    from experiments.bench import common
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=3, help="timed steps per KL setting (after one warm-up step)")
     ap.add_argument("--quick", action="store_true", help="2 prompts x 8 samples, 16 new tokens (smoke run)")
     ap.add_argument("--kl", type=float, nargs="*", default=[0.0, 0.04], help="KL weights to run")
     ap.add_argument("--microbatches", type=int, default=4,
                     help="gradient-accumulation slices of the 64-row update (one AdamW step either way)")
+    ap.add_argument("--reps", type=int, default=1, help="repetitions of the pair (ours, then the peer)")
+    ap.add_argument("--peer", default=_default_peer(), help="the TRL harness, run by path (default: ../shared)")
+    ap.add_argument("--peer_python", default="/tmp/peer-trl-venv/bin/python", help="python of the peer's venv")
+    ap.add_argument("--peer_steps", type=int, default=None, help="timed peer steps (default: --steps)")
+    ap.add_argument("--no_peer", action="store_true", help="measure this project only")
+    ap.add_argument("--wait_quiet", type=float, default=0.0,
+                    help="before each measurement wait up to this many seconds for the load average to drop")
+    ap.add_argument("--quiet_load", type=float, default=1.5, help="load average counted as quiet")
     ap.add_argument("--md", default=None, help="also append the Markdown tables to this file")
+    common.add_json_arg(ap)
     ap.add_argument("--_child", type=float, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args._child is not None:
         print(json.dumps(run_setting(args._child, args.steps, args.quick, args.microbatches)))
         return
-    results = []
-    for kl in args.kl:
-        cmd = [sys.executable, "-m", "experiments.bench.w1", "--_child", str(kl), "--steps", str(args.steps),
-               "--microbatches", str(args.microbatches)]
-        cmd += ["--quick"] if args.quick else []
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
-        if proc.returncode:
-            sys.stderr.write(proc.stderr)
-            raise SystemExit(f"W1 child (kl={kl}) failed with exit code {proc.returncode}")
-        results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    report(results, args)
+    reps = []
+    for rep in range(args.reps):
+        ours = [run_ours(kl, args) for kl in args.kl]
+        peer = run_peer(args)
+        reps.append(dict(ours=ours, peer=peer, ratios=ratios(ours, peer)))
+        report(reps[-1], args, rep)
+    common.write_json(args.json, dict(
+        command="python -m experiments.bench.w1 " + " ".join(sys.argv[1:] if argv is None else argv),
+        machine=reps[0]["ours"][0]["machine"], microbatches=args.microbatches, steps=args.steps,
+        reps=[dict(ours=[_ours_json(r) for r in rep["ours"]], peer=rep["peer"], ratios=rep["ratios"])
+              for rep in reps]))
 
 
-def report(results, args):
+def _ours_json(r: dict) -> dict:
+    s = r["seconds"]
+    return dict(kl=r["kl"], step_s=s["total"], cpu_s_per_step=s["cpu_total"], step_s_all=r["all_totals"],
+                sampling_tok_s=r["sampling_tok_s"], sampling_tok_s_all_slots=r["sampling_tok_s_all_slots"],
+                peak_rss_mib=r["peak_rss_mib"], phases_s={k: s[k] for k in ("sampling", "reward", "logprob", "update")},
+                phases_cpu_s={k: s.get(f"cpu_{k}") for k in ("sampling", "logprob", "update")},
+                mfu=r["mfu"], peak_gflops=r["peak_gflops"], model_gflops_per_s=r["model_gflops_per_s"],
+                compile_and_first_step_s=r["compile_and_first_step_s"], load_start=r["load_start"],
+                load_end=r["load_end"], wait=r["wait"])
+
+
+def report(rep, args, index: int):
     from experiments.bench.common import print_table
 
-    out = []
+    out = [f"W1, repetition {index + 1} of {args.reps}"]
+    print(out[0])
     rows = []
-    for r in results:
+    for r in rep["ours"]:
         s = r["seconds"]
-        rows.append([f"KL {r['kl']:g}", s["total"], s["cpu_total"], s["sampling"], s["reward"], s["logprob"], s["update"],
-                     r["sampling_tok_s"], r["sampling_tok_s_all_slots"], r["peak_rss_mib"] / 1024,
-                     r["model_gflops_per_s"], r["peak_gflops"], r["mfu"]])
-    out.append(print_table(["setting", "s/step", "CPU s/step", "sampling s", "reward s", "logprob s", "update s",
-                            "sample tok/s (generated)", "sample tok/s (64x64 slots)", "peak GiB",
-                            "model GFLOP/s", "matmul peak GFLOP/s", "MFU"], rows))
-    ratio_rows = []
-    by_kl = {r["kl"]: r for r in results}
-    for name, (s0, s04, tok_s, gib) in PEERS.items():
-        ours0, ours04 = by_kl.get(0.0), by_kl.get(0.04)
-        ratio_rows.append([
-            name,
-            s0 / ours0["seconds"]["total"] if (s0 and ours0) else None,
-            s04 / ours04["seconds"]["total"] if (s04 and ours04) else None,
-            (ours04 or ours0)["sampling_tok_s"] / tok_s,
-            gib / ((ours04 or ours0)["peak_rss_mib"] / 1024),
-        ])
-    print()
-    out.append(print_table(["peer", "speed-up KL 0 (peer s / ours)", "speed-up KL 0.04", "sampling tok/s ratio (ours / peer)",
-                            "memory ratio (peer / ours)"], ratio_rows))
-    info = results[0]["machine"]
-    note = (f"\nmachine: {info}; params {results[0]['n_params']:,}, active/token {results[0]['active_params']:,}; "
-            f"update in {args.microbatches} accumulated microbatches; "
+        rows.append([f"ours, KL {r['kl']:g}", s["total"], s["cpu_total"], s["sampling"], s["logprob"], s["update"],
+                     r["sampling_tok_s"], r["peak_rss_mib"], r["mfu"], r["peak_gflops"],
+                     f"{r['load_start']} / {r['load_end']}"])
+    peer = rep["peer"]
+    for t in (peer or {}).get("settings", []):
+        rows.append([f"TRL, KL {t['kl']:g}", t["step_s"], t["cpu_s_per_step"], t["sampling_s"], "-", t["train_s"],
+                     t["sampling_tok_s"], t["peak_rss_mib"], "-", "-", f"{peer['load_start']} / {peer['load_end']}"])
+    out.append(print_table(["run", "s/step", "CPU s/step", "sampling s", "ref logprob s", "update s",
+                            "sampling tok/s", "peak RSS MiB", "MFU", "matmul peak GFLOP/s", "load start / end"],
+                           rows))
+    if rep["ratios"]:
+        print()
+        out.append(print_table(
+            ["KL", "time ours/TRL (target <= 0.5 at KL 0.04)", "CPU time ours/TRL", "sampling tok/s ours/TRL (>= 2)",
+             "peak memory ours/TRL (< 1)"],
+            [[f"{x['kl']:g}", x["time"], x["cpu_time"], x["sampling"], x["memory"]] for x in rep["ratios"]]))
+    info = rep["ours"][0]["machine"]
+    note = (f"\nmachine: {info}; params {rep['ours'][0]['n_params']:,}, active/token "
+            f"{rep['ours'][0]['active_params']:,}; update in {args.microbatches} accumulated microbatches; "
             f"timed steps per setting: {args.steps} (median), after a warm-up step of "
-            f"{', '.join('%.1f' % r['compile_and_first_step_s'] for r in results)} s (compiles)")
-    print(note)
+            f"{', '.join('%.1f' % r['compile_and_first_step_s'] for r in rep['ours'])} s (compiles)"
+            + (f"; peer: {peer['name']}, CPU s/step = its median step x its own CPU/wall over the timed steps"
+               if peer else ""))
+    print(note, flush=True)
     if args.md:
         with open(args.md, "a") as f:
             f.write("\n\n".join(out) + "\n" + note + "\n")

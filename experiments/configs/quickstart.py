@@ -9,7 +9,7 @@ data mixes two styles, as human-written data does: 40% worked solutions with col
 Answer: 82") and 60% the answer line alone ("Answer: 82"). SFT runs 40 epochs, until validation pass@1 is flat: the
 policy imitates both styles, and greedy decoding takes the majority one, bare answers, which a two-layer model
 gets right about 1 time in 12. Rejection sampling (2 rounds of 512 problems x 8 samples at T 1.0, verified
-answers kept, 2 epochs at lr 1e-3) then GRPO (100 iterations of 32 problems x 8 samples, outcome reward only, KL
+answers kept, 2 epochs at lr 1e-3) then GRPO (60 iterations of 32 problems x 8 samples, outcome reward only, KL
 0.02 to the policy GRPO starts from) learn to write the steps because the verifier pays for correct answers and
 the steps are what makes them correct: held-out pass@1 rises by 20+ points over the cold start. The measured
 seeds are in README.md / BENCHMARKS.md; the table a run prints gives every stage's pass@1 with its standard error
@@ -34,8 +34,8 @@ def get_config(arg=None):
     c.tasks.update(TWO_DIGIT_ADDITION)
     c.tasks.update(dict(n_train=MIXED_N_TRAIN, n_val=128, n_test=512))  # 512 test problems: SE <= 2.2 points
     c.sampling.update(dict(max_new_tokens=64))
-    # validation every 4 units: the cold start's curve (is it flat?) and GRPO's; pass@k / maj@k with 4 samples
-    c.eval.update(dict(every=4, k=4, n_val=128, n_test=512, temperature=0.6))
+    # validation every 8 units: the cold start's curve (is it flat?) and GRPO's; pass@k / maj@k with 4 samples
+    c.eval.update(dict(every=8, k=4, n_val=128, n_test=512, temperature=0.6))
     # reward: the verified answer only (0/1). A format term's tiny differences inside all-wrong groups become
     # full-size advantages once GRPO divides by the group std; a process term gets hacked (true but irrelevant
     # arithmetic steps): BENCHMARKS.md's tuning notes.
@@ -46,7 +46,7 @@ def get_config(arg=None):
         stage("sft", "cold_start", **MIXED_COLD_START),
         stage("rejection", "rejection", rounds=2, n_problems=512, samples=8, temperature=1.0, epochs=2, batch_size=32,
               lr=1e-3, warmup_steps=3, max_keep_per_problem=4),
-        stage("grpo", "grpo", iterations=100, n_prompts=32, samples=8, temperature_start=0.7, temperature_end=0.5,
+        stage("grpo", "grpo", iterations=60, n_prompts=32, samples=8, temperature_start=0.7, temperature_end=0.5,
               lr=2e-4, warmup_steps=10, epochs=1, token_budget=4096, clip_low=0.2, clip_high=0.28, kl_coef=0.02,
               agg="token-mean", filter_zero_variance=True),
     ]
