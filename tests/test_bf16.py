@@ -52,7 +52,7 @@ def _flat(tree):
     return np.concatenate([np.asarray(x, np.float64).ravel() for x in jax.tree.leaves(tree)])
 
 
-@pytest.mark.parametrize("base,cfg,dtype", [(F32, MASTER, jnp.float32),
+@pytest.mark.parametrize("base,cfg,dtype", [pytest.param(F32, MASTER, jnp.float32, marks=slow),
                                             pytest.param(F32, BF16, jnp.bfloat16, marks=slow),
                                             pytest.param(MOE32, MOE32.replace(dtype="bfloat16"), jnp.float32, marks=slow)])
 def test_loss_and_gradient_match_float32(base, cfg, dtype):

@@ -180,7 +180,8 @@ def test_missing_and_unused_tensors_are_named(tmp_path):
 
 
 # ---- bf16 ---------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("arch", ["qwen3", pytest.param("qwen3_moe", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("arch", [pytest.param("qwen3", marks=pytest.mark.slow),
+                                  pytest.param("qwen3_moe", marks=pytest.mark.slow)])
 def test_bfloat16_forward_and_sampling_match_float32(arch):
     cfg32, p32 = hf.load(DATA / arch)
     cfg16, p16 = hf.load(DATA / arch, dtype="bfloat16")

@@ -236,6 +236,7 @@ def test_a_stage_that_never_trains_warns(tmp_path):
     assert "WARNING: stage 'grpo' trained in none of its 2 iterations" in out
 
 
+@pytest.mark.slow  # default-suite budget (make test-slow runs it)
 def test_r1_zero_tiny_takes_real_rl_steps(tmp_path):
     """Every config's tiny variant exercises the RL update (the other configs: here and tests/test_stages.py)."""
     wd = tmp_path / "r1z"
