@@ -26,7 +26,6 @@ def _tokens(cfg, B=3, T=10, seed=0):
     return jnp.asarray(tok), jnp.asarray(mask)
 
 
-@pytest.mark.slow  # default-suite budget (make test-slow runs it)
 def test_replaying_the_own_routes_is_exact_and_keeps_router_gradients():
     """Unchanged parameters: replaying the forward's own routes gives bit-identical logits and identical gradients,
     the router's included (gates recomputed from the current router, not frozen probabilities)."""

@@ -9,8 +9,9 @@ measures the program, not this machine's load. The loss is the train step's shap
 logprobs at the sampling temperature and the entropy, -mean(adv * logp) - 0.01 * mean(entropy).
 
   head   only the output layer: hidden [8, 1024, D] and the tied [V, D] table in the compute dtype; gradients for
-         both. "full logits" is what rl/train_step.py does today (float32 [B, T, V] logits, one log_softmax feeding
-         logprobs and entropy); "chunked" is vocab.chunked_logprobs.
+         both. "full logits" is rl/train_step.py's default path (model.logits_chunk = 0: float32 [B, T, V] logits, one
+         log_softmax feeding logprobs and entropy); "chunked" is vocab.chunked_logprobs, the train step's path
+         with model.logits_chunk > 0.
   model  a 2-block Qwen3-0.6B-shaped model (d_model 1024, 16 heads of 128, 8 KV heads, d_ff 3072, q/k norm, tied
          embeddings), bf16 parameters; gradients for all parameters. "chunked" = forward(return_logits=False) +
          vocab.sequence_logprobs.
@@ -35,7 +36,7 @@ def _loss_from_logp(logp, ent, adv):
 
 
 def _full_logits_terms(logits_BTV, tokens_BT, temp_B):
-    # rl/train_step.py's current computation: one float32 log-softmax for both logprobs and entropy
+    # rl/train_step.py's default computation: one float32 log-softmax for both logprobs and entropy
     logp_all = jax.nn.log_softmax(logits_BTV[:, :-1].astype(jnp.float32) / temp_B[:, None, None], axis=-1)
     logp = jnp.take_along_axis(logp_all, tokens_BT[:, 1:, None], axis=-1)[..., 0]
     ent = -(jnp.exp(logp_all) * logp_all).sum(-1)
