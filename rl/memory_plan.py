@@ -183,10 +183,12 @@ def plan(m, mesh_sizes: dict, rules, *, leaves, train_rows: int, seq_len: int, s
     vocab_dev = m.vocab_size // tensor if m.vocab_size % tensor == 0 else m.vocab_size
     heads_dev = -(-m.n_heads // tensor)
     length = prompt_len + new_tokens
+    # the train step's logits-sized float32 temporaries: full [rows, T, V] ones, or one chunk's [rows, C, V] ones
+    logit_copies, logit_len = ((CHUNK_COPIES, min(m.logits_chunk, seq_len)) if m.logits_chunk
+                               else (LOGITS_COPIES, seq_len))
     parts = {"params": p, "optimizer": 2 * p, "reference": p if reference else 0, "gradients": p,
              "activations": rows_dev * seq_len * activation_bytes_per_token(m, seq_len, tensor),
-             "logits": (CHUNK_COPIES * rows_dev * min(m.logits_chunk, seq_len) * vocab_dev * 4 if m.logits_chunk
-                        else LOGITS_COPIES * rows_dev * seq_len * vocab_dev * 4),
+             "logits": logit_copies * rows_dev * logit_len * vocab_dev * 4,
              "kv cache": kv_cache_bytes(m, sample_rows, length, mesh_sizes),
              "sampler temps": (sample_dev * heads_dev * prompt_len * length * (4 + DTYPE_BYTES[m.dtype])
                                + SAMPLER_LOGITS_COPIES * sample_dev * vocab_dev * 4)}
@@ -194,9 +196,8 @@ def plan(m, mesh_sizes: dict, rules, *, leaves, train_rows: int, seq_len: int, s
     notes = {"params": f"{pd}", "optimizer": f"Adam mu + nu, {pd}", "reference": "KL reference copy" if reference else
              "no stage keeps a reference", "gradients": f"{pd}",
              "activations": f"{rows_dev} rows x {seq_len} tokens, {c}{', remat' if m.remat else ''} (estimate)",
-             "logits": (f"{CHUNK_COPIES} x float32 [{rows_dev}, {min(m.logits_chunk, seq_len)}, {vocab_dev}] "
-                        f"(logits_chunk)" if m.logits_chunk else f"{LOGITS_COPIES} x float32 [{rows_dev}, {seq_len}, "
-                                                                  f"{vocab_dev}]"),
+             "logits": f"{logit_copies} x float32 [{rows_dev}, {logit_len}, {vocab_dev}]"
+                       + (" (logits_chunk)" if m.logits_chunk else ""),
              "kv cache": f"{sample_dev} rows x {length} slots, {c}",
              "sampler temps": f"prefill scores + {SAMPLER_LOGITS_COPIES} x float32 [{sample_dev}, {vocab_dev}]"}
     return MemoryPlan(parts=parts, notes=notes, budget=int(budget), budget_note=budget_note,

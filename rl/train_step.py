@@ -268,6 +268,13 @@ def _chunked_logprobs(params, aux, tokens, temperature, model_cfg, mesh, rules):
                                    chunk_len=model_cfg.logits_chunk, mesh=mesh, rules=rules)
 
 
+def _token_logprobs(params, logits, aux, tokens, temperature, model_cfg, mesh, rules):
+    """Per-token logprobs [B, T] from forward's full logits, or chunk by chunk when model_cfg.logits_chunk > 0."""
+    if model_cfg.logits_chunk > 0:
+        return _chunked_logprobs(params, aux, tokens, temperature, model_cfg, mesh, rules)[0]
+    return losses.token_logprobs(logits, tokens, temperature)
+
+
 def _router_terms(aux: dict, model_cfg) -> tuple[jax.Array, jax.Array]:
     lb = jnp.asarray(aux.get("router_aux_loss", jnp.zeros((0,))), jnp.float32)
     z = jnp.asarray(aux.get("router_z_loss", jnp.zeros((0,))), jnp.float32)
@@ -336,8 +343,7 @@ def make_loss_fn(model_cfg, loss_cfg: LossConfig, mesh, rules):
         if is_prm:
             z = _head(params, aux["hidden"])
             if "step_prev" in batch:  # + each step's log-likelihood under the model's own LM head
-                lp = (_chunked_logprobs(params, aux, tokens, 1.0, model_cfg, mesh, rules)[0] if chunked
-                      else losses.token_logprobs(logits, tokens))
+                lp = _token_logprobs(params, logits, aux, tokens, 1.0, model_cfg, mesh, rules)
                 f = jnp.cumsum(lp * batch["attn_mask"], axis=1)
                 z = z + f - jnp.take_along_axis(f, batch["step_prev"].astype(jnp.int32), axis=1)
             return _prm_terms(z, inputs["step_labels"], mask, aux, n_bad, model_cfg, agg, max_len, denom, tok_w,
@@ -542,10 +548,7 @@ def _logprobs(params, tokens, attn_mask, temperature, model_cfg, mesh, rules, wi
                                       return_hidden=with_values, return_logits=not chunked, mesh=mesh, rules=rules,
                                       routes=routes)
     real = attn_mask.astype(jnp.float32)
-    if chunked:
-        logp = _chunked_logprobs(params, aux, tokens, temperature, model_cfg, mesh, rules)[0] * real
-    else:
-        logp = losses.token_logprobs(logits, tokens, temperature) * real
+    logp = _token_logprobs(params, logits, aux, tokens, temperature, model_cfg, mesh, rules) * real
     if not with_values:
         return logp
     return logp, _shifted_values(params, aux["hidden"]) * real

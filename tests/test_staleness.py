@@ -11,6 +11,7 @@ import pytest
 from experiments import launch
 from rl import run as run_lib
 from rl.metrics import read_jsonl
+from test_run import _assert_same_records
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUICKSTART = os.path.join(ROOT, "experiments/configs/quickstart.py")
@@ -56,15 +57,7 @@ def test_k2_staleness_is_logged_and_resume_is_exact(tmp_path):
     ck = json.loads(json.dumps(_latest_meta(part)))
     assert [b["unit"] for b in ck["stage_meta"]["pending"]] == [1, 2]
     run_lib.train(_config(), str(part))
-    a, b = recs, _train_records(part)
-    assert len(a) == len(b)
-    for ra, rb in zip(a, b):
-        assert ra.keys() == rb.keys()
-        for k in ra:
-            if isinstance(ra[k], float):
-                np.testing.assert_allclose(ra[k], rb[k], rtol=1e-5, atol=1e-6, err_msg=f"{k} at step {ra['step']}")
-            else:
-                assert ra[k] == rb[k], k
+    _assert_same_records(recs, _train_records(part))
     assert json.loads((part / "summary.json").read_text())["eval"] == json.loads((full / "summary.json").read_text())["eval"]
 
 

@@ -19,8 +19,8 @@ Variants (config arg): variant=full (default, ~6 min on 2 cores) | tiny (seconds
 sweep=grpo (get_sweep: GRPO clip-higher x learning rate, 3 seeds) | seeds (no axes: seeds 0, 1, 2).
     python -m experiments.launch --config experiments/configs/quickstart.py:variant=tiny,seed=1 --workdir runs/qs_tiny
 """
-from experiments.configs.common import (MIXED_COLD_START, MIXED_N_TRAIN, SMALL_MOE, TWO_DIGIT_ADDITION, base_config,
-                                        check_variant, parse_arg, stage, tiny_variant)
+from experiments.configs.common import (MIXED_COLD_START, MIXED_N_TRAIN, SMALL_MOE, TWO_DIGIT_ADDITION, ConfigError,
+                                        base_config, check_variant, parse_arg, stage, tiny_variant)
 
 ARGS = {"variant": "full", "seed": 0, "sweep": "grpo"}
 SEEDS = [0, 1, 2]
@@ -65,7 +65,5 @@ def get_sweep(arg=None):
     if args["sweep"] == "seeds":
         return {"axes": {}, "seeds": SEEDS}
     if args["sweep"] != "grpo":
-        from rl.config_validation import ConfigError
-
         raise ConfigError(f"config arg sweep must be grpo or seeds, got {args['sweep']!r}")
     return {"axes": {"stages[2].clip_high": [0.2, 0.28], "stages[2].lr": [1e-4, 2e-4]}, "seeds": SEEDS}
