@@ -7,6 +7,10 @@
     claims.curve(arms["process_weight=0.2"], "validation/pass@1")   # (steps, mean, sample std) over seeds
     claims.describe(claims.final(arms, "grpo"))  # "0.512 +- 0.031 (n=3: 0.49, 0.50, 0.55)" per arm
     claims.samples_to_reach(run.records, 0.6)    # sampled answers spent before validation pass@1 first >= 0.6
+    arms = claims.collect("runs/claims", {"w=0": "process_reward/process_weight_0.0"})  # arms by point directory
+    claims.stage_curve(arms["w=0"], "grpo", "validation/pass@1")  # x = the stage's own iterations
+    claims.samples_curve(arms["w=0"], "grpo")    # x = sampled answers spent in the stage
+    claims.plot_band(ax, *claims.stage_curve(...), label="w=0"); claims.plot_finals(ax, claims.final(arms, "grpo"))
 
 A sweep directory is what experiments/sweep.py writes: <point>/seed<k>/ with summary.json and metrics.jsonl
 (plus _shared/, the shared cold start, skipped here). Everything is plain Python over those files, so the
@@ -55,11 +59,20 @@ def load_sweep(sweep_dir: str, label: str | None = None) -> dict[str, list[Run]]
         pdir = os.path.join(sweep_dir, point)
         if point.startswith("_") or not os.path.isdir(pdir):
             continue
-        runs = [r for r in (load_run(os.path.join(pdir, s)) for s in sorted(os.listdir(pdir))
-                            if s.startswith("seed")) if r is not None]
+        runs = load_point(pdir)
         if runs:
-            out.setdefault(label or point, []).extend(sorted(runs, key=lambda r: r.seed))
+            out.setdefault(label or point, []).extend(runs)
+    for runs in out.values():
+        runs.sort(key=lambda r: r.seed)
     return out
+
+
+def load_point(point_dir: str) -> list[Run]:
+    """The finished seed*/ runs of one sweep point, sorted by seed ([] when the directory is missing)."""
+    if not os.path.isdir(point_dir):
+        return []
+    runs = [load_run(os.path.join(point_dir, s)) for s in sorted(os.listdir(point_dir)) if s.startswith("seed")]
+    return sorted((r for r in runs if r is not None), key=lambda r: r.seed)
 
 
 def final(arms: dict[str, list[Run]], stage: str, key: str = "pass@1") -> dict[str, list[float]]:
@@ -130,3 +143,123 @@ def samples_to_reach(records: list[dict], target: float, key: str = "validation/
 def hacking_flags(run: Run) -> dict[str, list[str]]:
     """{RL stage: the hacking signs flagged in summary.json}."""
     return {stage: list(rep.get("flagged", [])) for stage, rep in (run.summary.get("hacking") or {}).items()}
+
+
+def stage_curve(runs: list[Run], stage: str, key: str, phase: str = "eval") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(units done inside `stage`, mean, sample std) of `key` over the seeds: the stage's records of one phase
+    re-based so that x counts the stage's own iterations (an eval after unit u sits at u + 1), which lines up
+    arms whose earlier stages differ in length."""
+    series = []
+    for r in runs:
+        recs = [{**x, "step": int(x["unit"]) + 1} for x in r.records
+                if x.get("stage") == stage and x.get("phase") == phase and x.get("unit") is not None]
+        series.append(panel_series(recs, (key,)))
+    return mean_band(series)
+
+
+def samples_curve(runs: list[Run], stage: str, key: str = "validation/pass@1") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(sampled answers spent in `stage` so far, mean, sample std) at each of the stage's evals: the x of an eval
+    is the seeds' mean cumulative `n_samples`; evals are matched by position (every seed evaluates equally often)."""
+    xs, ys = [], []
+    for r in runs:
+        spent, x, y = 0, [], []
+        for rec in r.records:
+            if rec.get("stage") != stage:
+                continue
+            if rec.get("phase") == "train":
+                spent += int(rec.get("n_samples", 0) or 0)
+            elif rec.get("phase") == "eval" and isinstance(rec.get(key), (int, float)):
+                x.append(spent)
+                y.append(float(rec[key]))
+        xs.append(x)
+        ys.append(y)
+    n = min((len(y) for y in ys), default=0)
+    if not n:
+        return np.array([]), np.array([]), np.array([])
+    vals = np.array([y[:n] for y in ys], np.float64)
+    sd = vals.std(axis=0, ddof=1) if len(ys) > 1 else np.zeros(n)
+    return np.array([x[:n] for x in xs], np.float64).mean(axis=0), vals.mean(axis=0), sd
+
+
+def spread(runs: list[Run], stage: str, key: str) -> list[float]:
+    """Per seed, the standard deviation of a train metric over the stage's iterations (its stability)."""
+    return [float(np.std(stage_values(r, stage, key))) if stage_values(r, stage, key) else math.nan for r in runs]
+
+
+def plot_band(ax, x, mean, sd, label: str, **kw) -> None:
+    """One arm's mean line with a +- sample-sd band."""
+    (line,) = ax.plot(x, mean, label=label, **kw)
+    if len(x):
+        ax.fill_between(x, mean - sd, mean + sd, color=line.get_color(), alpha=0.2, linewidth=0)
+
+
+def plot_finals(ax, values: dict[str, list[float]], ylabel: str = "held-out pass@1") -> None:
+    """A bar per arm at its seeds' mean, +- sample sd, with every seed's value as a dot."""
+    for i, (arm, vals) in enumerate(values.items()):
+        m, sd = mean_sd(vals)
+        ax.bar(i, m, yerr=0 if math.isnan(sd) else sd, color=f"C{i}", alpha=0.6, capsize=4)
+        ax.plot([i] * len(vals), vals, "k.", markersize=6)
+    ax.set_xticks(range(len(values)), list(values), rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel(ylabel)
+
+
+def collect(root: str, spec: dict[str, str | tuple[str, ...]]) -> dict[str, list[Run]]:
+    """{label: finished runs sorted by seed} for `label: "sweep/point"` (a point directory under `root` holding
+    seed*/ runs); a tuple lists alternatives, the first with runs wins (an arm whose config equals another sweep's
+    point, e.g. the outcome-only baseline every claim shares). Labels with no finished run are left out, so a
+    notebook draws what has been run."""
+    out = {}
+    for label, paths in spec.items():
+        for rel in (paths,) if isinstance(paths, str) else paths:
+            runs = load_point(os.path.join(root, rel))
+            if runs:
+                out[label] = runs
+                break
+    return out
+
+
+def report(arms: dict[str, list[Run]], title: str, stage: str = "grpo") -> str:
+    """What a notebook prints per claim: the arms found with their seed counts, then the arm table of held-out
+    pass@1 after `stage` ("not run" when the sweep has no finished run)."""
+    head = f"{title}: " + (", ".join(f"{a} ({len(r)} seeds)" for a, r in arms.items()) or "not run")
+    return head + ("\n" + markdown_table(final(arms, stage), "test pass@1") if arms else "")
+
+
+def is_full(*groups: dict[str, list[Run]], seeds: int = 3, n_test: int = 256) -> bool:
+    """True when every arm has `seeds` runs evaluated on at least `n_test` test problems: the REPRODUCING.md
+    runs, on which a notebook checks its closing statements (the tests execute the notebooks on tiny sweeps)."""
+    runs = [r for g in groups for rs in g.values() for r in rs]
+    return bool(runs) and all(len(rs) >= seeds for g in groups for rs in g.values()) and all(
+        max((x.get("test/n_problems", 0) for x in r.records if x.get("phase") == "eval"), default=0) >= n_test
+        for r in runs)
+
+
+def save_figure(fig, path) -> None:
+    """Lay out, save (dpi 110) and display a notebook figure inline whatever the matplotlib backend, then close it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    try:
+        from IPython.display import display
+    except ImportError:  # outside a notebook: the file is the output
+        pass
+    else:
+        display(fig)
+    plt.close(fig)
+
+
+def samples_spent(run: Run, stage: str | None = None) -> int:
+    """Sampled answers the run spent after its cold start (or in one `stage`): an RL stage's logged `n_samples`,
+    a rejection stage's rounds x problems x samples (its config.json entry; problems 0 = every training problem)."""
+    with open(os.path.join(run.workdir, "config.json"), encoding="utf-8") as f:
+        cfg = json.load(f)
+    total = 0
+    for s in cfg["stages"]:
+        if stage is not None and s["name"] != stage:
+            continue
+        if s["kind"] == "rejection":
+            total += int(s["rounds"]) * int(s["n_problems"] or cfg["tasks"]["n_train"]) * int(s["samples"])
+        else:
+            total += int(sum(stage_values(run, s["name"], "n_samples")))
+    return total

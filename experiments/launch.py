@@ -185,7 +185,10 @@ def check_resume_compatible(workdir: str, cfg_dict: dict) -> None:
                              "restore it or use a new --workdir") from None
     if not os.path.isdir(os.path.join(workdir, "checkpoints")):
         return  # a run that stopped before its first checkpoint: nothing to resume, the new config may differ
+    from rl.prefix import with_added_defaults
+
     strip = lambda d: {k: v for k, v in d.items() if k not in ("run", "log")}  # noqa: E731
+    old = with_added_defaults(old, cfg_dict)  # fields added to the code since, at their default, are no change
     if json.loads(json.dumps(strip(old))) != json.loads(json.dumps(strip(cfg_dict))):
         raise cv.ConfigError(
             f"{workdir} holds a run with a different config (config.json); resume needs the same config "

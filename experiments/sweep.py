@@ -134,7 +134,7 @@ def finished(workdir: str, cfg: dict) -> bool:
 def run_state(workdir: str, cfg: dict, ignore: tuple[str, ...] = ()) -> tuple[str, str]:
     """("new" | "resume" | "done" | "conflict", why): what the sweep does with a run directory for config `cfg`.
     `ignore`: top-level sections or `section.field` paths that may differ (the shared run's run.stop_after)."""
-    from rl.prefix import differing_fields
+    from rl.prefix import differing_fields, with_added_defaults
 
     if not os.path.exists(workdir):
         return "new", ""
@@ -149,7 +149,7 @@ def run_state(workdir: str, cfg: dict, ignore: tuple[str, ...] = ()) -> tuple[st
             old = json.load(f)
     except (OSError, ValueError) as e:
         return "conflict", f"{path} is unreadable ({e})"
-    diff = [d for d in differing_fields(old, cfg) if not any(d == i or d.startswith(i + ".") for i in ignore)]
+    diff = [d for d in differing_fields(with_added_defaults(old, cfg), cfg) if not any(d == i or d.startswith(i + ".") for i in ignore)]
     if diff:
         return "conflict", (f"{workdir} holds a run of a different config ({', '.join(diff[:5])}"
                             f"{' ...' if len(diff) > 5 else ''} differ)")

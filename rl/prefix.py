@@ -22,11 +22,49 @@ from rl import config_validation as cv
 IGNORED = ("run", "log")  # sections that never change what a unit computes (the launcher's resume rule)
 
 
+def _defaults_like(cfg: dict) -> dict:
+    """Every field's default in `cfg`'s layout: the sections of config_validation.default_config and, per stage,
+    its kind's defaults (unknown kinds: none)."""
+    from rl import stages as stage_kinds
+
+    out = cv.to_dict(cv.default_config())
+    out["stages"] = [stage_kinds.defaults(st["kind"]) if isinstance(st, dict) and st.get("kind") in stage_kinds.CONFIGS
+                     else {} for st in cfg.get("stages", [])]
+    return out
+
+
+def with_added_defaults(old: dict, new: dict) -> dict:
+    """`old` (a stored config.json) plus every field that `new` has, `old` lacks and `new` holds at its default:
+    a field added to the code after that run was launched, left at its default, changes nothing the run computed,
+    so resuming it, seeding from it or reusing it stays possible. Any other difference is kept."""
+    def fill(o, n, d):
+        if isinstance(o, dict) and isinstance(n, dict):
+            out = dict(o)
+            for k, v in n.items():
+                dk = d.get(k, _MISSING) if isinstance(d, dict) else _MISSING
+                if k not in o:
+                    if dk is not _MISSING and json.dumps(v, default=str) == json.dumps(dk, default=str):
+                        out[k] = v
+                else:
+                    out[k] = fill(o[k], v, dk)
+            return out
+        if isinstance(o, list) and isinstance(n, list) and len(o) == len(n):
+            return [fill(x, y, d[i] if isinstance(d, list) and i < len(d) else _MISSING) for i, (x, y) in
+                    enumerate(zip(o, n))]
+        return o
+
+    norm = lambda d: json.loads(json.dumps(d, default=str))  # noqa: E731 - config.json's own encoding
+    return fill(norm(old), norm(new), norm(_defaults_like(new)))
+
+
+_MISSING = object()
+
+
 def shared_stages(a: dict, b: dict, ignore: tuple[str, ...] = IGNORED) -> int:
     """Leading stages two resolved configs (plain dicts) share; 0 when anything outside the stages and the
-    `ignore`d sections differs."""
+    `ignore`d sections differs. `a` is the earlier run's: fields added since at their default count as equal."""
     norm = lambda d: json.loads(json.dumps(d, default=str))  # noqa: E731 - config.json's own encoding
-    a, b = norm(a), norm(b)
+    a, b = with_added_defaults(a, b), norm(b)
     rest = lambda d: {k: v for k, v in d.items() if k not in tuple(ignore) + ("stages",)}  # noqa: E731
     if rest(a) != rest(b):
         return 0
@@ -90,6 +128,7 @@ def plan(source: str, cfg: dict) -> tuple[int, dict]:
         src_cfg = json.load(f)
     k = shared_stages(src_cfg, cfg)
     if k == 0:
+        src_cfg = with_added_defaults(src_cfg, cfg)
         diff = differing_fields({x: y for x, y in src_cfg.items() if x not in IGNORED},
                                 {x: y for x, y in cfg.items() if x not in IGNORED})
         raise cv.ConfigError(f"--init_from {source}: its run shares no stage with this config (differs in "

@@ -201,6 +201,48 @@ def even_minibatches(order: np.ndarray, max_rows: int) -> list[np.ndarray]:
     return [p for p in np.array_split(order, n_parts)]
 
 
+def length_grouped_minibatches(order: np.ndarray, lengths: np.ndarray, max_rows: int, rng: np.random.Generator,
+                               window: int = 8) -> list[np.ndarray]:
+    """even_minibatches' parts (same count and sizes), but of rows of similar length: the shuffled `order` is cut
+    into windows of `window` minibatches' worth of rows, each window sorted by `lengths[row]` and split, and the
+    minibatches are returned in a random order. A minibatch's columns can then be trimmed to its longest row
+    (trim_columns), while every epoch still visits every row once, in batches that differ from epoch to epoch."""
+    order = np.asarray(order)
+    sizes = [len(p) for p in even_minibatches(np.arange(len(order)), max_rows)]
+    out, start = [], 0
+    for w in range(0, len(sizes), window):
+        ws = sizes[w:w + window]
+        chunk = order[start:start + sum(ws)]
+        start += sum(ws)
+        chunk = chunk[np.argsort(np.asarray(lengths)[chunk], kind="stable")]
+        out += np.split(chunk, np.cumsum(ws)[:-1])
+    return [out[j] for j in rng.permutation(len(out))]
+
+
+def column_bucket(needed: int, seq_len: int, n_buckets: int) -> int:
+    """The narrowest of `n_buckets` widths (seq_len x i / n_buckets, rounded up to a multiple of 8, at most
+    seq_len) that holds `needed` columns: a few compiled shapes instead of one per length."""
+    for i in range(1, n_buckets + 1):
+        share = -(-seq_len * i // n_buckets)  # ceil(seq_len * i / n_buckets)
+        width = min(seq_len, -(-share // 8) * 8)
+        if width >= needed:
+            return width
+    return seq_len
+
+
+def row_lengths(attn_mask: np.ndarray) -> np.ndarray:
+    """Per row, one past the last attended position (0 for an empty row)."""
+    a = np.asarray(attn_mask) != 0
+    return np.where(a.any(1), a.shape[1] - np.argmax(a[:, ::-1], axis=1), 0)
+
+
+def trim_columns(batch: dict, cols: int) -> dict:
+    """`batch` with every [rows, T, ...] array cut to its first `cols` positions. Exact for right-padded rows no
+    longer than `cols`: causal attention never looks ahead and every loss and router term is masked."""
+    t = int(np.shape(batch["tokens"])[1])
+    return {k: (np.asarray(v)[:, :cols] if np.ndim(v) >= 2 and np.shape(v)[1] == t else v) for k, v in batch.items()}
+
+
 def pad_rows(batch: dict, rows: int) -> dict:
     """`batch` with empty rows appended up to `rows` (all masks 0, one attended pad token so the attention
     softmax stays finite; float fields 0; routes -1, i.e. none recorded). Empty rows change no loss term and no

@@ -100,6 +100,24 @@ def test_shared_stages_from_resolved_configs():
     assert 1 <= n <= (os.cpu_count() or 1) and "GiB" in why
 
 
+def test_fields_added_since_a_run_at_their_default_are_no_difference(tmp_path):
+    from rl.prefix import shared_stages, with_added_defaults
+
+    new = _cfg(seed=0)
+    old = json.loads(json.dumps(new))
+    del old["stages"][0]["length_buckets"], old["sampling"]["top_p"]  # fields the code gained after `old` ran
+    assert with_added_defaults(old, new) == json.loads(json.dumps(new))
+    assert shared_stages(old, new) == 3
+    _finish(str(tmp_path / "a"), old)
+    assert sweep.run_state(str(tmp_path / "a"), new)[0] == "done"  # reused, not a conflict
+    off_default = _cfg(seed=0, **{"stages[0].length_buckets": 3})  # an added field NOT at its default differs
+    assert shared_stages(old, off_default) == 0
+    assert sweep.run_state(str(tmp_path / "a"), off_default)[0] == "conflict"
+    changed = json.loads(json.dumps(old))
+    changed["stages"][0]["lr"] = 1.0  # and a changed field stays a difference
+    assert shared_stages(changed, new) == 0
+
+
 def test_dry_run_validates_every_run_and_the_shared_one(tmp_path, capsys):
     rc = sweep.main(["--config", QS, "--workdir", str(tmp_path / "sw"), "--seeds", "0,1", "--only", "lr=0.0001",
                      "--only", "clip_high=0.28", "--dry_run", "--config.eval.k=2"])

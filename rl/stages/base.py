@@ -180,19 +180,30 @@ class StageRun:
 
     # -- the optimizer loop -------------------------------------------------------------------
     def train_on(self, batch: dict, *, epochs: int, rng: np.random.Generator, max_rows: int, unit: int,
-                 kl_coef: float = 0.0) -> dict:
+                 kl_coef: float = 0.0, length_buckets: int = 0) -> dict:
         """`epochs` passes over `batch` in near-equal minibatches of at most `max_rows` rows (each padded to
-        `max_rows`: one compiled shape); returns the averaged step metrics plus the unit's step statistics."""
+        `max_rows`: one compiled shape); returns the averaged step metrics plus the unit's step statistics.
+        `length_buckets` > 0 groups rows of similar length into the minibatches and cuts each one's columns to
+        the narrowest of that many widths holding its longest row (one compiled shape per width used)."""
         cfg = self.cfg
         n = int(batch["tokens"].shape[0])
         t0 = time.time()
         ms, sizes = [], []
-        plan = [rollout.even_minibatches(rng.permutation(n), max_rows) for _ in range(epochs)]
+        if length_buckets:
+            lengths = rollout.row_lengths(batch["attn_mask"])
+            seq_len = int(batch["tokens"].shape[1])
+            plan = [rollout.length_grouped_minibatches(rng.permutation(n), lengths, max_rows, rng)
+                    for _ in range(epochs)]
+        else:
+            plan = [rollout.even_minibatches(rng.permutation(n), max_rows) for _ in range(epochs)]
         steps_in_unit = sum(len(p) for p in plan)
         j = 0
         for parts in plan:
             for idx in parts:
                 mb = rollout.pad_rows({k: np.asarray(v)[idx] for k, v in batch.items()}, max_rows)
+                if length_buckets:
+                    mb = rollout.trim_columns(mb, rollout.column_bucket(int(lengths[idx].max()), seq_len,
+                                                                        length_buckets))
                 lr = schedules.lr_at(self.opt_steps, schedules.unit_progress(unit, j, steps_in_unit, self.units),
                                      peak=cfg.lr, warmup_steps=cfg.warmup_steps, end_fraction=cfg.end_lr_fraction)
                 hp = {"lr": jnp.float32(lr), "kl_coef": jnp.float32(kl_coef)}

@@ -40,6 +40,10 @@ class RejectionConfig(StageConfig):
     max_keep_per_problem: int = field(4, "at most this many distinct kept answers per problem", integer(1, 4096))
     gold_replay: float = field(0.0, "gold solutions added to each round's fine-tuning set, as a share of the kept "
                                     "answers (cold-start data replay; 0 = off)", num(0.0, 100.0))
+    length_buckets: int = field(0, "group rows of similar length into the minibatches and cut each one's padding "
+                                   "to the narrowest of this many widths (seq_len x i / N) holding its longest "
+                                   "row: one compile per width used; 0 = every row padded to seq_len",
+                                integer(0, 64))
 
 
 class RejectionRun(StageRun):
@@ -77,7 +81,8 @@ class RejectionRun(StageRun):
                 ys += [ctx.solution(p) for p in gold]
                 out["n_gold_replayed"] = n_gold
             batch = build_sft_batch(xs, ys, ctx.tok, ctx.seq_len)
-            m = self.train_on(batch, epochs=s.epochs, rng=rng, max_rows=sft_rows(s.batch_size, ctx.row_multiple), unit=u)
+            m = self.train_on(batch, epochs=s.epochs, rng=rng, max_rows=sft_rows(s.batch_size, ctx.row_multiple), unit=u,
+                              length_buckets=s.length_buckets)
             out.update({"loss": m.get("loss/total"), "grad_norm": m.get("grad_norm"),
                         "train_tokens_per_s": float(batch["loss_mask"].sum()) * s.epochs / max(m["time/train"], 1e-9),
                         **step_stats(m), **router_metrics(m)})

@@ -33,6 +33,10 @@ class SFTConfig(StageConfig):
     direct_share: float = field(0.0, "share of the math demonstrations written as the answer line alone, without "
                                      "steps (drawn once per run; 0 = every demonstration shows its steps)",
                                 num(0.0, 1.0))
+    length_buckets: int = field(0, "group rows of similar length into the minibatches and cut each one's padding "
+                                   "to the narrowest of this many widths (seq_len x i / N) holding its longest "
+                                   "row: one compile per width used; 0 = every row padded to seq_len",
+                                integer(0, 64))
 
 
 def sft_rows(batch_size: int, multiple: int) -> int:
@@ -61,7 +65,8 @@ class SFTRun(StageRun):
 
     def run_unit(self, u: int) -> dict:
         m = self.train_on(self.batch, epochs=1, rng=self.ctx.rng("sft", self.index, u),
-                          max_rows=sft_rows(self.cfg.batch_size, self.ctx.row_multiple), unit=u)
+                          max_rows=sft_rows(self.cfg.batch_size, self.ctx.row_multiple), unit=u,
+                          length_buckets=self.cfg.length_buckets)
         n_tok = float(self.batch["loss_mask"].sum())
         return {"loss": m.get("loss/total"), "grad_norm": m.get("grad_norm"), "n_examples": len(self.batch["tokens"]),
                 "train_tokens_per_s": n_tok / max(m["time/train"], 1e-9), **step_stats(m), **router_metrics(m)}

@@ -1,0 +1,82 @@
+"""Length-grouped SFT minibatches (stage field length_buckets): the row plan covers every row once with
+even_minibatches' sizes, groups similar lengths, and cutting a minibatch's padding columns leaves the SFT step's
+loss, metrics and update unchanged (dropless MoE)."""
+import jax
+import numpy as np
+import pytest
+
+from models.config import ModelConfig
+from rl import rollout
+from rl.train_step import LossConfig, OptimConfig, init_train_state, make_loss_fn, make_train_step
+
+TINY = dict(vocab_size=16, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=32, n_experts=4,
+            experts_per_token=2, moe_every=1, n_shared_experts=0, capacity_factor=None, max_seq_len=32)
+
+
+def test_grouped_plan_covers_rows_with_even_sizes_and_sorted_windows():
+    lengths = np.random.default_rng(0).integers(1, 100, size=70)
+    order = np.random.default_rng(1).permutation(70)
+    parts = rollout.length_grouped_minibatches(order, lengths, 8, np.random.default_rng(2), window=3)
+    assert sorted(np.concatenate(parts).tolist()) == list(range(70))
+    assert sorted(len(p) for p in parts) == sorted(len(p) for p in rollout.even_minibatches(order, 8))
+    # the rows of one window (3 minibatches' worth of the shuffled order), sorted by length, make its minibatches
+    window = order[:24]
+    ranks = {int(r): i for i, r in enumerate(window[np.argsort(lengths[window], kind="stable")])}
+    mine = [p for p in parts if int(p[0]) in ranks]
+    assert len(mine) == 3 and sorted(sorted(ranks[int(r)] for r in p)[0] for p in mine) == [0, 8, 16]
+    other = rollout.length_grouped_minibatches(order, lengths, 8, np.random.default_rng(3), window=3)
+    assert [p.tolist() for p in other] != [p.tolist() for p in parts]  # batch order is shuffled per rng
+    spread = np.mean([np.ptp(lengths[p]) for p in parts])
+    assert spread < 0.5 * np.mean([np.ptp(lengths[p]) for p in rollout.even_minibatches(order, 8)])
+
+
+def test_column_bucket_row_lengths_trim():
+    assert [rollout.column_bucket(n, 544, 4) for n in (1, 136, 137, 300, 544)] == [136, 136, 272, 408, 544]
+    assert [rollout.column_bucket(n, 96, 3) for n in (10, 33, 90)] == [32, 64, 96]
+    assert [rollout.column_bucket(n, 20, 3) for n in (8, 9, 17)] == [8, 16, 20]  # multiples of 8, capped at seq_len
+    attn = np.array([[1, 1, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]])
+    assert rollout.row_lengths(attn).tolist() == [2, 4, 0]
+    out = rollout.trim_columns({"tokens": np.zeros((3, 4)), "attn_mask": attn, "temperature": np.ones(3)}, 2)
+    assert out["tokens"].shape == (3, 2) and out["attn_mask"].shape == (3, 2) and out["temperature"].shape == (3,)
+
+
+def _sft_batch(rows=6, t=32, seed=0):
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(3, 16, size=(rows, t)).astype(np.int32)
+    lengths = rng.integers(4, 13, size=rows)
+    attn = (np.arange(t)[None] < lengths[:, None]).astype(np.int32)
+    tokens *= attn
+    loss = attn.copy()
+    loss[:, :2] = 0
+    return {"tokens": tokens, "attn_mask": attn, "loss_mask": loss}
+
+
+def test_trimmed_sft_step_equals_padded_step():
+    cfg = ModelConfig(**TINY)
+    loss_cfg, optim = LossConfig(mode="sft"), OptimConfig()
+    step = make_train_step(cfg, loss_cfg, optim)
+    batch = _sft_batch()
+    cols = rollout.column_bucket(int(rollout.row_lengths(batch["attn_mask"]).max()), 32, 4)
+    assert cols == 16
+    full, m_full = step(init_train_state(cfg, loss_cfg, optim, jax.random.key(0)), batch, {"lr": 1e-2})
+    cut, m_cut = step(init_train_state(cfg, loss_cfg, optim, jax.random.key(0)), rollout.trim_columns(batch, cols),
+                      {"lr": 1e-2})
+    for k in ("loss/total", "loss/policy", "loss/router_aux", "loss/router_z", "entropy", "grad_norm"):
+        np.testing.assert_allclose(float(m_cut[k]), float(m_full[k]), rtol=2e-5, atol=1e-6, err_msg=k)
+    np.testing.assert_allclose(np.asarray(m_cut["router/expert_load"]), np.asarray(m_full["router/expert_load"]),
+                               atol=1e-6)
+    # the gradient itself (Adam's first step is about sign(g) * lr, so float noise on a ~0 gradient shows there)
+    loss_fn = make_loss_fn(cfg, loss_cfg, None, None)
+    params = init_train_state(cfg, loss_cfg, optim, jax.random.key(0))["params"]
+    g_full = jax.grad(lambda p: loss_fn(p, batch, 0.0)[0])(params)
+    g_cut = jax.grad(lambda p: loss_fn(p, rollout.trim_columns(batch, cols), 0.0)[0])(params)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-7),
+                 g_cut, g_full)
+
+
+@pytest.mark.parametrize("bad", [-1, 65, 1.5])
+def test_length_buckets_field_is_validated(bad):
+    from rl.stages.sft import SFTConfig
+
+    with pytest.raises(Exception, match="length_buckets"):
+        SFTConfig(name="cold_start", length_buckets=bad)
