@@ -80,3 +80,15 @@ def test_length_buckets_field_is_validated(bad):
 
     with pytest.raises(Exception, match="length_buckets"):
         SFTConfig(name="cold_start", length_buckets=bad)
+
+
+@pytest.mark.slow  # compiles the R1 model's SFT step at every width (about a minute)
+def test_bench_runs_and_reports_a_same_run_ratio(tmp_path):
+    import json
+
+    from experiments.bench import sft_buckets
+
+    res = sft_buckets.main(["--rows", "64", "--reps", "1", "--json", str(tmp_path / "b.json")])
+    saved = json.loads((tmp_path / "b.json").read_text())
+    assert saved["speedup"] == pytest.approx(res["speedup"]) and res["speedup"] > 0
+    assert res["columns_per_epoch"]["bucketed"] < res["columns_per_epoch"]["padded"]  # it did cut the padding
