@@ -88,8 +88,10 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--microbatches", type=int, default=1, help="gradient-accumulation slices per step")
     ap.add_argument("--md", default=None, help="also append the Markdown table to this file")
-    args = ap.parse_args(argv)
     from experiments.bench import common
+
+    common.add_json_arg(ap)
+    args = ap.parse_args(argv)
 
     results = [bench_shape(s, 2 if args.quick else args.reps, args.quick, args.microbatches) for s in args.shapes]
     rows = [[r["shape"], f"{r['rows']}x{r['seq']}", r["step_s"], r["tokens_per_s"], r["step_gflops"], r["step_mfu"],
@@ -102,6 +104,8 @@ def main(argv=None):
     if args.md:
         with open(args.md, "a") as f:
             f.write(table + "\n" + note + "\n")
+    common.write_json(args.json, {"shapes": results, "machine": common.machine_info()})
+    return results
 
 
 if __name__ == "__main__":

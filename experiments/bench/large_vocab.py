@@ -23,7 +23,7 @@ import argparse
 import jax
 import jax.numpy as jnp
 
-from experiments.bench.common import print_table
+from experiments.bench.common import add_json_arg, machine_info, print_table, write_json
 from models import transformer, vocab
 from models.config import ModelConfig
 
@@ -99,6 +99,7 @@ def model_cases(chunks):
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--chunks", type=int, nargs="+", default=[32, 128])
+    add_json_arg(ap)
     args = ap.parse_args(argv)
     print(f"batch {B} x {T}, vocabulary {V:,}; float32 [B, T, V] logits alone = {B * T * V * 4 / GIB:.2f} GiB; "
           f"backend {jax.default_backend()}")
@@ -110,6 +111,9 @@ def main(argv=None) -> None:
         print(f"\n{title}: peak temporary memory of loss + grad (XLA compiled memory analysis)")
         print_table(["variant", "temp GiB", "vs full logits"],
                     [[name, f"{b / GIB:.2f}", f"{b / base:.3f}x"] for name, b in rows])
+    out = {title: {name: {"temp_bytes": b, "vs_full": b / rows[0][1]} for name, b in rows} for title, rows in sections}
+    write_json(args.json, {"batch": B, "seq": T, "vocab": V, "sections": out, "machine": machine_info()})
+    return out
 
 
 if __name__ == "__main__":

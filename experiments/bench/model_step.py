@@ -242,6 +242,7 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="small batches / few tokens: a smoke run")
     ap.add_argument("--phase", choices=PHASES, help="run one phase in this process and print its JSON")
     ap.add_argument("--md", help="also write the Markdown report to this path")
+    ap.add_argument("--json", default=None, help="also write every phase's figures as JSON to this path")
     args = ap.parse_args(argv)
 
     if args.phase:
@@ -254,6 +255,8 @@ def main(argv=None):
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     res = {name: _run_phase_subprocess(name, args.quick) for name in PHASES}
     info_end = common.machine_info()
+    common.write_json(args.json, {"phases": res, "machine_start": info_start, "machine_end": info_end,
+                                  "quick": args.quick})
     opts = QUICK if args.quick else FULL
 
     lines = []

@@ -47,6 +47,7 @@ def main(argv=None):
     ap.add_argument("--block", type=int, default=None, help="row block of the blocked MoE (default: its heuristic)")
     ap.add_argument("--impl", default="auto")
     ap.add_argument("--parts", nargs="*", default=["model", "moe", "dense", "decode"])
+    common.add_json_arg(ap)
     args = ap.parse_args(argv)
     cfg = ModelConfig(**W1_MODEL)
     params = transformer.init(cfg, jax.random.PRNGKey(0))
@@ -100,6 +101,9 @@ def main(argv=None):
         flops = B * forward_flops_per_token(cfg, 61)
         rows.append(["decode step B=64 (1 token)", w, c, flops / 1e9, flops / c / 1e9 / peak["peak_gflops_per_cpu_s"]])
     common.print_table(["part", "wall s", "CPU s", "GFLOP", "MFU per CPU-s"], rows)
+    common.write_json(args.json, {"parts": {r[0]: dict(zip(("wall_s", "cpu_s", "gflop", "mfu_per_cpu_s"), r[1:]))
+                                            for r in rows}, "matmul_peak": peak, "rows": args.rows,
+                                  "machine": common.machine_info()})
     print(f"matmul peak {peak['peak_gflops']:.0f} GFLOP/s wall, {peak['peak_gflops_per_cpu_s']:.0f} GFLOP/CPU-s; "
           f"rows {args.rows} x {SEQ}; block {args.block}; impl {args.impl}; load {common.machine_info()['loadavg']}")
 

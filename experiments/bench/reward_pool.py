@@ -80,6 +80,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--workers", default="1,2", help="comma-separated pool sizes")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds (median reported)")
     ap.add_argument("--md", default=None, help="also write the table (with the command) to this Markdown file")
+    ap.add_argument("--json", default=None, help="also write the figures as JSON to this path")
     args = ap.parse_args(argv)
     cfg = RewardConfig(w_process=0.2, w_format=0.1, w_repetition=0.1, w_language=0.1)
     texts, golds = make_mix(args.n)
@@ -117,7 +118,11 @@ def main(argv=None) -> dict:
         os.makedirs(os.path.dirname(os.path.abspath(args.md)), exist_ok=True)
         with open(args.md, "w") as f:
             f.write("# Reward pool throughput\n\n" + header + "\n\n" + table + "\n")
-    return {"single": single, "pools": per_pool, "errors": errors}
+    out = {"single": single, "pools": per_pool, "errors": errors}
+    from experiments.bench.common import write_json
+
+    write_json(args.json, {**out, "pairs": args.n, "nproc": os.cpu_count(), "loadavg": load})
+    return out
 
 
 if __name__ == "__main__":
