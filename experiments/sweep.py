@@ -441,16 +441,21 @@ def main(argv: list[str] | None = None) -> int:
 
 def _shared_state(j: dict) -> tuple[str, str]:
     """A shared run is done when its summary holds every shared stage; run.stop_after may differ (it is resumed
-    with the units still to go)."""
-    st, why = run_state(j["workdir"], j["cfg"], ignore=("run.stop_after",))
+    with the units still to go), and so may the stages after the shared ones once it is done (it never ran them:
+    a later sweep over other points of the grid reuses it)."""
+    later = tuple(f"stages[{i}]" for i in range(j["k"], len(j["cfg"]["stages"])))
+    st, why = run_state(j["workdir"], j["cfg"], ignore=("run.stop_after",) + later)
     if st in ("conflict", "new"):
         return st, why
+    exact, why_exact = run_state(j["workdir"], j["cfg"], ignore=("run.stop_after",))
     try:
         with open(os.path.join(j["workdir"], "summary.json"), encoding="utf-8") as f:
             names = json.load(f).get("eval", {})
     except (OSError, ValueError):
         names = {}
-    return ("done", "") if all(s["name"] in names for s in j["cfg"]["stages"][: j["k"]]) else ("resume", "")
+    if all(s["name"] in names for s in j["cfg"]["stages"][: j["k"]]):
+        return "done", ""
+    return ("resume", "") if exact != "conflict" else ("conflict", why_exact)  # a resume runs under the new config
 
 
 def _units_done(workdir: str) -> int:

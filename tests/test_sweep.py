@@ -118,6 +118,22 @@ def test_fields_added_since_a_run_at_their_default_are_no_difference(tmp_path):
     assert shared_stages(changed, new) == 0
 
 
+def test_a_finished_shared_run_serves_points_whose_later_stages_differ(tmp_path):
+    cfg = _cfg(seed=0)
+    other = _cfg(seed=0, **{"stages[2].clip_high": 0.2})  # another point of the grid: same first 2 stages
+    wd = str(tmp_path / "shared")
+    _finish(wd, other, summary={"eval": {"cold_start": {"pass@1": 0.1}, "rejection": {"pass@1": 0.2}}})
+    assert sweep._shared_state({"workdir": wd, "cfg": cfg, "k": 2})[0] == "done"
+    assert sweep._shared_state({"workdir": wd, "cfg": cfg, "k": 3})[0] == "conflict"  # stage 2 is shared now
+    unfinished = str(tmp_path / "unfinished")
+    _finish(unfinished, other, summary={"eval": {"cold_start": {"pass@1": 0.1}}})
+    # resuming would run the rest of the shared stages under the new config: refused, with the reason
+    state, why = sweep._shared_state({"workdir": unfinished, "cfg": cfg, "k": 2})
+    assert state == "conflict" and "stages[2].clip_high" in why
+    changed_cold = _cfg(seed=0, **{"stages[0].lr": 5e-4})
+    assert sweep._shared_state({"workdir": wd, "cfg": changed_cold, "k": 2})[0] == "conflict"
+
+
 def test_dry_run_validates_every_run_and_the_shared_one(tmp_path, capsys):
     rc = sweep.main(["--config", QS, "--workdir", str(tmp_path / "sw"), "--seeds", "0,1", "--only", "lr=0.0001",
                      "--only", "clip_high=0.28", "--dry_run", "--config.eval.k=2"])
