@@ -183,7 +183,8 @@ def samples_curve(runs: list[Run], stage: str, key: str = "validation/pass@1") -
 
 def spread(runs: list[Run], stage: str, key: str) -> list[float]:
     """Per seed, the standard deviation of a train metric over the stage's iterations (its stability)."""
-    return [float(np.std(stage_values(r, stage, key))) if stage_values(r, stage, key) else math.nan for r in runs]
+    values = [stage_values(r, stage, key) for r in runs]
+    return [float(np.std(v)) if v else math.nan for v in values]
 
 
 def plot_band(ax, x, mean, sd, label: str, **kw) -> None:

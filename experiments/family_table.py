@@ -16,7 +16,7 @@ import sys
 
 import numpy as np
 
-FAMILIES = ("math", "code", "instructions")
+from rl.stages.base import FAMILIES
 
 
 def load(workdirs: list[str]) -> list[dict]:

@@ -149,7 +149,8 @@ def run_state(workdir: str, cfg: dict, ignore: tuple[str, ...] = ()) -> tuple[st
             old = json.load(f)
     except (OSError, ValueError) as e:
         return "conflict", f"{path} is unreadable ({e})"
-    diff = [d for d in differing_fields(with_added_defaults(old, cfg), cfg) if not any(d == i or d.startswith(i + ".") for i in ignore)]
+    diff = [d for d in differing_fields(with_added_defaults(old, cfg), cfg)
+            if not any(d == i or d.startswith(i + ".") for i in ignore)]
     if diff:
         return "conflict", (f"{workdir} holds a run of a different config ({', '.join(diff[:5])}"
                             f"{' ...' if len(diff) > 5 else ''} differ)")
@@ -443,11 +444,14 @@ def _shared_state(j: dict) -> tuple[str, str]:
     """A shared run is done when its summary holds every shared stage; run.stop_after may differ (it is resumed
     with the units still to go), and so may the stages after the shared ones once it is done (it never ran them:
     a later sweep over other points of the grid reuses it)."""
-    later = tuple(f"stages[{i}]" for i in range(j["k"], len(j["cfg"]["stages"])))
-    st, why = run_state(j["workdir"], j["cfg"], ignore=("run.stop_after",) + later)
-    if st in ("conflict", "new"):
+    st, why = run_state(j["workdir"], j["cfg"], ignore=("run.stop_after",))
+    exact = st != "conflict"
+    if not exact:  # differences only after the shared stages are fine for a finished shared run
+        later = tuple(f"stages[{i}]" for i in range(j["k"], len(j["cfg"]["stages"])))
+        if run_state(j["workdir"], j["cfg"], ignore=("run.stop_after",) + later)[0] == "conflict":
+            return st, why
+    if st == "new":
         return st, why
-    exact, why_exact = run_state(j["workdir"], j["cfg"], ignore=("run.stop_after",))
     try:
         with open(os.path.join(j["workdir"], "summary.json"), encoding="utf-8") as f:
             names = json.load(f).get("eval", {})
@@ -455,7 +459,7 @@ def _shared_state(j: dict) -> tuple[str, str]:
         names = {}
     if all(s["name"] in names for s in j["cfg"]["stages"][: j["k"]]):
         return "done", ""
-    return ("resume", "") if exact != "conflict" else ("conflict", why_exact)  # a resume runs under the new config
+    return ("resume", "") if exact else (st, why)  # a resume runs under the new config: it must be the same
 
 
 def _units_done(workdir: str) -> int:

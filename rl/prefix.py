@@ -20,6 +20,12 @@ import shutil
 from rl import config_validation as cv
 
 IGNORED = ("run", "log")  # sections that never change what a unit computes (the launcher's resume rule)
+_MISSING = object()
+
+
+def _norm(d):
+    """A config as config.json stores it (plain JSON values)."""
+    return json.loads(json.dumps(d, default=str))
 
 
 def _defaults_like(cfg: dict) -> dict:
@@ -43,7 +49,7 @@ def with_added_defaults(old: dict, new: dict) -> dict:
             for k, v in n.items():
                 dk = d.get(k, _MISSING) if isinstance(d, dict) else _MISSING
                 if k not in o:
-                    if dk is not _MISSING and json.dumps(v, default=str) == json.dumps(dk, default=str):
+                    if dk is not _MISSING and v == dk:
                         out[k] = v
                 else:
                     out[k] = fill(o[k], v, dk)
@@ -53,18 +59,13 @@ def with_added_defaults(old: dict, new: dict) -> dict:
                     enumerate(zip(o, n))]
         return o
 
-    norm = lambda d: json.loads(json.dumps(d, default=str))  # noqa: E731 - config.json's own encoding
-    return fill(norm(old), norm(new), norm(_defaults_like(new)))
-
-
-_MISSING = object()
+    return fill(_norm(old), _norm(new), _norm(_defaults_like(new)))
 
 
 def shared_stages(a: dict, b: dict, ignore: tuple[str, ...] = IGNORED) -> int:
     """Leading stages two resolved configs (plain dicts) share; 0 when anything outside the stages and the
     `ignore`d sections differs. `a` is the earlier run's: fields added since at their default count as equal."""
-    norm = lambda d: json.loads(json.dumps(d, default=str))  # noqa: E731 - config.json's own encoding
-    a, b = with_added_defaults(a, b), norm(b)
+    a, b = with_added_defaults(a, b), _norm(b)
     rest = lambda d: {k: v for k, v in d.items() if k not in tuple(ignore) + ("stages",)}  # noqa: E731
     if rest(a) != rest(b):
         return 0

@@ -243,6 +243,27 @@ def trim_columns(batch: dict, cols: int) -> dict:
     return {k: (np.asarray(v)[:, :cols] if np.ndim(v) >= 2 and np.shape(v)[1] == t else v) for k, v in batch.items()}
 
 
+def epoch_minibatches(n: int, max_rows: int, rng: np.random.Generator,
+                      lengths: np.ndarray | None = None) -> list[np.ndarray]:
+    """One epoch's minibatches of row indices over a fresh permutation of n rows: even_minibatches, or
+    length_grouped_minibatches when `lengths` (row_lengths) is given."""
+    order = rng.permutation(n)
+    if lengths is None:
+        return even_minibatches(order, max_rows)
+    return length_grouped_minibatches(order, lengths, max_rows, rng)
+
+
+def take_minibatch(batch: dict, idx: np.ndarray, rows: int, length_buckets: int = 0,
+                   lengths: np.ndarray | None = None) -> dict:
+    """Rows `idx` of `batch`, padded to `rows` (pad_rows); with `length_buckets` > 0 also cut to the narrowest
+    column_bucket width holding the longest of them (`lengths`: row_lengths of the whole batch)."""
+    mb = pad_rows({k: np.asarray(v)[idx] for k, v in batch.items()}, rows)
+    if length_buckets:
+        seq_len = int(np.shape(batch["tokens"])[1])
+        mb = trim_columns(mb, column_bucket(int(lengths[idx].max()), seq_len, length_buckets))
+    return mb
+
+
 def pad_rows(batch: dict, rows: int) -> dict:
     """`batch` with empty rows appended up to `rows` (all masks 0, one attended pad token so the attention
     softmax stays finite; float fields 0; routes -1, i.e. none recorded). Empty rows change no loss term and no

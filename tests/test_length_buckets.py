@@ -40,6 +40,20 @@ def test_column_bucket_row_lengths_trim():
     assert out["tokens"].shape == (3, 2) and out["attn_mask"].shape == (3, 2) and out["temperature"].shape == (3,)
 
 
+def test_epoch_minibatches_and_take_minibatch():
+    lengths = np.array([3, 30, 5, 28, 4, 31])
+    plain = rollout.epoch_minibatches(6, 2, np.random.default_rng(0))
+    assert [p.tolist() for p in plain] == [p.tolist() for p in rollout.even_minibatches(
+        np.random.default_rng(0).permutation(6), 2)]  # the same rng draw as before the helper
+    grouped = rollout.epoch_minibatches(6, 2, np.random.default_rng(0), lengths)
+    assert sorted(np.concatenate(grouped).tolist()) == list(range(6))
+    batch = _sft_batch(rows=6)
+    batch["attn_mask"][:] = (np.arange(32)[None] < lengths[:, None])
+    mb = rollout.take_minibatch(batch, np.array([0, 2]), 4, length_buckets=4, lengths=lengths)
+    assert mb["tokens"].shape == (4, 8) and mb["attn_mask"][2:, 0].tolist() == [1, 1]  # padded rows, cut to 8
+    assert rollout.take_minibatch(batch, np.array([0, 1]), 2)["tokens"].shape == (2, 32)  # no buckets: full width
+
+
 def _sft_batch(rows=6, t=32, seed=0):
     rng = np.random.default_rng(seed)
     tokens = rng.integers(3, 16, size=(rows, t)).astype(np.int32)

@@ -32,19 +32,19 @@ def main(argv=None) -> dict:
     import numpy as np
 
     from experiments.configs import r1_pipeline
-    from models.config import ModelConfig
     from models.tokenizer import ByteTokenizer
+    from rl import config_validation as cv
     from rl import rollout
+    from rl.context import build_model_cfg, load_problems
     from rl.sft import build_sft_batch
-    from rl.tasks import load_mix, render_prompt, render_solution
+    from rl.tasks import render_prompt, render_solution
     from rl.train_step import LossConfig, OptimConfig, init_train_state, make_train_step
 
-    cfg = r1_pipeline.get_config()
-    model_cfg = ModelConfig(**{k: v for k, v in cfg.model.to_dict().items() if k in ModelConfig.__dataclass_fields__})
-    seq_len, rows_per_step = model_cfg.max_seq_len, 32
-    probs = load_mix(cfg.tasks.mix, n=args.rows, seed=0, split="train",
-                     difficulty={"add": 2, "code": 1, "instructions": 2})
-    batch = build_sft_batch([render_prompt(p, "en") for p in probs], [render_solution(p, "en") for p in probs],
+    cfg = cv.to_dict(r1_pipeline.get_config())
+    model_cfg = build_model_cfg(cfg)
+    seq_len, rows_per_step, lang = model_cfg.max_seq_len, 32, cfg["tasks"]["lang"]
+    probs = load_problems(cfg)[0][: args.rows]  # the run's training problems, as its cold start takes them
+    batch = build_sft_batch([render_prompt(p, lang) for p in probs], [render_solution(p, lang) for p in probs],
                             ByteTokenizer(), seq_len)
     lengths = rollout.row_lengths(batch["attn_mask"])
     loss_cfg, optim = LossConfig(mode="sft"), OptimConfig()
@@ -52,17 +52,11 @@ def main(argv=None) -> dict:
     hp = {"lr": jnp.float32(1e-3), "kl_coef": jnp.float32(0.0)}
     rng = np.random.default_rng(0)
 
-    def plan(bucketed: bool):
-        order = rng.permutation(len(lengths))
-        parts = (rollout.length_grouped_minibatches(order, lengths, rows_per_step, rng) if bucketed
-                 else rollout.even_minibatches(order, rows_per_step))
-        out = []
-        for idx in parts:
-            mb = rollout.pad_rows({k: v[idx] for k, v in batch.items()}, rows_per_step)
-            if bucketed:
-                mb = rollout.trim_columns(mb, rollout.column_bucket(int(lengths[idx].max()), seq_len, args.buckets))
-            out.append({k: jnp.asarray(v) for k, v in mb.items()})
-        return out
+    def plan(bucketed: bool):  # one epoch's device minibatches, as StageRun.train_on builds them
+        n_buckets = args.buckets if bucketed else 0
+        parts = rollout.epoch_minibatches(len(lengths), rows_per_step, rng, lengths if bucketed else None)
+        return [{k: jnp.asarray(v) for k, v in rollout.take_minibatch(batch, idx, rows_per_step, n_buckets,
+                                                                     lengths).items()} for idx in parts]
 
     state = init_train_state(model_cfg, loss_cfg, optim, jax.random.key(0))
 

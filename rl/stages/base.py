@@ -189,21 +189,13 @@ class StageRun:
         n = int(batch["tokens"].shape[0])
         t0 = time.time()
         ms, sizes = [], []
-        if length_buckets:
-            lengths = rollout.row_lengths(batch["attn_mask"])
-            seq_len = int(batch["tokens"].shape[1])
-            plan = [rollout.length_grouped_minibatches(rng.permutation(n), lengths, max_rows, rng)
-                    for _ in range(epochs)]
-        else:
-            plan = [rollout.even_minibatches(rng.permutation(n), max_rows) for _ in range(epochs)]
+        lengths = rollout.row_lengths(batch["attn_mask"]) if length_buckets else None
+        plan = [rollout.epoch_minibatches(n, max_rows, rng, lengths) for _ in range(epochs)]
         steps_in_unit = sum(len(p) for p in plan)
         j = 0
         for parts in plan:
             for idx in parts:
-                mb = rollout.pad_rows({k: np.asarray(v)[idx] for k, v in batch.items()}, max_rows)
-                if length_buckets:
-                    mb = rollout.trim_columns(mb, rollout.column_bucket(int(lengths[idx].max()), seq_len,
-                                                                        length_buckets))
+                mb = rollout.take_minibatch(batch, idx, max_rows, length_buckets, lengths)
                 lr = schedules.lr_at(self.opt_steps, schedules.unit_progress(unit, j, steps_in_unit, self.units),
                                      peak=cfg.lr, warmup_steps=cfg.warmup_steps, end_fraction=cfg.end_lr_fraction)
                 hp = {"lr": jnp.float32(lr), "kl_coef": jnp.float32(kl_coef)}

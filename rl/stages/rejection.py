@@ -20,7 +20,7 @@ import numpy as np
 
 from rl.config_fields import field, integer, num
 from rl.stages.base import StageConfig, StageRun, router_metrics, step_stats
-from rl.stages.sft import sft_rows
+from rl.stages.sft import length_buckets_field, sft_rows
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -40,10 +40,7 @@ class RejectionConfig(StageConfig):
     max_keep_per_problem: int = field(4, "at most this many distinct kept answers per problem", integer(1, 4096))
     gold_replay: float = field(0.0, "gold solutions added to each round's fine-tuning set, as a share of the kept "
                                     "answers (cold-start data replay; 0 = off)", num(0.0, 100.0))
-    length_buckets: int = field(0, "group rows of similar length into the minibatches and cut each one's padding "
-                                   "to the narrowest of this many widths (seq_len x i / N) holding its longest "
-                                   "row: one compile per width used; 0 = every row padded to seq_len",
-                                integer(0, 64))
+    length_buckets: int = length_buckets_field()
 
 
 class RejectionRun(StageRun):

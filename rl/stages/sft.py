@@ -20,6 +20,13 @@ from rl.config_fields import field, integer, num
 from rl.stages.base import StageConfig, StageRun, router_metrics, step_stats
 
 
+def length_buckets_field():
+    """The `length_buckets` field of the stages that fine-tune on demonstrations (sft, rejection)."""
+    return field(0, "group rows of similar length into the minibatches and cut each one's padding to the narrowest "
+                    "of this many widths (seq_len x i / N) holding its longest row: one compile per width used; "
+                    "0 = every row padded to seq_len", integer(0, 64))
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SFTConfig(StageConfig):
     KIND = "sft"
@@ -33,10 +40,7 @@ class SFTConfig(StageConfig):
     direct_share: float = field(0.0, "share of the math demonstrations written as the answer line alone, without "
                                      "steps (drawn once per run; 0 = every demonstration shows its steps)",
                                 num(0.0, 1.0))
-    length_buckets: int = field(0, "group rows of similar length into the minibatches and cut each one's padding "
-                                   "to the narrowest of this many widths (seq_len x i / N) holding its longest "
-                                   "row: one compile per width used; 0 = every row padded to seq_len",
-                                integer(0, 64))
+    length_buckets: int = length_buckets_field()
 
 
 def sft_rows(batch_size: int, multiple: int) -> int:
