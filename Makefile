@@ -21,7 +21,7 @@ demo-seeds: $(STAMP)  # the main job with seeds 0, 1, 2 one after the other, the
 		--init_from none --parallel 1
 
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not slow" -n 2
+	$(PY) -m pytest -q -m "not slow" -n 2 --durations=25
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow

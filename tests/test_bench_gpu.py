@@ -30,7 +30,6 @@ def _matmul_weights_per_token(cfg: ModelConfig) -> int:
     return total
 
 
-@pytest.mark.slow  # default-suite budget (make test-slow runs it)
 def test_smoke_run_on_cpu(tmp_path, capsys):
     path = tmp_path / "gpu.json"
     res = gpu.main(["--smoke", "--json", str(path)])

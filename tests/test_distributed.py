@@ -227,7 +227,6 @@ def test_two_processes_train_and_checkpoint(tmp_path):
             np.testing.assert_array_equal(res["resumed" + name], res["live" + name])
 
 
-@pytest.mark.slow  # default-suite budget (make test-slow runs it)
 def test_two_processes_expert_parallel(tmp_path):
     """Expert pairs spanning the two processes: the all-to-all runs over gloo between processes; 4 of the 8 experts
     per device, parameters after three steps equal one process's."""

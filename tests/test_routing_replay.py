@@ -32,10 +32,11 @@ def test_replaying_the_own_routes_is_exact_and_keeps_router_gradients():
     cfg = _cfg()
     params = transformer.init(cfg, jax.random.key(0))
     tok, mask = _tokens(cfg)
-    logits, aux = transformer.forward(params, tok, cfg, attn_mask=mask, return_routes=True)
+    fwd = jax.jit(lambda p, r: transformer.forward(p, tok, cfg, attn_mask=mask, routes=r, return_routes=True))
+    logits, aux = fwd(params, None)
     routes = aux["routes"]
     assert routes.shape == (3, 10, 2, 2) and routes.dtype == jnp.int32
-    replayed, aux_r = transformer.forward(params, tok, cfg, attn_mask=mask, routes=routes)
+    replayed, aux_r = fwd(params, routes)
     np.testing.assert_array_equal(np.asarray(replayed), np.asarray(logits))
     assert float(jnp.sum(aux_r["replay_differ"])) == 0 and float(jnp.sum(aux_r["replay_compared"])) == 2 * mask.sum()
 
@@ -45,8 +46,8 @@ def test_replaying_the_own_routes_is_exact_and_keeps_router_gradients():
         out, a = transformer.forward(p, tok, cfg, attn_mask=mask, routes=r)
         return jnp.sum(out * w) + jnp.sum(a["router_aux_loss"])
 
-    g_own = jax.grad(loss)(params, None)
-    g_rep = jax.grad(loss)(params, routes)
+    grad = jax.jit(jax.grad(loss))  # jitted: the MoE's scans run eagerly op by op otherwise (minutes)
+    g_own, g_rep = grad(params, None), grad(params, routes)
     for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(g_own)[0], jax.tree.leaves(g_rep)):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-6, atol=1e-7, err_msg=jax.tree_util.keystr(path))
     for i in range(cfg.n_layers):

@@ -172,8 +172,8 @@ def test_gradient_at_sampling_temperature_matches_exact_enumeration(temperature)
     def objective(p):  # J_T, exactly
         return jnp.sum(jnp.exp(seq_logp(p, temperature)) * reward)
 
-    exact = jax.grad(objective)(params)
-    pi = np.exp(np.asarray(seq_logp(params, temperature), np.float64))
+    exact = jax.jit(jax.grad(objective))(params)  # jitted: the MoE's scans run eagerly op by op otherwise
+    pi = np.exp(np.asarray(jax.jit(seq_logp, static_argnums=1)(params, temperature), np.float64))
     assert pi.sum() == pytest.approx(1.0, abs=1e-4)
     loss_fn = make_loss_fn(cfg, LossConfig(mode="grpo", agg="seq-mean-token-sum"), None, None)
 
@@ -182,7 +182,7 @@ def test_gradient_at_sampling_temperature_matches_exact_enumeration(temperature)
         # -(1/N) sum_y A_y grad log pi(y); A_y = N * pi_T(y) * R(y) makes it the expectation under the sampler.
         batch = {"tokens": seqs, "attn_mask": attn, "loss_mask": mask, "temperature": np.full((N,), batch_temp, np.float32),
                  "advantages": (N * pi * reward).astype(np.float32)}
-        return jax.grad(lambda p: loss_fn(p, batch, 0.0)[0])(params)
+        return jax.jit(jax.grad(lambda p, b: loss_fn(p, b, 0.0)[0]))(params, batch)
 
     flat = lambda t: np.concatenate([np.asarray(x, np.float64).ravel() for x in jax.tree.leaves(t)])  # noqa: E731
     want = -flat(exact)
