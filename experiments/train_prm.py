@@ -343,6 +343,15 @@ def table(summary: dict, stats: dict, cfg) -> str:
     return "\n".join(lines)
 
 
+def deploy_source(runs: dict, deploy: str = "auto") -> str:
+    """The label source whose PRM becomes workdir/prm.npz: `deploy`, or for "auto" the best calibration-split AUROC
+    of its first seed (ties go to the source listed first). `runs` is results.json's "runs" (source -> per-seed
+    results); results.json also stores the answer as "deployed"."""
+    if deploy != "auto":
+        return deploy
+    return max(runs, key=lambda s: runs[s][0]["calib_auroc"])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", required=True, help="experiments/configs/FILE.py[:arg]")
@@ -389,8 +398,9 @@ def main(argv=None) -> int:
             print(f"  auroc {r['auroc']:.3f} f1 {r['first_error/f1']:.3f} ece {r['ece/none']:.3f}->"
                   f"{r['ece/platt']:.3f} ({r['train_seconds']:.0f} s)", flush=True)
     summary = summarize(results, cfg)
+    deploy = deploy_source(results, cfg.deploy)
     out = {"config": args.config, "prm_config": cfg.to_dict(), "stats": stats, "summary": summary,
-           "runs": results, "wall_seconds": time.time() - t_start}
+           "runs": results, "deployed": deploy, "wall_seconds": time.time() - t_start}
     with open(res_path, "w", encoding="utf-8") as f:
         json.dump(out, f, indent=1, default=float)
     text = table(summary, stats, cfg)
@@ -400,9 +410,6 @@ def main(argv=None) -> int:
     if not args.tag:
         import shutil
 
-        deploy = cfg.deploy
-        if deploy == "auto":  # the best calibration-split AUROC (first seed); ties go to the source listed first
-            deploy = max(results, key=lambda s: results[s][0]["calib_auroc"])
         shutil.copy(os.path.join(prm_dir, f"{deploy}.npz"), os.path.join(args.workdir, "prm.npz"))
         print(f"deployed {deploy} -> {os.path.join(args.workdir, 'prm.npz')}", flush=True)
     print(f"wall {time.time() - t_start:.0f} s")

@@ -1,6 +1,7 @@
 """The process reward model (rewards/prm/): steps and labels, Math-Shepherd MC labels, token rows, the train step's
 "prm" mode against a float64 NumPy reference, a tiny PRM that learns, save / load, and the trainer-side scorer
 (rl/prm_reward.py). Metric functions are in tests/test_prm_metrics.py."""
+import json
 import os
 import random
 import subprocess
@@ -467,6 +468,15 @@ def test_grpo_with_a_prm_file_end_to_end(tmp_path):
         load_scorer(str(bad), TOK, {"w_prm": 0.2})
 
 
+def test_deploy_source_is_the_best_calibration_auroc_unless_named():
+    from experiments.train_prm import deploy_source
+
+    runs = {"prior": [{"calib_auroc": 0.80}], "mix": [{"calib_auroc": 0.91}, {"calib_auroc": 0.5}],
+            "mc": [{"calib_auroc": 0.91}]}
+    assert deploy_source(runs) == "mix"  # first seed decides; a tie goes to the source listed first
+    assert deploy_source(runs, "prior") == "prior"
+
+
 @pytest.mark.slow
 def test_train_prm_pipeline_tiny(tmp_path, capsys):
     """experiments/train_prm.py end to end on the tiny variant: policy, samples, labels, every source, the table,
@@ -479,6 +489,8 @@ def test_train_prm_pipeline_tiny(tmp_path, capsys):
     out = capsys.readouterr().out
     for source in ("prior", "corrupted", "mc", "mix", "exact", "majority vote", "oracle"):
         assert f"| {source}" in out
+    deployed = json.loads((wd / "results.json").read_text())["deployed"]  # what the notebooks read
+    assert f"deployed {deployed} ->" in out
     assert (wd / "prm.npz").exists() and (wd / "table.md").exists()
     prm = load(wd / "prm.npz")
     assert prm.likelihood and prm.calib["kind"] == "platt"
