@@ -54,19 +54,24 @@ def causal_mask(positions_T, key_slots_S):
     return key_slots_S[None, :] <= positions_T[:, None]
 
 
-def dot_product_attention(q_BTNH, k_BKSH, v_BKSH, mask_BTS):
+def dot_product_attention(q_BTNH, k_BKSH, v_BKSH, mask_BTS, k_BKHS=None):
     """Grouped-query softmax attention; mask_BTS True = may attend. Scores and softmax in float32.
 
-    Keys/values are laid out [B, K, S, H] (as in the cache) and the G*T query rows of each kv head are batched
-    together as M, so both matmuls are plain batched [S, H] x [H, M] / [M, S] x [S, H] products: on CPU a
-    head-minor layout such as [B, S, K, H] costs a transpose of the whole cache per layer and decode step.
+    Keys/values are laid out [B, K, S, H] and the G*T query rows of each kv head are batched together as M, so both
+    matmuls are batched products without a transpose of the keys or values: on CPU a head-minor layout such as
+    [B, S, K, H] costs a transpose of the whole cache per layer and decode step. k_BKHS (the cache's layout, slots
+    last) replaces k_BKSH: the score product is then a plain [M, H] x [H, S] (pass k_BKSH=None).
     """
     B, T, N, H = q_BTNH.shape
-    K, S = k_BKSH.shape[1], k_BKSH.shape[2]
+    K = (k_BKSH if k_BKHS is None else k_BKHS).shape[1]
+    S = k_BKSH.shape[2] if k_BKHS is None else k_BKHS.shape[3]
     G = N // K
     q_BKMH = (q_BTNH * jnp.asarray(H ** -0.5, q_BTNH.dtype)).reshape(B, T, K, G, H).transpose(0, 2, 3, 1, 4)
     q_BKMH = q_BKMH.reshape(B, K, G * T, H)
-    scores_BKMS = jnp.einsum("BKSH,BKMH->BKMS", k_BKSH, q_BKMH, preferred_element_type=jnp.float32)
+    if k_BKHS is None:
+        scores_BKMS = jnp.einsum("BKSH,BKMH->BKMS", k_BKSH, q_BKMH, preferred_element_type=jnp.float32)
+    else:
+        scores_BKMS = jnp.einsum("BKMH,BKHS->BKMS", q_BKMH, k_BKHS, preferred_element_type=jnp.float32)
     scores_BKGTS = jnp.where(mask_BTS[:, None, None], scores_BKMS.reshape(B, K, G, T, S), _MASK_VALUE)
     probs_BKMS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(v_BKSH.dtype).reshape(B, K, G * T, S)
     out_BKMH = jnp.einsum("BKMS,BKSH->BKMH", probs_BKMS, v_BKSH)
@@ -79,9 +84,10 @@ def attention(p, x_BTD, positions_BT, mask_BTS, *, rope_theta: float, cache=None
     bq [N,H], bk/bv [K,H] (Qwen2) and per-head RMSNorm scales q_norm/k_norm [H] applied before the rotary
     embedding (Qwen3), used when present.
 
-    Without a cache, keys are this call's tokens. With a cache {"k","v": [L, B, K, S, H]} the new keys/values are
-    written into layer `layer` at slots cache_index .. cache_index + T - 1 (cache_index may be traced) and the queries
-    attend over all S slots under mask_BTS. rope: rope_tables(positions_BT, H, rope_theta) if precomputed.
+    Without a cache, keys are this call's tokens. With a cache (transformer.init_cache: per layer, keys [B, K, H, S],
+    values [B, K, S, H]) the new keys/values are written into layer `layer`'s arrays at slots cache_index ..
+    cache_index + T - 1 (cache_index may be traced) and the queries attend over all S slots under mask_BTS.
+    rope: rope_tables(positions_BT, H, rope_theta) if precomputed.
     Returns (out_BTD, cache).
     """
     dtype = x_BTD.dtype
@@ -101,16 +107,17 @@ def attention(p, x_BTD, positions_BT, mask_BTS, *, rope_theta: float, cache=None
     k_BKTH = apply_rope(k_BTKH, positions_BT, rope_theta, rope).transpose(0, 2, 1, 3)
     v_BKTH = v_BTKH.transpose(0, 2, 1, 3)
     if cache is None:
-        k_BKSH, v_BKSH = k_BKTH, v_BKTH
+        out_BTNH = dot_product_attention(q_BTNH, k_BKTH, v_BKTH, mask_BTS)
     else:
-        # Write straight into the stacked [L, ...] buffer so XLA updates it in place inside a decode loop.
-        zero = jnp.int32(0)
-        start = (jnp.int32(layer), zero, zero, jnp.asarray(cache_index, jnp.int32), zero)
-        cache_k = jax.lax.dynamic_update_slice(cache["k"], k_BKTH[None].astype(cache["k"].dtype), start)
-        cache_v = jax.lax.dynamic_update_slice(cache["v"], v_BKTH[None].astype(cache["v"].dtype), start)
-        cache = {**cache, "k": cache_k, "v": cache_v}
-        k_BKSH, v_BKSH = cache_k[layer].astype(dtype), cache_v[layer].astype(dtype)
-    out_BTNH = dot_product_attention(q_BTNH, k_BKSH, v_BKSH, mask_BTS)
+        # Written in place into the layer's own buffers (XLA updates a loop-carried buffer in place).
+        zero, index = jnp.int32(0), jnp.asarray(cache_index, jnp.int32)
+        k_old, v_old = cache["k"][layer], cache["v"][layer]
+        k_new = jax.lax.dynamic_update_slice(k_old, k_BKTH.transpose(0, 1, 3, 2).astype(k_old.dtype),
+                                             (zero, zero, zero, index))
+        v_new = jax.lax.dynamic_update_slice(v_old, v_BKTH.astype(v_old.dtype), (zero, zero, index, zero))
+        replace = lambda arrays, new: arrays[:layer] + (new,) + arrays[layer + 1:]  # noqa: E731
+        cache = {**cache, "k": replace(tuple(cache["k"]), k_new), "v": replace(tuple(cache["v"]), v_new)}
+        out_BTNH = dot_product_attention(q_BTNH, None, v_new.astype(dtype), mask_BTS, k_BKHS=k_new.astype(dtype))
     return jnp.einsum("BTNH,NHD->BTD", out_BTNH, p["wo"].astype(dtype)), cache
 
 

@@ -131,7 +131,7 @@ def _generate(params, prompts_BP, mask_BP, key, temperature, top_p, top_k, eos_i
         routes_RLMK = routes_RLMK.at[:, :P].set(jnp.repeat(prompt_routes, K, axis=0))
 
     # K copies of each prompt's state: row b*K + k <- prompt b.
-    cache = jax.tree.map(lambda c: jnp.repeat(c, K, axis=1), aux["cache"])
+    cache = jax.tree.map(lambda c: jnp.repeat(c, K, axis=0), aux["cache"])  # per-layer arrays, batch first
     last_logits_RV = jnp.repeat(last_logits_B1V[:, 0], K, axis=0)
     kv_valid_RL = jnp.repeat(kv_valid_BL, K, axis=0)
     prompt_len_R = jnp.repeat(prompt_len_B, K, axis=0)

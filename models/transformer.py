@@ -2,7 +2,7 @@
 
     params = init(cfg, key)                        # {"embed", "block_0", ..., "final_norm"[, "unembed"]}
     logits_BTV, aux = forward(params, tokens_BT, cfg)
-    cache = init_cache(cfg, batch, max_len)        # {"k","v": [L, B, kv_heads, max_len, head_dim]}; then
+    cache = init_cache(cfg, batch, max_len)        # {"k", "v": one array per layer (see init_cache)}; then
                                                    # forward(..., cache=cache, cache_index=i, kv_valid=...)
 
 Block i: x += attention(rms_norm(x)); x += ffn(rms_norm(x)), where ffn is a MoE layer iff cfg.is_moe_layer(i)
@@ -127,12 +127,23 @@ def init(cfg: ModelConfig, key):
 
 
 def init_cache(cfg: ModelConfig, batch_size: int, max_len: int, dtype=None):
-    """Zeroed KV cache {"k", "v": [n_layers, batch, n_kv_heads, max_len, head_dim]} (dtype defaults to cfg.dtype).
+    """Zeroed KV cache: {"k": one [batch, n_kv_heads, head_dim, max_len] array per layer, "v": one
+    [batch, n_kv_heads, max_len, head_dim] array per layer} (tuples; dtype defaults to cfg.dtype).
 
-    Heads before slots so attention reads each (batch, head) block of the cache contiguously (see layers.py)."""
-    shape = (cfg.n_layers, batch_size, cfg.n_kv_heads, max_len, cfg.head_dim)
+    Why this layout (measured at W1's decode shapes, BENCHMARKS.md): one buffer per layer, so a decode step reads
+    its layer's keys where they are (a slice of a stacked [n_layers, ...] buffer is copied every step); heads
+    before slots, so each (batch, head) block is contiguous; keys with slots last, so the score matmul
+    q [G, head_dim] x k [head_dim, slots] is a plain product (a transposed operand ran ~3x slower on CPU)."""
     dtype = jnp.dtype(cfg.dtype if dtype is None else dtype)
-    return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+    k_shape = (batch_size, cfg.n_kv_heads, cfg.head_dim, max_len)
+    v_shape = (batch_size, cfg.n_kv_heads, max_len, cfg.head_dim)
+    return {"k": tuple(jnp.zeros(k_shape, dtype) for _ in range(cfg.n_layers)),
+            "v": tuple(jnp.zeros(v_shape, dtype) for _ in range(cfg.n_layers))}
+
+
+def cache_slots(cache) -> int:
+    """Number of slots (max_len) of a KV cache from init_cache."""
+    return cache["v"][0].shape[2]
 
 
 # ---- forward ---------------------------------------------------------------------------------------------------------
@@ -196,7 +207,7 @@ def forward(params, tokens, cfg: ModelConfig, *, positions=None, attn_mask=None,
     else:
         cache_index = jnp.asarray(0 if cache_index is None else cache_index, jnp.int32)
         slots_T = cache_index + jnp.arange(T, dtype=jnp.int32)
-        mask_BTS = causal_mask(slots_T, jnp.arange(cache["k"].shape[3], dtype=jnp.int32))[None]
+        mask_BTS = causal_mask(slots_T, jnp.arange(cache_slots(cache), dtype=jnp.int32))[None]
         if kv_valid is not None:
             mask_BTS = mask_BTS & kv_valid.astype(bool)[:, None, :]
     if positions is None:

@@ -25,7 +25,7 @@ Parts, per device (the mesh shards them; `mesh_sizes` are the resolved axis size
                                     23.2 GiB of temporaries for 4.64 GiB of logits at 8 x 1024 x 151,936); with
                                     model.logits_chunk = C > 0, CHUNK_COPIES x float32 [rows, C, vocab] instead
                                     (models/vocab.py's backward; the same bench: 0.93 GiB at C = 32)
-  sampling       kv cache           [layers, batch_rows, kv_heads, prompt + new tokens, head_dim] for k and v in the
+  sampling       kv cache           layers x [batch_rows, kv_heads, prompt + new tokens, head_dim] for k and v in the
                                     compute dtype, rows over data x fsdp and kv heads over tensor
                  sampler temps      prefill attention scores (float32 + probabilities) and a few float32
                                     [rows, vocab] decode-step logits

@@ -296,7 +296,9 @@ def test_cached_decoding_matches_full_forward(params):
     cached = np.concatenate(outs, axis=1)
     real = MASK.astype(bool)
     np.testing.assert_allclose(cached[real], np.asarray(full)[real], rtol=1e-5, atol=1e-5)
-    assert aux["cache"]["k"].shape == (CFG.n_layers, B, CFG.n_kv_heads, S, CFG.head_dim)
+    assert len(aux["cache"]["k"]) == len(aux["cache"]["v"]) == CFG.n_layers
+    assert aux["cache"]["k"][0].shape == (B, CFG.n_kv_heads, CFG.head_dim, S)  # slots last: a plain score matmul
+    assert aux["cache"]["v"][0].shape == (B, CFG.n_kv_heads, S, CFG.head_dim)
 
 
 def test_deterministic_under_fixed_seed(params):
