@@ -54,24 +54,23 @@ def causal_mask(positions_T, key_slots_S):
     return key_slots_S[None, :] <= positions_T[:, None]
 
 
-def dot_product_attention(q_BTNH, k_BKSH, v_BKSH, mask_BTS, k_BKHS=None):
+def dot_product_attention(q_BTNH, k, v_BKSH, mask_BTS, keys_slots_last: bool = False):
     """Grouped-query softmax attention; mask_BTS True = may attend. Scores and softmax in float32.
 
     Keys/values are laid out [B, K, S, H] and the G*T query rows of each kv head are batched together as M, so both
     matmuls are batched products without a transpose of the keys or values: on CPU a head-minor layout such as
-    [B, S, K, H] costs a transpose of the whole cache per layer and decode step. k_BKHS (the cache's layout, slots
-    last) replaces k_BKSH: the score product is then a plain [M, H] x [H, S] (pass k_BKSH=None).
+    [B, S, K, H] costs a transpose of the whole cache per layer and decode step. keys_slots_last: k is [B, K, H, S]
+    (the cache's layout), so the score product is a plain [M, H] x [H, S].
     """
     B, T, N, H = q_BTNH.shape
-    K = (k_BKSH if k_BKHS is None else k_BKHS).shape[1]
-    S = k_BKSH.shape[2] if k_BKHS is None else k_BKHS.shape[3]
+    K, S = k.shape[1], (k.shape[3] if keys_slots_last else k.shape[2])
     G = N // K
     q_BKMH = (q_BTNH * jnp.asarray(H ** -0.5, q_BTNH.dtype)).reshape(B, T, K, G, H).transpose(0, 2, 3, 1, 4)
     q_BKMH = q_BKMH.reshape(B, K, G * T, H)
-    if k_BKHS is None:
-        scores_BKMS = jnp.einsum("BKSH,BKMH->BKMS", k_BKSH, q_BKMH, preferred_element_type=jnp.float32)
+    if keys_slots_last:
+        scores_BKMS = jnp.einsum("BKMH,BKHS->BKMS", q_BKMH, k, preferred_element_type=jnp.float32)
     else:
-        scores_BKMS = jnp.einsum("BKMH,BKHS->BKMS", q_BKMH, k_BKHS, preferred_element_type=jnp.float32)
+        scores_BKMS = jnp.einsum("BKSH,BKMH->BKMS", k, q_BKMH, preferred_element_type=jnp.float32)
     scores_BKGTS = jnp.where(mask_BTS[:, None, None], scores_BKMS.reshape(B, K, G, T, S), _MASK_VALUE)
     probs_BKMS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(v_BKSH.dtype).reshape(B, K, G * T, S)
     out_BKMH = jnp.einsum("BKMS,BKSH->BKMH", probs_BKMS, v_BKSH)
@@ -117,7 +116,8 @@ def attention(p, x_BTD, positions_BT, mask_BTS, *, rope_theta: float, cache=None
         v_new = jax.lax.dynamic_update_slice(v_old, v_BKTH.astype(v_old.dtype), (zero, zero, index, zero))
         replace = lambda arrays, new: arrays[:layer] + (new,) + arrays[layer + 1:]  # noqa: E731
         cache = {**cache, "k": replace(tuple(cache["k"]), k_new), "v": replace(tuple(cache["v"]), v_new)}
-        out_BTNH = dot_product_attention(q_BTNH, None, v_new.astype(dtype), mask_BTS, k_BKHS=k_new.astype(dtype))
+        out_BTNH = dot_product_attention(q_BTNH, k_new.astype(dtype), v_new.astype(dtype), mask_BTS,
+                                         keys_slots_last=True)
     return jnp.einsum("BTNH,NHD->BTD", out_BTNH, p["wo"].astype(dtype)), cache
 
 

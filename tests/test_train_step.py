@@ -176,13 +176,14 @@ def test_gradient_at_sampling_temperature_matches_exact_enumeration(temperature)
     pi = np.exp(np.asarray(jax.jit(seq_logp, static_argnums=1)(params, temperature), np.float64))
     assert pi.sum() == pytest.approx(1.0, abs=1e-4)
     loss_fn = make_loss_fn(cfg, LossConfig(mode="grpo", agg="seq-mean-token-sum"), None, None)
+    grad = jax.jit(jax.grad(lambda p, b: loss_fn(p, b, 0.0)[0]))  # one compile serves both temperatures
 
     def step_grad(batch_temp):
         # seq-mean-token-sum: loss = -(1/N) sum_y A_y * sum_t ratio_t; on-policy ratio 1, so the gradient is
         # -(1/N) sum_y A_y grad log pi(y); A_y = N * pi_T(y) * R(y) makes it the expectation under the sampler.
         batch = {"tokens": seqs, "attn_mask": attn, "loss_mask": mask, "temperature": np.full((N,), batch_temp, np.float32),
                  "advantages": (N * pi * reward).astype(np.float32)}
-        return jax.jit(jax.grad(lambda p, b: loss_fn(p, b, 0.0)[0]))(params, batch)
+        return grad(params, batch)
 
     flat = lambda t: np.concatenate([np.asarray(x, np.float64).ravel() for x in jax.tree.leaves(t)])  # noqa: E731
     want = -flat(exact)
