@@ -1,5 +1,5 @@
 """Every bench script writes its figures with --json PATH (the same numbers it prints); smoke-sized runs of the
-cheap ones (the reward pool in the default run; the model benchmarks compile a W1-sized model: slow). gpu.py,
+cheap ones (the reward pool and profile_w1's decode-MoE part in the default run; the model benchmarks compile a W1-sized model: slow). gpu.py,
 w1.py, moe_ep.py, verify.py, grad_variance.py and sft_buckets.py have their own tests."""
 import json
 
@@ -32,3 +32,16 @@ def test_grpo_step_json(tmp_path):
     res = grpo_step.main(["--quick", "--shapes", "w1", "--json", str(tmp_path / "g.json")])
     saved = json.loads((tmp_path / "g.json").read_text())
     assert saved["shapes"][0]["shape"] == "w1" and saved["shapes"][0]["step_s"] == pytest.approx(res[0]["step_s"])
+
+
+def test_profile_w1_weight_reads(tmp_path):
+    """The decode-MoE part times our layer and the NumPy peer on the same routed rows (the script checks that both
+    compute the same outputs) and relates both to the read-bandwidth floor."""
+    from experiments.bench import profile_w1
+
+    profile_w1.main(["--reps", "1", "--parts", "decode_moe", "--json", str(tmp_path / "p.json")])
+    w = json.loads((tmp_path / "p.json").read_text())["weight_reads"]
+    assert w["read_gb_s"]["jax"] > 0 and w["read_gb_s"]["numpy"] > 0
+    assert w["experts_used"] == 8 and w["expert_mib"] == pytest.approx(12.0)  # 3 x 8 x 256 x 512 float32
+    assert w["ours_s"] > 0 and w["numpy_s"] > 0 and w["floor_s"] > 0
+    assert w["ours_over_numpy"] == pytest.approx(w["ours_s"] / w["numpy_s"])

@@ -3,6 +3,7 @@
     python -m experiments.bench.profile_w1                      # all parts, current models/moe.py
     python -m experiments.bench.profile_w1 --parts model moe    # subset
     python -m experiments.bench.profile_w1 --block 64           # blocked MoE with a given row block
+    python -m experiments.bench.profile_w1 --parts bandwidth decode_moe   # is the decode MoE bound by weight reads?
 
 Each part is a jitted jax.value_and_grad of a scalar loss (mean log-softmax of the logits for the model; sum of
 squares for the MoE layer) on W1 shapes: a [rows, 96] batch (default 16 rows = one of the 4 update microbatches of
@@ -10,6 +11,12 @@ experiments/bench/w1.py). Reports the median wall and process-CPU seconds per ca
 the float32 matmul's GFLOP per CPU-second measured in the same run (a load-independent MFU: on this shared machine
 wall seconds are inflated by other jobs, CPU seconds much less so). "dense" replaces the MoE layer by a dense SwiGLU
 of the same active width (k x F), the floor any dispatch scheme can reach.
+
+"bandwidth" and "decode_moe" ask whether sampling is bound by reading expert weights: the machine's read bandwidth
+(a jitted sum over a 64 MiB array, and NumPy's), one MoE layer's forward at W1's decode shape (64 rows x 1 token,
+top-2 of 8 experts: every expert is used, so all its weights are read once per step), and as a peer in the same run
+the same routed rows through per-expert NumPy matmuls (BLAS). Each gives the weight bytes read per second; the
+bandwidth is the floor's denominator: all experts' bytes / bandwidth is the least one decode step's MoE can take.
 """
 from __future__ import annotations
 
@@ -19,6 +26,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from experiments.bench import common
 from experiments.bench.model_step import forward_flops_per_token
@@ -40,13 +48,86 @@ def timed(fn, *args, reps: int):
     return statistics.median(walls), statistics.median(cpus)
 
 
+def read_bandwidth_gbs(mib: int = 64, reps: int = 5) -> dict:
+    """Best GB/s of reading a float32 array of `mib` MiB: a jitted jnp.sum and NumPy's sum."""
+    a_np = np.ones(mib * 2**20 // 4, np.float32)
+    a = jnp.asarray(a_np)
+    total = jax.jit(jnp.sum)
+    best = {}
+    for name, fn in (("jax", lambda: common.block(total(a))), ("numpy", lambda: a_np.sum())):
+        fn()
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        best[name] = a_np.nbytes / min(times) / 1e9
+    return best
+
+
+def numpy_experts(p_np, x_ND, experts_NK, weights_NK):
+    """The same routed SwiGLU experts with one BLAS matmul per expert and projection (the peer)."""
+    y = np.zeros_like(x_ND)
+    for e in range(p_np["w_gate"].shape[0]):
+        tok, slot = np.nonzero(experts_NK == e)
+        if tok.size == 0:
+            continue
+        xe = x_ND[tok]
+        g, u = xe @ p_np["w_gate"][e], xe @ p_np["w_up"][e]
+        h = g / (1.0 + np.exp(-g)) * u
+        y[tok] += (h @ p_np["w_down"][e]) * weights_NK[tok, slot, None]
+    return y
+
+
+def weight_read_table(params, cfg, parts, reps, moe_layer) -> dict:
+    """The "bandwidth" / "decode_moe" parts: weight bytes read per second of one decode step's MoE layer, ours
+    against per-expert NumPy matmuls on the same rows, and the floor set by the machine's read bandwidth."""
+    out = {}
+    if "bandwidth" in parts or "decode_moe" in parts:
+        out["read_gb_s"] = read_bandwidth_gbs()
+    if "decode_moe" not in parts:
+        if out:
+            print(f"read bandwidth: jax {out['read_gb_s']['jax']:.1f} GB/s, numpy {out['read_gb_s']['numpy']:.1f} GB/s")
+        return out
+    p = params["block_0"]["moe"]
+    x = jax.random.normal(jax.random.PRNGKey(4), (64, 1, cfg.d_model), jnp.float32)
+    expert_bytes = sum(p[k].size * p[k].dtype.itemsize for k in ("w_gate", "w_up", "w_down"))
+    fwd = jax.jit(lambda p, x: moe_layer(p, x, cfg)[0])
+    ours_s, _ = timed(fwd, p, x, reps=reps * 20)
+    _, weights_NK, experts_NK = moe.route(p["router"], x[:, 0], cfg.experts_per_token, cfg.norm_topk_prob)
+    weights_NK, experts_NK = np.asarray(weights_NK), np.asarray(experts_NK)
+    p_np = {k: np.asarray(p[k]) for k in ("w_gate", "w_up", "w_down")}
+    x_np = np.asarray(x[:, 0])
+    np.testing.assert_allclose(numpy_experts(p_np, x_np, experts_NK, weights_NK), np.asarray(fwd(p, x))[:, 0],
+                               rtol=2e-3, atol=2e-4)  # same computation: the comparison is fair
+    times = []
+    for _ in range(reps * 20):
+        t0 = time.perf_counter()
+        numpy_experts(p_np, x_np, experts_NK, weights_NK)
+        times.append(time.perf_counter() - t0)
+    numpy_s = statistics.median(times)
+    floor_s = expert_bytes / (max(out["read_gb_s"].values()) * 1e9)
+    out.update(expert_mib=expert_bytes / 2**20, experts_used=int(len(np.unique(experts_NK))), ours_s=ours_s,
+               numpy_s=numpy_s, floor_s=floor_s, ours_gb_s=expert_bytes / ours_s / 1e9,
+               numpy_gb_s=expert_bytes / numpy_s / 1e9, ours_over_numpy=ours_s / numpy_s, ours_over_floor=ours_s / floor_s)
+    common.print_table(
+        ["one decode step's MoE layer (64 rows, top-2 of 8)", "ms", "expert weights GB/s", "x the floor"],
+        [["ours (jitted moe_layer forward)", ours_s * 1e3, out["ours_gb_s"], out["ours_over_floor"]],
+         ["per-expert NumPy matmuls, same rows (peer)", numpy_s * 1e3, out["numpy_gb_s"], numpy_s / floor_s],
+         [f"floor: {out['expert_mib']:.1f} MiB at the read bandwidth", floor_s * 1e3, max(out["read_gb_s"].values()),
+          1.0]])
+    print(f"read bandwidth: jax {out['read_gb_s']['jax']:.1f} GB/s, numpy {out['read_gb_s']['numpy']:.1f} GB/s; "
+          f"experts used {out['experts_used']} of {cfg.n_experts}; ours / NumPy {out['ours_over_numpy']:.2f}x")
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=16)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--block", type=int, default=None, help="row block of the blocked MoE (default: its heuristic)")
     ap.add_argument("--impl", default="auto")
-    ap.add_argument("--parts", nargs="*", default=["model", "moe", "dense", "decode"])
+    ap.add_argument("--parts", nargs="*", default=["model", "moe", "dense", "decode", "bandwidth", "decode_moe"])
     common.add_json_arg(ap)
     args = ap.parse_args(argv)
     cfg = ModelConfig(**W1_MODEL)
@@ -100,10 +181,12 @@ def main(argv=None):
         w, c = timed(step, params, cache, jnp.int32(60), reps=args.reps * 4)
         flops = B * forward_flops_per_token(cfg, 61)
         rows.append(["decode step B=64 (1 token)", w, c, flops / 1e9, flops / c / 1e9 / peak["peak_gflops_per_cpu_s"]])
-    common.print_table(["part", "wall s", "CPU s", "GFLOP", "MFU per CPU-s"], rows)
+    if rows:
+        common.print_table(["part", "wall s", "CPU s", "GFLOP", "MFU per CPU-s"], rows)
+    weights = weight_read_table(params, cfg, args.parts, args.reps, moe_layer)
     common.write_json(args.json, {"parts": {r[0]: dict(zip(("wall_s", "cpu_s", "gflop", "mfu_per_cpu_s"), r[1:]))
                                             for r in rows}, "matmul_peak": peak, "rows": args.rows,
-                                  "machine": common.machine_info()})
+                                  "weight_reads": weights, "machine": common.machine_info()})
     print(f"matmul peak {peak['peak_gflops']:.0f} GFLOP/s wall, {peak['peak_gflops_per_cpu_s']:.0f} GFLOP/CPU-s; "
           f"rows {args.rows} x {SEQ}; block {args.block}; impl {args.impl}; load {common.machine_info()['loadavg']}")
 
