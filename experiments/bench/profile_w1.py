@@ -52,16 +52,9 @@ def read_bandwidth_gbs(mib: int = 64, reps: int = 5) -> dict:
     """Best GB/s of reading a float32 array of `mib` MiB: a jitted jnp.sum and NumPy's sum."""
     a_np = np.ones(mib * 2**20 // 4, np.float32)
     a = jnp.asarray(a_np)
-    total = jax.jit(jnp.sum)
     best = {}
-    for name, fn in (("jax", lambda: common.block(total(a))), ("numpy", lambda: a_np.sum())):
-        fn()
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        best[name] = a_np.nbytes / min(times) / 1e9
+    for name, fn, arr in (("jax", jax.jit(jnp.sum), a), ("numpy", np.sum, a_np)):
+        best[name] = a_np.nbytes / min(common.time_call(fn, arr, reps=reps)[1]) / 1e9
     return best
 
 
@@ -82,12 +75,11 @@ def numpy_experts(p_np, x_ND, experts_NK, weights_NK):
 def weight_read_table(params, cfg, parts, reps, moe_layer) -> dict:
     """The "bandwidth" / "decode_moe" parts: weight bytes read per second of one decode step's MoE layer, ours
     against per-expert NumPy matmuls on the same rows, and the floor set by the machine's read bandwidth."""
-    out = {}
-    if "bandwidth" in parts or "decode_moe" in parts:
-        out["read_gb_s"] = read_bandwidth_gbs()
+    if "bandwidth" not in parts and "decode_moe" not in parts:
+        return {}
+    out = {"read_gb_s": read_bandwidth_gbs()}
+    print(f"read bandwidth: jax {out['read_gb_s']['jax']:.1f} GB/s, numpy {out['read_gb_s']['numpy']:.1f} GB/s")
     if "decode_moe" not in parts:
-        if out:
-            print(f"read bandwidth: jax {out['read_gb_s']['jax']:.1f} GB/s, numpy {out['read_gb_s']['numpy']:.1f} GB/s")
         return out
     p = params["block_0"]["moe"]
     x = jax.random.normal(jax.random.PRNGKey(4), (64, 1, cfg.d_model), jnp.float32)
@@ -100,13 +92,9 @@ def weight_read_table(params, cfg, parts, reps, moe_layer) -> dict:
     x_np = np.asarray(x[:, 0])
     np.testing.assert_allclose(numpy_experts(p_np, x_np, experts_NK, weights_NK), np.asarray(fwd(p, x))[:, 0],
                                rtol=2e-3, atol=2e-4)  # same computation: the comparison is fair
-    times = []
-    for _ in range(reps * 20):
-        t0 = time.perf_counter()
-        numpy_experts(p_np, x_np, experts_NK, weights_NK)
-        times.append(time.perf_counter() - t0)
-    numpy_s = statistics.median(times)
-    floor_s = expert_bytes / (max(out["read_gb_s"].values()) * 1e9)
+    numpy_s, _ = common.time_call(numpy_experts, p_np, x_np, experts_NK, weights_NK, reps=reps * 20)
+    bandwidth = max(out["read_gb_s"].values())
+    floor_s = expert_bytes / (bandwidth * 1e9)
     out.update(expert_mib=expert_bytes / 2**20, experts_used=int(len(np.unique(experts_NK))), ours_s=ours_s,
                numpy_s=numpy_s, floor_s=floor_s, ours_gb_s=expert_bytes / ours_s / 1e9,
                numpy_gb_s=expert_bytes / numpy_s / 1e9, ours_over_numpy=ours_s / numpy_s, ours_over_floor=ours_s / floor_s)
@@ -114,10 +102,8 @@ def weight_read_table(params, cfg, parts, reps, moe_layer) -> dict:
         ["one decode step's MoE layer (64 rows, top-2 of 8)", "ms", "expert weights GB/s", "x the floor"],
         [["ours (jitted moe_layer forward)", ours_s * 1e3, out["ours_gb_s"], out["ours_over_floor"]],
          ["per-expert NumPy matmuls, same rows (peer)", numpy_s * 1e3, out["numpy_gb_s"], numpy_s / floor_s],
-         [f"floor: {out['expert_mib']:.1f} MiB at the read bandwidth", floor_s * 1e3, max(out["read_gb_s"].values()),
-          1.0]])
-    print(f"read bandwidth: jax {out['read_gb_s']['jax']:.1f} GB/s, numpy {out['read_gb_s']['numpy']:.1f} GB/s; "
-          f"experts used {out['experts_used']} of {cfg.n_experts}; ours / NumPy {out['ours_over_numpy']:.2f}x")
+         [f"floor: {out['expert_mib']:.1f} MiB at the read bandwidth", floor_s * 1e3, bandwidth, 1.0]])
+    print(f"experts used {out['experts_used']} of {cfg.n_experts}; ours / NumPy {out['ours_over_numpy']:.2f}x")
     return out
 
 
