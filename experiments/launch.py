@@ -248,4 +248,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from experiments import allocator
+
+    allocator.reexec_if_untuned()  # huge-page malloc for XLA's CPU buffers (experiments/allocator.py)
     sys.exit(main())

@@ -19,11 +19,12 @@ compiles):
   update     rl.train_step: GRPO loss (+ k3 KL) + router losses, AdamW, one step on 64 rows
              (gradient accumulated over --microbatches row slices, default 4: same update, ~1/3
              of the activation memory; --microbatches 1 computes the 64 rows at once)
-Each KL setting runs in its own subprocess so its peak resident memory (ru_maxrss) is its own.
+Each KL setting runs in its own subprocess so its peak resident memory (ru_maxrss) is its own, with glibc's
+huge-page malloc tunable as the launcher runs it (experiments/allocator.py; --allocator default runs it without).
 
 The peer: right after our measurement the script runs the TRL harness (../shared/peers/trl/trl_w1.py, by path,
 with the python of its venv: `bash ../shared/peers/trl/setup.sh` makes /tmp/peer-trl-venv) on the same workload
-and prints ours / TRL ratios from the two measurements of this run: time per step (target <= 0.5 at KL 0.04),
+(with its own default allocator: the huge-page tunable made it slower) and prints ours / TRL ratios from the two measurements of this run: time per step (target <= 0.5 at KL 0.04),
 CPU seconds per step, sampling tokens/s (target >= 2) and peak memory (target < 1). It never divides by a stored
 figure; without the harness or its venv it says so and reports our figures alone. --wait_quiet S waits (at most S
 seconds) before each measurement for the 1-minute load average to drop below --quiet_load; the load at the start
@@ -198,12 +199,18 @@ def run_ours(kl: float, args) -> dict:
            "--microbatches", str(args.microbatches)] + (["--quick"] if args.quick else [])
     wait = common.wait_quiet(args.wait_quiet, args.quiet_load) if args.wait_quiet else None
     load_start = common.load1()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
+    from experiments import allocator
+
+    # Our process runs with the allocator setting the launcher uses (experiments/allocator.py); the peer keeps its
+    # default, with which it ran faster (BENCHMARKS.md).
+    env = allocator.tuned_env() if args.allocator == "hugepages" else os.environ.copy()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode:
         sys.stderr.write(proc.stderr)
         raise SystemExit(f"W1 child (kl={kl}) failed with exit code {proc.returncode}")
     res = json.loads(proc.stdout.strip().splitlines()[-1])
-    res.update(load_start=load_start, load_end=common.load1(), wait=wait)
+    res.update(load_start=load_start, load_end=common.load1(), wait=wait,
+               glibc_tunables=env.get("GLIBC_TUNABLES", ""))
     return res
 
 
@@ -278,6 +285,8 @@ def main(argv=None):
     ap.add_argument("--kl", type=float, nargs="*", default=[0.0, 0.04], help="KL weights to run")
     ap.add_argument("--microbatches", type=int, default=4,
                     help="gradient-accumulation slices of the 64-row update (one AdamW step either way)")
+    ap.add_argument("--allocator", choices=("hugepages", "default"), default="hugepages",
+                    help="our process's malloc: glibc with transparent huge pages (as the launcher runs) or as is")
     ap.add_argument("--reps", type=int, default=1, help="repetitions of the pair (ours, then the peer)")
     ap.add_argument("--peer", default=_default_peer(), help="the TRL harness, run by path (default: ../shared)")
     ap.add_argument("--peer_python", default="/tmp/peer-trl-venv/bin/python", help="python of the peer's venv")
@@ -314,7 +323,7 @@ def _ours_json(r: dict) -> dict:
                 phases_cpu_s={k: s.get(f"cpu_{k}") for k in ("sampling", "logprob", "update")},
                 mfu=r["mfu"], peak_gflops=r["peak_gflops"], model_gflops_per_s=r["model_gflops_per_s"],
                 compile_and_first_step_s=r["compile_and_first_step_s"], load_start=r["load_start"],
-                load_end=r["load_end"], wait=r["wait"])
+                load_end=r["load_end"], wait=r["wait"], glibc_tunables=r.get("glibc_tunables", ""))
 
 
 def report(rep, args, index: int):
@@ -343,7 +352,7 @@ def report(rep, args, index: int):
             [[f"{x['kl']:g}", x["time"], x["cpu_time"], x["sampling"], x["memory"]] for x in rep["ratios"]]))
     info = rep["ours"][0]["machine"]
     note = (f"\nmachine: {info}; params {rep['ours'][0]['n_params']:,}, active/token "
-            f"{rep['ours'][0]['active_params']:,}; update in {args.microbatches} accumulated microbatches; "
+            f"{rep['ours'][0]['active_params']:,}; our GLIBC_TUNABLES {rep['ours'][0].get('glibc_tunables') or '(none)'}; update in {args.microbatches} accumulated microbatches; "
             f"timed steps per setting: {args.steps} (median), after a warm-up step of "
             f"{', '.join('%.1f' % r['compile_and_first_step_s'] for r in rep['ours'])} s (compiles)"
             + (f"; peer: {peer['name']}, CPU s/step = its median step x its own CPU/wall over the timed steps"

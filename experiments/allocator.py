@@ -1,0 +1,63 @@
+"""Host memory allocator setting for CPU runs: glibc malloc backed by transparent huge pages.
+
+    env = allocator.tuned_env()          # os.environ plus GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (Linux/glibc)
+    allocator.reexec_if_untuned()        # first thing in a launcher's main: restart this process with that env
+
+Why. XLA's CPU runtime allocates every step's temporaries (activations, gradient buffers, a scan's stacked outputs)
+with malloc, and buffers above glibc's mmap threshold come from fresh mmap'd 4 KiB pages each step: the first write
+to each page faults. In W1's train step those page faults show up as zero-broadcasts and concatenations costing
+several ms each (profile: experiments/bench/profile_w1.py). glibc's `hugetlb=1` tunable madvises malloc's memory
+for transparent huge pages (2 MiB), so a step faults ~500x fewer pages. Measured on W1 (BENCHMARKS.md) it cut
+this project's CPU seconds per step by ~10% at no extra peak memory; the same setting made TRL's PyTorch process
+slower and larger, so the W1 benchmark runs the peer with its default allocator.
+
+glibc reads tunables only when a process starts, hence the environment for child processes and the re-exec for the
+launcher. Where the kernel has THP disabled ("never") the tunable is a no-op; on other C libraries or operating
+systems nothing is changed. MATHRL_HUGEPAGES=0 opts out.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import sys
+
+TUNABLE = "glibc.malloc.hugetlb=1"
+OPT_OUT = "MATHRL_HUGEPAGES"
+_MARK = "MATHRL_ALLOCATOR_REEXEC"  # set in the re-executed process: never restart twice
+
+
+def supported() -> bool:
+    """True on Linux with glibc (the only C library whose tunable this sets)."""
+    return sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
+
+
+def wanted(env=None) -> bool:
+    env = os.environ if env is None else env
+    return supported() and env.get(OPT_OUT, "1") != "0"
+
+
+def has_tunable(env=None) -> bool:
+    env = os.environ if env is None else env
+    return TUNABLE in env.get("GLIBC_TUNABLES", "").split(":")
+
+
+def tuned_env(env=None) -> dict:
+    """A copy of `env` (default os.environ) with the huge-page tunable added to GLIBC_TUNABLES (other tunables
+    kept), unless unsupported or opted out."""
+    out = dict(os.environ if env is None else env)
+    if wanted(out) and not has_tunable(out):
+        out["GLIBC_TUNABLES"] = ":".join(t for t in (out.get("GLIBC_TUNABLES", ""), TUNABLE) if t)
+    return out
+
+
+def reexec_if_untuned() -> None:
+    """Restart the current command (same interpreter and arguments) with `tuned_env()` if this process did not
+    start with it. Call before doing anything that should not happen twice; does nothing when unsupported, opted
+    out, already tuned, or already restarted once."""
+    if not wanted() or has_tunable() or os.environ.get(_MARK):
+        return
+    env = tuned_env()
+    env[_MARK] = "1"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)

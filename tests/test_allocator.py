@@ -1,0 +1,72 @@
+"""experiments/allocator.py: the huge-page malloc tunable is added to a child's environment without losing other
+tunables, honours the opt-out, and the launcher's re-exec happens at most once."""
+import sys
+
+import pytest
+
+from experiments import allocator
+
+
+@pytest.fixture
+def glibc(monkeypatch):
+    monkeypatch.setattr(allocator, "supported", lambda: True)
+
+
+def test_tuned_env_adds_the_tunable_and_keeps_others(glibc):
+    env = allocator.tuned_env({"GLIBC_TUNABLES": "glibc.malloc.tcache_count=0", "PATH": "/bin"})
+    assert env["GLIBC_TUNABLES"].split(":") == ["glibc.malloc.tcache_count=0", allocator.TUNABLE]
+    assert env["PATH"] == "/bin"
+    assert allocator.tuned_env({})["GLIBC_TUNABLES"] == allocator.TUNABLE
+    # Already present: unchanged, not duplicated.
+    assert allocator.tuned_env(env)["GLIBC_TUNABLES"] == env["GLIBC_TUNABLES"]
+
+
+def test_opt_out_and_unsupported_leave_the_env_alone(glibc, monkeypatch):
+    assert "GLIBC_TUNABLES" not in allocator.tuned_env({allocator.OPT_OUT: "0"})
+    monkeypatch.setattr(allocator, "supported", lambda: False)
+    assert "GLIBC_TUNABLES" not in allocator.tuned_env({})
+
+
+def test_reexec_once_with_the_same_command(glibc, monkeypatch):
+    calls = []
+    monkeypatch.setattr(allocator.os, "execve", lambda exe, argv, env: calls.append((exe, argv, env)))
+    for name in ("GLIBC_TUNABLES", allocator.OPT_OUT, allocator._MARK):
+        monkeypatch.delenv(name, raising=False)
+    allocator.reexec_if_untuned()
+    (exe, argv, env), = calls
+    assert exe == sys.executable and argv[1:] == sys.orig_argv[1:]
+    assert allocator.has_tunable(env) and env[allocator._MARK] == "1"
+    # The restarted process (tunable present, or the mark set even if the tunable was stripped) does not restart.
+    monkeypatch.setenv("GLIBC_TUNABLES", allocator.TUNABLE)
+    allocator.reexec_if_untuned()
+    monkeypatch.delenv("GLIBC_TUNABLES")
+    monkeypatch.setenv(allocator._MARK, "1")
+    allocator.reexec_if_untuned()
+    monkeypatch.delenv(allocator._MARK)
+    monkeypatch.setenv(allocator.OPT_OUT, "0")
+    allocator.reexec_if_untuned()
+    assert len(calls) == 1
+
+
+def _thp_mode() -> str:
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return f.read().split("[")[1].split("]")[0]
+    except (OSError, IndexError):
+        return "unknown"
+
+
+@pytest.mark.skipif(not allocator.supported() or _thp_mode() != "madvise",
+                    reason="needs glibc and the kernel's THP mode 'madvise' (with 'always' every process gets them)")
+def test_the_tunable_gives_malloc_huge_pages():
+    # A child mallocs and touches 64 MiB and reports its AnonHugePages: ~0 by default, ~all with the tunable.
+    import subprocess
+
+    code = ("import ctypes\nlibc = ctypes.CDLL(None); libc.malloc.restype = ctypes.c_void_p\n"
+            "p = libc.malloc(64 << 20); ctypes.memset(p, 1, 64 << 20)\n"
+            "print([int(l.split()[1]) for l in open('/proc/self/smaps_rollup') if l.startswith('AnonHugePages')][0])")
+    run = lambda env: int(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                         check=True).stdout)
+    base = {k: v for k, v in allocator.os.environ.items() if k != "GLIBC_TUNABLES"}
+    assert run(base) < 16 << 10
+    assert run(allocator.tuned_env(base)) >= 48 << 10  # kB
