@@ -9,7 +9,11 @@
     the block) and run the whole SwiGLU expert per block in one lax.scan (gate and up projections fused into one
     [D, 2F] matmul), with a custom VJP whose backward is one scan too and accumulates the expert-weight gradients
     in place. XLA's CPU ragged_dot lowers to a dense masked matmul
-    over all groups (every expert on every token), which this path avoids. "auto" picks blocked on CPU.
+    over all groups (every expert on every token), which this path avoids.
+  - "windowed" (few tokens, e.g. a decode step): each expert's first w sorted rows as one window, all windows through
+    one batched einsum per weight (the stacked weights read in place), overflow windows under conds.
+  "auto" on CPU picks windowed while the mean load is at most WINDOWED_MAX_LOAD rows per expert, else blocked
+  (W1's decode step: 0.8 vs 1.9 ms per layer; at 512 tokens they tie, at 1024 blocked wins, BENCHMARKS.md).
 * capacity (cfg.capacity_factor = cf): each expert takes at most ceil(cf * tokens * k / E) assignments in priority
   order (every token's first choice before any second choice, then token order); the rest are dropped (contribute 0)
   and counted. Dispatch is a scatter into an [E, capacity, D] buffer and one batched einsum per weight.
@@ -27,7 +31,7 @@ while the router still gets gradients; it also counts how many token routes its 
 differently (router/replay_disagreement in the train step).
 
 Suffixes: N tokens, A = N*k assignments, E experts, D d_model, F expert width, H = 2F (gate and up side by side),
-G row blocks, b rows per block, C capacity.
+G row blocks, b rows per block, w rows per window, C capacity.
 """
 
 from __future__ import annotations
@@ -39,6 +43,10 @@ import jax.numpy as jnp
 
 from models import moe_ep
 from models.layers import swiglu
+
+# "auto" on CPU uses the windowed dispatch up to this mean number of assignments per expert (64 tokens x top-2 of 8
+# is 16; W1's prefill of 8 x 32 tokens is 64), the blocked one above it.
+WINDOWED_MAX_LOAD = 64
 
 
 # ---- router --------------------------------------------------------------------------------------------------------
@@ -227,6 +235,54 @@ def _experts_blocked(p, x_ND, experts_NK, valid_NK, block_size: int | None):
     return y_rows[row_A].reshape(N, k, D)
 
 
+# ---- windowed expert FFN (dropless, few tokens: decode) -------------------------------------------------------------
+# At a decode step each expert gets a handful of rows and the layer is bound by streaming the experts' weights from
+# memory (W1: 50 MB for 4 layers per step, more than the L3). The blocked path's scan multiplies one block at a time,
+# copying its expert's weights out of the stacked arrays. Here every expert takes a window of its first w rows of
+# the expert-sorted assignments and all windows go through one batched einsum per weight: the stacked weights are
+# read in place, once, by one threaded kernel. Dropless: rows past an expert's first w (an expert holds at most
+# min(A, N) rows) go through further w-row windows, each under a cond that skips it when that expert has no rows
+# there; window rows past an expert's own belong to the next expert and are masked out.
+def _default_window(n_assignments: int, n_experts: int) -> int:
+    # 1.5x the mean load per expert, in multiples of 8: most routings need no overflow window.
+    mean = -(-n_assignments // n_experts)
+    return max(8, -(-3 * mean // 16) * 8)
+
+
+def _experts_windowed(p, x_ND, experts_NK, valid_NK, window: int | None):
+    N, D = x_ND.shape
+    E, k = p["w_gate"].shape[0], experts_NK.shape[1]
+    A = N * k
+    w = window or _default_window(A, E)
+    dtype = x_ND.dtype
+    w_gate, w_up, w_down = (p[n].astype(dtype) for n in ("w_gate", "w_up", "w_down"))
+    expert_A = jnp.where(valid_NK.reshape(A), experts_NK.reshape(A), E)  # padding sorts last, in no expert's range
+    order_A = jnp.argsort(expert_A, stable=True)
+    sizes_E = jnp.bincount(expert_A, length=E + 1)[:E].astype(jnp.int32)
+    starts_E = jnp.cumsum(sizes_E) - sizes_E
+    x_AD = jnp.concatenate([x_ND[order_A // k], jnp.zeros((w, D), dtype)])  # w spare rows: every window in bounds
+
+    def swiglu_rows(x, w_g, w_u, w_d, spec):
+        g = jnp.einsum(f"{spec}D,{spec[:-1]}DF->{spec}F", x, w_g)
+        u = jnp.einsum(f"{spec}D,{spec[:-1]}DF->{spec}F", x, w_u)
+        return jnp.einsum(f"{spec}F,{spec[:-1]}FD->{spec}D", jax.nn.silu(g) * u, w_d)
+
+    rows_Ew = starts_E[:, None] + jnp.arange(w)
+    y_EwD = swiglu_rows(x_AD[rows_Ew], w_gate, w_up, w_down, "Ew")
+    mine_Ew = jnp.arange(w)[None, :] < sizes_E[:, None]
+    y_AD = jnp.zeros_like(x_AD).at[rows_Ew].add(jnp.where(mine_Ew[..., None], y_EwD, 0))
+    for e in range(E):
+        for j in range(1, -(-min(A, N) // w)):
+            def overflow(y_AD, e=e, j=j):
+                start = starts_E[e] + j * w
+                y_wD = swiglu_rows(jax.lax.dynamic_slice_in_dim(x_AD, start, w), w_gate[e], w_up[e], w_down[e], "w")
+                mine_w = j * w + jnp.arange(w) < sizes_E[e]
+                y_wD = jnp.where(mine_w[:, None], y_wD, 0) + jax.lax.dynamic_slice_in_dim(y_AD, start, w)
+                return jax.lax.dynamic_update_slice_in_dim(y_AD, y_wD, start, 0)
+            y_AD = jax.lax.cond(sizes_E[e] > j * w, overflow, lambda y: y, y_AD)
+    return jnp.zeros((A, D), dtype).at[order_A].set(y_AD[:A]).reshape(N, k, D)
+
+
 def _experts_ragged(p, x_ND, experts_NK, valid_NK):
     N, D = x_ND.shape
     E, k = p["w_gate"].shape[0], experts_NK.shape[1]
@@ -273,7 +329,8 @@ def moe_layer(p, x_BTD, cfg, *, token_mask_BT=None, impl: str = "auto", block_si
               mesh=None, rules=None, routes_BTK=None, replay: bool = True):
     """Routed (+ shared) SwiGLU experts. p: router [D,E], w_gate/w_up [E,D,F], w_down [E,F,D], optional "shared".
 
-    impl: "auto" | "blocked" | "ragged_dot" for the dropless path (ignored when cfg.capacity_factor is set).
+    impl: "auto" | "blocked" | "windowed" | "ragged_dot" for the dropless path (ignored when cfg.capacity_factor is
+    set); block_size is the blocked path's row block and the windowed path's window (None: their heuristics).
     mesh / rules: with a mesh whose "expert" axis is > 1, tokens are exchanged with the devices holding their experts
     by all-to-all (models/moe_ep.py); otherwise the dispatch below runs under XLA's automatic partitioning.
     routes_BTK: recorded expert ids [B, T, k] (-1 = no record), e.g. the sampler's. With replay (routing replay,
@@ -300,13 +357,16 @@ def moe_layer(p, x_BTD, cfg, *, token_mask_BT=None, impl: str = "auto", block_si
         y_NKD, stats["dropped_fraction"] = _experts_capacity(p, x_ND, experts_NK, valid_NK, cfg.capacity_factor)
     else:
         if impl == "auto":
-            impl = "blocked" if jax.default_backend() == "cpu" else "ragged_dot"
+            impl = "ragged_dot" if jax.default_backend() != "cpu" else (
+                "windowed" if x_ND.shape[0] * cfg.experts_per_token <= WINDOWED_MAX_LOAD * cfg.n_experts else "blocked")
         if impl == "blocked":
             y_NKD = _experts_blocked(p, x_ND, experts_NK, valid_NK, block_size)
+        elif impl == "windowed":
+            y_NKD = _experts_windowed(p, x_ND, experts_NK, valid_NK, block_size)
         elif impl == "ragged_dot":
             y_NKD = _experts_ragged(p, x_ND, experts_NK, valid_NK)
         else:
-            raise ValueError(f"impl must be 'auto', 'blocked' or 'ragged_dot', got {impl!r}")
+            raise ValueError(f"impl must be 'auto', 'blocked', 'windowed' or 'ragged_dot', got {impl!r}")
         stats["dropped_fraction"] = jnp.zeros((), jnp.float32)
     if y_ND is None:
         y_ND = jnp.einsum("NKD,NK->ND", y_NKD, weights_NK.astype(x_ND.dtype))

@@ -94,7 +94,8 @@ def check_stats(stats, ref):
 X = np.random.default_rng(1).normal(size=(24, D))
 
 
-@pytest.mark.parametrize("impl, block_size", [("blocked", None), ("blocked", 4), ("ragged_dot", None)])
+@pytest.mark.parametrize("impl, block_size", [("blocked", None), ("blocked", 4), ("windowed", None), ("windowed", 2),
+                                              ("windowed", 64), ("ragged_dot", None)])
 def test_dropless_paths_match_loop_reference(impl, block_size):
     p = make_params()
     y, stats = run(p, X, CFG, impl=impl, block_size=block_size)
@@ -172,7 +173,7 @@ def dense_moe(p, x_ND, k):
     return jnp.einsum("NED,NE->ND", y, combine_NE)
 
 
-@pytest.mark.parametrize("impl, block_size", [("blocked", 4), ("ragged_dot", None)])
+@pytest.mark.parametrize("impl, block_size", [("blocked", 4), ("windowed", 3), ("ragged_dot", None)])
 def test_dropless_gradients_match_dense_reference(impl, block_size):
     p = to_jax(make_params(seed=8))
     x = jnp.asarray(X, jnp.float32)
@@ -189,8 +190,38 @@ def test_dropless_gradients_match_dense_reference(impl, block_size):
         np.testing.assert_allclose(gp[name], rp[name], rtol=1e-4, atol=1e-4, err_msg=name)
 
 
+def test_windowed_overflow_when_every_token_picks_one_expert():
+    # All 24 tokens route to expert 0 first: its 24 rows need every overflow window (w = 5: windows 0..4, the last
+    # partly past the end), and masked tokens must stay out of them.
+    p = make_params(seed=12)
+    p["router"] = np.zeros((D, E))
+    p["router"][:, 0] = 50.0
+    x = np.abs(np.random.default_rng(13).normal(size=(24, D))) + 0.1
+    mask = np.ones(24, bool)
+    mask[[3, 17]] = False
+    y_ref, ref = np_moe(p, x, K, mask=mask)
+    for window in (5, 24, None):
+        y, stats = run(p, x, CFG, mask=mask, impl="windowed", block_size=window)
+        np.testing.assert_allclose(y, y_ref, rtol=1e-4, atol=1e-4, err_msg=f"window {window}")
+        check_stats(stats, ref)
+
+
+def test_auto_picks_windowed_for_few_tokens_on_cpu(monkeypatch):
+    # auto = windowed up to WINDOWED_MAX_LOAD assignments per expert (decode steps), blocked above.
+    picked = []
+    for name in ("_experts_windowed", "_experts_blocked"):
+        orig = getattr(moe, name)
+        monkeypatch.setattr(moe, name, lambda *a, _n=name, _o=orig: (picked.append(_n), _o(*a))[1])
+    p = to_jax(make_params())
+    small = moe.WINDOWED_MAX_LOAD * E // K          # tokens at the threshold
+    for n in (small, small + 1):
+        moe.moe_layer(p, jnp.ones((1, n, D)), CFG)
+    assert picked == ["_experts_windowed", "_experts_blocked"]
+
+
 def test_block_size_heuristic_and_bad_impl():
     assert moe._default_block_size(128, 8) == 32 and moe._default_block_size(12288, 8) == 128
+    assert moe._default_window(128, 8) == 24 and moe._default_window(3, 8) == 8
     with pytest.raises(ValueError, match="impl"):
         run(make_params(), X, CFG, impl="dense")
 
