@@ -235,6 +235,15 @@ def _experts_blocked(p, x_ND, experts_NK, valid_NK, block_size: int | None):
     return y_rows[row_A].reshape(N, k, D)
 
 
+def _sort_by_expert(experts_NK, valid_NK, n_experts: int):
+    """(expert_A, order_A, sizes_E): each assignment's expert (n_experts for padding, so it sorts last, in no
+    expert's range), the stable order that sorts assignments by expert, and each expert's number of rows."""
+    A = experts_NK.size
+    expert_A = jnp.where(valid_NK.reshape(A), experts_NK.reshape(A), n_experts)
+    order_A = jnp.argsort(expert_A, stable=True)
+    return expert_A, order_A, jnp.bincount(expert_A, length=n_experts + 1)[:n_experts].astype(jnp.int32)
+
+
 # ---- windowed expert FFN (dropless, few tokens: decode) -------------------------------------------------------------
 # At a decode step each expert gets a handful of rows and the layer is bound by streaming the experts' weights from
 # memory (W1: 50 MB for 4 layers per step, more than the L3). The blocked path's scan multiplies one block at a time,
@@ -256,9 +265,7 @@ def _experts_windowed(p, x_ND, experts_NK, valid_NK, window: int | None):
     w = window or _default_window(A, E)
     dtype = x_ND.dtype
     w_gate, w_up, w_down = (p[n].astype(dtype) for n in ("w_gate", "w_up", "w_down"))
-    expert_A = jnp.where(valid_NK.reshape(A), experts_NK.reshape(A), E)  # padding sorts last, in no expert's range
-    order_A = jnp.argsort(expert_A, stable=True)
-    sizes_E = jnp.bincount(expert_A, length=E + 1)[:E].astype(jnp.int32)
+    expert_A, order_A, sizes_E = _sort_by_expert(experts_NK, valid_NK, E)
     starts_E = jnp.cumsum(sizes_E) - sizes_E
     x_AD = jnp.concatenate([x_ND[order_A // k], jnp.zeros((w, D), dtype)])  # w spare rows: every window in bounds
 
@@ -287,9 +294,7 @@ def _experts_ragged(p, x_ND, experts_NK, valid_NK):
     N, D = x_ND.shape
     E, k = p["w_gate"].shape[0], experts_NK.shape[1]
     A = N * k
-    expert_A = jnp.where(valid_NK.reshape(A), experts_NK.reshape(A), E)  # padding sorts last, outside every group
-    order_A = jnp.argsort(expert_A, stable=True)
-    sizes_E = jnp.bincount(expert_A, length=E + 1)[:E].astype(jnp.int32)
+    expert_A, order_A, sizes_E = _sort_by_expert(experts_NK, valid_NK, E)
     x_AD = x_ND[order_A // k]
     dtype = x_ND.dtype
     gate_AF = jax.lax.ragged_dot(x_AD, p["w_gate"].astype(dtype), sizes_E)
