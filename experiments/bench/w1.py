@@ -24,11 +24,12 @@ huge-page malloc tunable as the launcher runs it (experiments/allocator.py; --al
 
 The peer: right after our measurement the script runs the TRL harness (../shared/peers/trl/trl_w1.py, by path,
 with the python of its venv: `bash ../shared/peers/trl/setup.sh` makes /tmp/peer-trl-venv) on the same workload
-(with its own default allocator: the huge-page tunable made it slower) and prints ours / TRL ratios from the two measurements of this run: time per step (target <= 0.5 at KL 0.04),
-CPU seconds per step, sampling tokens/s (target >= 2) and peak memory (target < 1). It never divides by a stored
-figure; without the harness or its venv it says so and reports our figures alone. --wait_quiet S waits (at most S
-seconds) before each measurement for the 1-minute load average to drop below --quiet_load; the load at the start
-and end of every measurement is printed and written to --json.
+(with its own default allocator: the huge-page tunable made it slower) and prints ours / TRL ratios from the two
+measurements of this run: time per step (target <= 0.5 at KL 0.04), CPU seconds per step, sampling tokens/s
+(target >= 2) and peak memory (target < 1). It never divides by a stored figure; without the harness or its venv
+it says so and reports our figures alone. --wait_quiet S waits (at most S seconds) before each measurement for the
+1-minute load average to drop below --quiet_load; the load at the start and end of every measurement is printed
+and written to --json.
 """
 from __future__ import annotations
 
@@ -323,7 +324,7 @@ def _ours_json(r: dict) -> dict:
                 phases_cpu_s={k: s.get(f"cpu_{k}") for k in ("sampling", "logprob", "update")},
                 mfu=r["mfu"], peak_gflops=r["peak_gflops"], model_gflops_per_s=r["model_gflops_per_s"],
                 compile_and_first_step_s=r["compile_and_first_step_s"], load_start=r["load_start"],
-                load_end=r["load_end"], wait=r["wait"], glibc_tunables=r.get("glibc_tunables", ""))
+                load_end=r["load_end"], wait=r["wait"], glibc_tunables=r["glibc_tunables"])
 
 
 def report(rep, args, index: int):
@@ -352,7 +353,8 @@ def report(rep, args, index: int):
             [[f"{x['kl']:g}", x["time"], x["cpu_time"], x["sampling"], x["memory"]] for x in rep["ratios"]]))
     info = rep["ours"][0]["machine"]
     note = (f"\nmachine: {info}; params {rep['ours'][0]['n_params']:,}, active/token "
-            f"{rep['ours'][0]['active_params']:,}; our GLIBC_TUNABLES {rep['ours'][0].get('glibc_tunables') or '(none)'}; update in {args.microbatches} accumulated microbatches; "
+            f"{rep['ours'][0]['active_params']:,}; our GLIBC_TUNABLES {rep['ours'][0]['glibc_tunables'] or '(none)'}; "
+            f"update in {args.microbatches} accumulated microbatches; "
             f"timed steps per setting: {args.steps} (median), after a warm-up step of "
             f"{', '.join('%.1f' % r['compile_and_first_step_s'] for r in rep['ours'])} s (compiles)"
             + (f"; peer: {peer['name']}, CPU s/step = its median step x its own CPU/wall over the timed steps"
