@@ -2,6 +2,7 @@
 
     env = allocator.tuned_env()          # os.environ plus GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (Linux/glibc)
     allocator.reexec_if_untuned()        # first thing in a launcher's main: restart this process with that env
+    allocator.trim_after_compiles()      # then: hand the heap XLA's compiler freed back to the OS after each compile
 
 Why. XLA's CPU runtime allocates every step's temporaries (activations, gradient buffers, a scan's stacked outputs)
 with malloc, and buffers above glibc's mmap threshold come from fresh mmap'd 4 KiB pages each step: the first write
@@ -14,16 +15,28 @@ slower and larger, so the W1 benchmark runs the peer with its default allocator.
 glibc reads tunables only when a process starts, hence the environment for child processes and the re-exec for the
 launcher. Where the kernel has THP disabled ("never") the tunable is a no-op; on other C libraries or operating
 systems nothing is changed. MATHRL_HUGEPAGES=0 opts out.
+
+Compiles leave freed heap behind. Compiling W1's train step grows the process by ~600 MiB, most of it freed small
+blocks that glibc keeps in its arenas; the step's large buffers are mmap'd separately and never reuse them, so the
+first step's peak resident memory is the compiler's leftovers plus the step's buffers. `trim_after_compiles`
+listens for JAX's backend-compile events and calls glibc's malloc_trim(0) after every compile that took at least
+`min_seconds` (the large programs; the many tiny compiles leave little): in W1 it cut the update's peak by ~500
+MiB (BENCHMARKS.md). MATHRL_TRIM=0 opts out.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import platform
 import sys
+import time
 
 TUNABLE = "glibc.malloc.hugetlb=1"
 OPT_OUT = "MATHRL_HUGEPAGES"
 _MARK = "MATHRL_ALLOCATOR_REEXEC"  # set in the re-executed process: never restart twice
+TRIM_OPT_OUT = "MATHRL_TRIM"
+_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+_trim_state = {"registered": False, "trims": 0, "seconds": 0.0}
 
 
 def supported() -> bool:
@@ -61,3 +74,38 @@ def reexec_if_untuned() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+
+
+def release_free_heap() -> bool:
+    """glibc's malloc_trim(0): return the free memory of every malloc arena to the OS. False where unsupported."""
+    if not supported():
+        return False
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    return True
+
+
+def trim_after_compiles(min_seconds: float = 0.5) -> bool:
+    """Register (once per process) a JAX event listener that calls `release_free_heap()` after each XLA compile
+    taking >= min_seconds, before the compiled program first runs. True if registered now or before; False when
+    unsupported or opted out (MATHRL_TRIM=0). `trim_stats()` counts the trims and the time they took."""
+    if not supported() or os.environ.get(TRIM_OPT_OUT, "1") == "0":
+        return False
+    if _trim_state["registered"]:
+        return True
+    import jax
+
+    def on_event(name, duration, **_):
+        if name == _COMPILE_EVENT and duration >= min_seconds:
+            t0 = time.perf_counter()
+            release_free_heap()
+            _trim_state["trims"] += 1
+            _trim_state["seconds"] += time.perf_counter() - t0
+
+    jax.monitoring.register_event_duration_secs_listener(on_event)
+    _trim_state["registered"] = True
+    return True
+
+
+def trim_stats() -> dict:
+    """{"registered", "trims", "seconds"} of trim_after_compiles in this process."""
+    return dict(_trim_state)

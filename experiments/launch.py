@@ -251,4 +251,5 @@ if __name__ == "__main__":
     from experiments import allocator
 
     allocator.reexec_if_untuned()  # huge-page malloc for XLA's CPU buffers (experiments/allocator.py)
+    allocator.trim_after_compiles()  # the compiler's freed heap back to the OS before each program runs
     sys.exit(main())

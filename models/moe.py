@@ -108,7 +108,10 @@ def _route(w_router_DE, x_ND, k, norm_topk_prob, recorded_NK, replay, mask_N):
 
 
 def router_stats(logits_NE, experts_NK, mask_N):
-    """Load-balancing loss, z-loss and expert load over the tokens with mask_N = 1."""
+    """Load-balancing loss, z-loss, expert load and mean router probability over the tokens with mask_N = 1.
+
+    load and router_prob are means over the masked tokens, so statistics of disjoint token sets combine exactly
+    (models/shared_prompt.py weights its two passes' by their token counts)."""
     n_experts, k = logits_NE.shape[1], experts_NK.shape[1]
     m_N = mask_N.astype(jnp.float32)
     n_real = jnp.maximum(jnp.sum(m_N), 1.0)
@@ -120,6 +123,7 @@ def router_stats(logits_NE, experts_NK, mask_N):
         "router_aux_loss": n_experts * jnp.sum(load_E * mean_prob_E),
         "router_z_loss": jnp.sum(m_N * z_N) / n_real,
         "expert_load": load_E,
+        "router_prob": mean_prob_E,
     }
 
 
@@ -337,15 +341,19 @@ def moe_layer(p, x_BTD, cfg, *, token_mask_BT=None, impl: str = "auto", block_si
               mesh=None, rules=None, routes_BTK=None, replay: bool = True):
     """Routed (+ shared) SwiGLU experts. p: router [D,E], w_gate/w_up [E,D,F], w_down [E,F,D], optional "shared".
 
-    impl: "auto" | "blocked" | "windowed" | "ragged_dot" for the dropless path (ignored when cfg.capacity_factor is
-    set); block_size is the blocked path's row block and the windowed path's window (None: their heuristics).
+    impl: "auto" | "auto_grad" | "blocked" | "windowed" | "ragged_dot" for the dropless path (ignored when
+    cfg.capacity_factor is set); block_size is the blocked path's row block and the windowed path's window (None:
+    their heuristics). "auto": ragged_dot off CPU; on CPU windowed for few tokens, else blocked. "auto_grad" (what
+    the train step asks for): the same but never windowed, whose backward (a cond per overflow window) made a
+    64-token prompt pass's fwd+bwd ~1.5x slower than blocked (BENCHMARKS.md).
     mesh / rules: with a mesh whose "expert" axis is > 1, tokens are exchanged with the devices holding their experts
     by all-to-all (models/moe_ep.py); otherwise the dispatch below runs under XLA's automatic partitioning.
     routes_BTK: recorded expert ids [B, T, k] (-1 = no record), e.g. the sampler's. With replay (routing replay,
     R3) the recorded tokens use them (see `route`); either way stats gain replay_differ / replay_compared, the
     counts of `replay_disagreement`. Replay happens before dispatch, so every dispatch path (capacity, expert
     parallel) runs the replayed experts unchanged.
-    Returns (y_BTD, stats) with stats router_aux_loss, router_z_loss, expert_load [E], dropped_fraction (f32) and
+    Returns (y_BTD, stats) with stats router_aux_loss, router_z_loss, expert_load [E], router_prob [E],
+    dropped_fraction (f32) and
     experts [N, k] (the ids used).
     """
     B, T, D = x_BTD.shape
@@ -364,9 +372,10 @@ def moe_layer(p, x_BTD, cfg, *, token_mask_BT=None, impl: str = "auto", block_si
     elif cfg.capacity_factor is not None:
         y_NKD, stats["dropped_fraction"] = _experts_capacity(p, x_ND, experts_NK, valid_NK, cfg.capacity_factor)
     else:
-        if impl == "auto":
+        if impl in ("auto", "auto_grad"):
+            few = x_ND.shape[0] * cfg.experts_per_token <= WINDOWED_MAX_LOAD * cfg.n_experts
             impl = "ragged_dot" if jax.default_backend() != "cpu" else (
-                "windowed" if x_ND.shape[0] * cfg.experts_per_token <= WINDOWED_MAX_LOAD * cfg.n_experts else "blocked")
+                "windowed" if few and impl == "auto" else "blocked")
         if impl == "blocked":
             y_NKD = _experts_blocked(p, x_ND, experts_NK, valid_NK, block_size)
         elif impl == "windowed":

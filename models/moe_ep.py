@@ -88,14 +88,14 @@ def _local_experts(p_loc, x_RD, expert_R, valid_R, impl: str, block_size):
     """The local experts on the received rows (k = 1): moe.py's dropless kernels, padding rows skipped."""
     from models import moe
 
-    if impl == "auto":
+    if impl in ("auto", "auto_grad"):
         impl = "blocked" if jax.default_backend() == "cpu" else "ragged_dot"
     if impl == "blocked":
         y = moe._experts_blocked(p_loc, x_RD, expert_R[:, None], valid_R[:, None], block_size)
     elif impl == "ragged_dot":
         y = moe._experts_ragged(p_loc, x_RD, expert_R[:, None], valid_R[:, None])
     else:
-        raise ValueError(f"impl must be 'auto', 'blocked' or 'ragged_dot', got {impl!r}")
+        raise ValueError(f"impl must be 'auto', 'auto_grad', 'blocked' or 'ragged_dot', got {impl!r}")
     return y[:, 0]
 
 

@@ -148,7 +148,7 @@ def cache_slots(cache) -> int:
 
 # ---- forward ---------------------------------------------------------------------------------------------------------
 def _block(p, x_BTD, positions_BT, rope, mask_BTS, token_mask_BT, cache, cache_index, routes_BTK=None, *,
-           cfg: ModelConfig, layer: int, constrain, mesh=None, rules=None, replay: bool = True):
+           cfg: ModelConfig, layer: int, constrain, mesh=None, rules=None, replay: bool = True, moe_impl="auto"):
     h_BTD = rms_norm(x_BTD, p["attn_norm"], cfg.norm_eps)
     a_BTD, cache = attention(p["attn"], h_BTD, positions_BT, mask_BTS, rope_theta=cfg.rope_theta, cache=cache,
                              layer=layer, cache_index=cache_index, rope=rope, norm_eps=cfg.norm_eps)
@@ -156,7 +156,7 @@ def _block(p, x_BTD, positions_BT, rope, mask_BTS, token_mask_BT, cache, cache_i
     h_BTD = rms_norm(x_BTD, p["mlp_norm"], cfg.norm_eps)
     if "moe" in p:
         y_BTD, stats = moe_layer(p["moe"], h_BTD, cfg, token_mask_BT=token_mask_BT, mesh=mesh, rules=rules,
-                                 routes_BTK=routes_BTK, replay=replay)
+                                 routes_BTK=routes_BTK, replay=replay, impl=moe_impl)
     else:
         y_BTD, stats = swiglu(p["mlp"], h_BTD), None
     return constrain(x_BTD + y_BTD), cache, stats
@@ -166,13 +166,14 @@ def _stack_stats(stats, n_experts: int):
     if not stats:
         return {"router_aux_loss": jnp.zeros((0,), jnp.float32), "router_z_loss": jnp.zeros((0,), jnp.float32),
                 "expert_load": jnp.zeros((0, n_experts), jnp.float32),
+                "router_prob": jnp.zeros((0, n_experts), jnp.float32),
                 "dropped_fraction": jnp.zeros((0,), jnp.float32)}
     return {name: jnp.stack([s[name] for s in stats]) for name in stats[0]}
 
 
 def forward(params, tokens, cfg: ModelConfig, *, positions=None, attn_mask=None, cache=None, cache_index=None,
             kv_valid=None, return_hidden=False, return_logits=True, mesh=None, rules=None, routes=None,
-            replay_routes=True, return_routes=False):
+            replay_routes=True, return_routes=False, moe_impl="auto"):
     """Logits [B, T, vocab] (float32) and aux (router statistics per MoE layer, "hidden", "cache", "routes").
 
     return_hidden: aux["hidden"] = the final-normed hidden states [B, T, d_model] (compute dtype).
@@ -190,6 +191,7 @@ def forward(params, tokens, cfg: ModelConfig, *, positions=None, attn_mask=None,
     are recorded experts, e.g. the sampler's: with replay_routes (routing replay, R3) the MoE blocks use them, gate
     weights recomputed from the current router (models/moe.py); either way aux gains "replay_differ" and
     "replay_compared" per MoE layer, the token routes the router's own top-k would choose differently / compared.
+    moe_impl: the MoE layers' dispatch (models/moe.py moe_layer's impl); differentiated callers pass "auto_grad".
     """
     B, T = tokens.shape
     dtype = jnp.dtype(cfg.dtype)
@@ -223,7 +225,8 @@ def forward(params, tokens, cfg: ModelConfig, *, positions=None, attn_mask=None,
     x_BTD = constrain(jnp.take(params["embed"], tokens, axis=0).astype(dtype))
     stats, used = [], []
     for i in range(cfg.n_layers):
-        block = partial(_block, cfg=cfg, layer=i, constrain=constrain, mesh=mesh, rules=rules, replay=replay_routes)
+        block = partial(_block, cfg=cfg, layer=i, constrain=constrain, mesh=mesh, rules=rules, replay=replay_routes,
+                        moe_impl=moe_impl)
         if cfg.remat and cache is None:
             block = jax.checkpoint(block)
         routes_BTK = routes[:, :, moe_index[i]] if routes is not None and i in moe_index else None

@@ -35,6 +35,11 @@ Batch (dict of arrays, all rows first; rows must divide the mesh's batch axes):
   ref_logp [B, T] (optional: absent means no KL term); PPO also old_values [B, T] and returns [B, T];
   routes [B, T, n_moe_layers, k] int32 (optional: the sampler's experts per token, -1 = none; replayed when
   LossConfig.routing_replay, else only compared with the trainer's own: router/replay_disagreement).
+Grouped layout (GRPO's K answers per prompt; models/shared_prompt.py): prompt_tokens / prompt_mask [G, P], the
+prompts LEFT-padded and each computed once, with every per-row key above for the R = G*K answers [R, C] (row r
+answers prompt r // K: the sampler's output as is, tokens = generate's tokens, old_logp its logprobs), column t
+being answer token t; same loss and gradients as the flat layout, ~29% fewer token-passes at W1's shapes.
+Microbatches then take whole prompts (G must divide by their number); not for "prm" or routing replay.
 PRM (mode "prm", the process reward model of rewards/prm/): tokens, attn_mask, loss_mask = 1 at each labelled
 step end and step_labels [B, T] in [0, 1] there; the loss is the binary cross-entropy of the value head's logit
 at token t (not shifted: it reads the prefix up to and including t), aggregated like a policy loss. With
@@ -275,6 +280,66 @@ def _token_logprobs(params, logits, aux, tokens, temperature, model_cfg, mesh, r
     return losses.token_logprobs(logits, tokens, temperature)
 
 
+def _is_grouped(batch: dict) -> bool:
+    """The grouped layout: prompts once ([G, P] prompt_tokens / prompt_mask, left-padded) and their K answers per
+    row ([G*K, C] tokens, attn_mask, loss_mask, ... with column t = answer token t), as the sampler returns them
+    (models/shared_prompt.py); otherwise the flat layout, [rows, T] prompt + answer per row."""
+    return "prompt_tokens" in batch
+
+
+def _logprobs_entropy(params, logits, aux, tokens, temp, model_cfg, mesh, rules, grouped: bool):
+    """(logp, entropy) [B, T] of `tokens` under softmax(logits / temp). Flat layout: column t from position t - 1,
+    column 0 is 0; grouped layout: column t from column t (shared_prompt.forward's alignment)."""
+    if model_cfg.logits_chunk > 0:
+        if not grouped:
+            return _chunked_logprobs(params, aux, tokens, temp, model_cfg, mesh, rules)
+        from models import vocab
+        from models.transformer import unembedding
+
+        w, layout, scale = unembedding(_model_params(params), model_cfg)
+        return vocab.chunked_logprobs(aux["hidden"], w, tokens, layout=layout, scale=scale, temperature=temp,
+                                      chunk_len=model_cfg.logits_chunk, mesh=mesh, rules=rules)
+    # One log-softmax at the sampling temperature feeds both the sampled-token logprobs and the entropy.
+    pred, tgt = (logits, tokens) if grouped else (logits[:, :-1], tokens[:, 1:])
+    logp_all = jax.nn.log_softmax(pred.astype(jnp.float32) / temp[:, None, None], axis=-1)
+    logp = jnp.take_along_axis(logp_all, tgt[..., None], axis=-1)[..., 0]
+    ent = -(jnp.exp(logp_all) * logp_all).sum(-1)
+    if grouped:
+        return logp, ent
+    return jnp.pad(logp, ((0, 0), (1, 0))), jnp.pad(ent, ((0, 0), (1, 0)))
+
+
+def _real_tokens(batch: dict) -> jax.Array:
+    """Tokens the model attends to, as the flat layout counts them (grouped: each prompt once per answer)."""
+    n = batch["attn_mask"].astype(jnp.float32).sum()
+    if _is_grouped(batch):
+        k = batch["tokens"].shape[0] // batch["prompt_tokens"].shape[0]
+        n = n + k * batch["prompt_mask"].astype(jnp.float32).sum()
+    return n
+
+
+def _split_microbatches(batch: dict, n_micro: int) -> dict:
+    """Leaves [rows, ...] -> [n_micro, rows / n_micro, ...]: row r to microbatch r % n_micro (flat layout); grouped
+    layout: prompt g and its K answer rows to microbatch g % n_micro."""
+    if not _is_grouped(batch):
+        rows = batch["tokens"].shape[0]
+        if rows % n_micro:
+            raise ValueError(f"microbatches={n_micro} must divide the batch's {rows} rows")
+        return jax.tree.map(lambda x: jnp.swapaxes(x.reshape(rows // n_micro, n_micro, *x.shape[1:]), 0, 1), batch)
+    G = batch["prompt_tokens"].shape[0]
+    if G % n_micro:
+        raise ValueError(f"microbatches={n_micro} must divide the batch's {G} prompts (grouped layout)")
+    K = batch["tokens"].shape[0] // G
+
+    def split(name, x):
+        if name.startswith("prompt_"):  # [G, ...]
+            return jnp.swapaxes(x.reshape(G // n_micro, n_micro, *x.shape[1:]), 0, 1)
+        y = jnp.swapaxes(x.reshape(G // n_micro, n_micro, K, *x.shape[1:]), 0, 1)  # [n, G / n, K, ...]
+        return y.reshape(n_micro, (G // n_micro) * K, *x.shape[1:])
+
+    return {name: split(name, jnp.asarray(x)) for name, x in batch.items()}
+
+
 def _router_terms(aux: dict, model_cfg) -> tuple[jax.Array, jax.Array]:
     lb = jnp.asarray(aux.get("router_aux_loss", jnp.zeros((0,))), jnp.float32)
     z = jnp.asarray(aux.get("router_z_loss", jnp.zeros((0,))), jnp.float32)
@@ -317,7 +382,7 @@ def make_loss_fn(model_cfg, loss_cfg: LossConfig, mesh, rules):
     parts gives the whole-batch values (router load-balancing loss: the token-weighted mean of the
     parts' losses, the usual accumulation approximation).
     """
-    from models import transformer
+    from models import shared_prompt, transformer
 
     policy_fn = losses.get_policy_loss(loss_cfg.policy_loss)
     agg, max_len = loss_cfg.agg, loss_cfg.max_len_norm
@@ -336,10 +401,19 @@ def make_loss_fn(model_cfg, loss_cfg: LossConfig, mesh, rules):
         if loss_cfg.routing_replay and "routes" not in batch:
             raise ValueError("LossConfig.routing_replay needs batch['routes'] (the sampler's experts, "
                              "models.sampling.generate(..., return_routes=True))")
-        logits, aux = transformer.forward(_model_params(params), tokens, model_cfg, attn_mask=batch["attn_mask"],
-                                          return_hidden=is_ppo or is_prm, return_logits=not chunked, mesh=mesh,
-                                          rules=rules, routes=batch.get("routes"),
-                                          replay_routes=loss_cfg.routing_replay)
+        grouped = _is_grouped(batch)
+        if grouped and (is_prm or loss_cfg.routing_replay):
+            raise ValueError("the grouped batch layout (prompt_tokens / prompt_mask) supports the policy losses "
+                             "without routing replay; use the flat layout for mode='prm' or routing_replay")
+        if grouped:
+            logits, aux = shared_prompt.forward(_model_params(params), batch["prompt_tokens"], batch["prompt_mask"],
+                                                tokens, batch["attn_mask"], model_cfg, return_logits=not chunked,
+                                                mesh=mesh, rules=rules, moe_impl="auto_grad")
+        else:
+            logits, aux = transformer.forward(_model_params(params), tokens, model_cfg, attn_mask=batch["attn_mask"],
+                                              return_hidden=is_ppo or is_prm, return_logits=not chunked, mesh=mesh,
+                                              rules=rules, routes=batch.get("routes"),
+                                              replay_routes=loss_cfg.routing_replay, moe_impl="auto_grad")
         if is_prm:
             z = _head(params, aux["hidden"])
             if "step_prev" in batch:  # + each step's log-likelihood under the model's own LM head
@@ -349,14 +423,7 @@ def make_loss_fn(model_cfg, loss_cfg: LossConfig, mesh, rules):
             return _prm_terms(z, inputs["step_labels"], mask, aux, n_bad, model_cfg, agg, max_len, denom, tok_w,
                               real_w)
         temp = jnp.ones((tokens.shape[0],), jnp.float32) if is_sft else _row_temperature(batch, tokens.shape[0])
-        if chunked:
-            logp, ent_tok = _chunked_logprobs(params, aux, tokens, temp, model_cfg, mesh, rules)
-        else:
-            # One log-softmax at the sampling temperature feeds both the sampled-token logprobs and the entropy.
-            logp_all = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32) / temp[:, None, None], axis=-1)
-            logp = jnp.take_along_axis(logp_all, tokens[:, 1:, None], axis=-1)[..., 0]
-            logp = jnp.pad(logp, ((0, 0), (1, 0)))
-            ent_tok = jnp.pad(-(jnp.exp(logp_all) * logp_all).sum(-1), ((0, 0), (1, 0)))
+        logp, ent_tok = _logprobs_entropy(params, logits, aux, tokens, temp, model_cfg, mesh, rules, grouped)
         entropy = losses.aggregate(ent_tok, mask, agg, max_len, denom)
         metrics: dict[str, Any] = {"entropy": entropy, "nonfinite_inputs": n_bad}
 
@@ -384,7 +451,7 @@ def make_loss_fn(model_cfg, loss_cfg: LossConfig, mesh, rules):
 
         vloss = jnp.zeros((), jnp.float32)
         if is_ppo:
-            values = _shifted_values(params, aux["hidden"])
+            values = _head(params, aux["hidden"]) if grouped else _shifted_values(params, aux["hidden"])
             vloss, vmet = losses.value_loss(values, inputs["old_values"], inputs["returns"], mask,
                                             loss_cfg.value_clip, agg, max_len, denom)
             total = total + loss_cfg.value_coef * vloss
@@ -438,20 +505,17 @@ def _accumulated_value_and_grad(loss_fn, params, batch, kl_coef, n_micro: int, a
     Row r goes to microbatch r % n_micro, so with rows sharded in contiguous blocks over the mesh
     every microbatch still spans all batch shards. Peak activation memory drops about n_micro-fold.
     """
-    rows = batch["tokens"].shape[0]
-    if rows % n_micro:
-        raise ValueError(f"microbatches={n_micro} must divide the batch's {rows} rows")
     mask = batch["loss_mask"].astype(jnp.float32)
     _, denom = losses.aggregate_parts(mask, mask, agg, max_len)
     n_tok = jnp.maximum(mask.sum(), 1.0)
-    n_real = jnp.maximum(batch["attn_mask"].astype(jnp.float32).sum(), 1.0)
+    n_real = jnp.maximum(_real_tokens(batch), 1.0)
     n_seq = jnp.maximum((mask.sum(-1) > 0).sum().astype(jnp.float32), 1.0)
-    split = jax.tree.map(lambda x: jnp.swapaxes(x.reshape(rows // n_micro, n_micro, *x.shape[1:]), 0, 1), batch)
+    split = _split_microbatches(batch, n_micro)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
     def share_of(mb):
         m = mb["loss_mask"].astype(jnp.float32)
-        return {"denom": denom, "tok_w": m.sum() / n_tok, "real_w": mb["attn_mask"].astype(jnp.float32).sum() / n_real,
+        return {"denom": denom, "tok_w": m.sum() / n_tok, "real_w": _real_tokens(mb) / n_real,
                 "row_w": (m.sum(-1) > 0).sum().astype(jnp.float32) / n_seq}
 
     def body(carry, mb):
@@ -540,32 +604,48 @@ def make_train_step(model_cfg, loss_cfg: LossConfig, optim_cfg: OptimConfig, mes
 
 
 # ------------------------------------------------------------------------------------- logprobs
-def _logprobs(params, tokens, attn_mask, temperature, model_cfg, mesh, rules, with_values, routes=None):
-    from models import transformer
+def _logprobs(params, tokens, attn_mask, temperature, model_cfg, mesh, rules, with_values, routes=None,
+              prompt_tokens=None, prompt_mask=None):
+    from models import shared_prompt, transformer
 
     chunked = model_cfg.logits_chunk > 0
-    logits, aux = transformer.forward(_model_params(params), tokens, model_cfg, attn_mask=attn_mask,
-                                      return_hidden=with_values, return_logits=not chunked, mesh=mesh, rules=rules,
-                                      routes=routes)
+    grouped = prompt_tokens is not None
+    if grouped:
+        if routes is not None:
+            raise ValueError("routes (routing replay) need the flat layout, not prompt_tokens / prompt_mask")
+        logits, aux = shared_prompt.forward(_model_params(params), prompt_tokens, prompt_mask, tokens, attn_mask,
+                                            model_cfg, return_logits=not chunked, mesh=mesh, rules=rules)
+    else:
+        logits, aux = transformer.forward(_model_params(params), tokens, model_cfg, attn_mask=attn_mask,
+                                          return_hidden=with_values, return_logits=not chunked, mesh=mesh,
+                                          rules=rules, routes=routes)
     real = attn_mask.astype(jnp.float32)
-    logp = _token_logprobs(params, logits, aux, tokens, temperature, model_cfg, mesh, rules) * real
+    if grouped:
+        temp = jnp.broadcast_to(jnp.asarray(temperature, jnp.float32), (tokens.shape[0],))
+        logp = _logprobs_entropy(params, logits, aux, tokens, temp, model_cfg, mesh, rules, True)[0] * real
+    else:
+        logp = _token_logprobs(params, logits, aux, tokens, temperature, model_cfg, mesh, rules) * real
     if not with_values:
         return logp
-    return logp, _shifted_values(params, aux["hidden"]) * real
+    values = _head(params, aux["hidden"]) if grouped else _shifted_values(params, aux["hidden"])
+    return logp, values * real
 
 
 def make_logprob_fn(model_cfg, mesh=None, rules=None, with_values: bool = False):
-    """Jitted `fn(params, tokens, attn_mask, temperature=1.0, routes=None) -> logp [B, T]` (and values [B, T] for
-    PPO).
+    """Jitted `fn(params, tokens, attn_mask, temperature=1.0, routes=None, prompt_tokens=None, prompt_mask=None)
+    -> logp [B, T]` (and values [B, T] for PPO).
 
-    logp[:, t] = log softmax(logits[:, t-1] / temperature)[tokens[:, t]], logp[:, 0] = 0, and 0 on
-    padding; temperature is a scalar or one per row, traced (no recompiles). Use it for reference
-    logprobs at the sampling temperature (the behaviour logprobs are the sampler's own). routes: recorded
-    experts [B, T, n_moe_layers, k] to replay (routing replay), as in the train step.
+    Flat layout: logp[:, t] = log softmax(logits[:, t-1] / temperature)[tokens[:, t]], logp[:, 0] = 0, and 0 on
+    padding. Grouped layout (prompt_tokens / prompt_mask [G, P] given, tokens the [G*K, C] answers): logp[:, t] is
+    answer token t's, the sampler's alignment, each prompt computed once (models/shared_prompt.py). temperature is
+    a scalar or one per row, traced (no recompiles). Use it for reference logprobs at the sampling temperature (the
+    behaviour logprobs are the sampler's own). routes: recorded experts [B, T, n_moe_layers, k] to replay (routing
+    replay, flat layout only), as in the train step.
     """
 
-    def fn(params, tokens, attn_mask, temperature=1.0, routes=None):
-        return _logprobs(params, tokens, attn_mask, temperature, model_cfg, mesh, rules, with_values, routes)
+    def fn(params, tokens, attn_mask, temperature=1.0, routes=None, prompt_tokens=None, prompt_mask=None):
+        return _logprobs(params, tokens, attn_mask, temperature, model_cfg, mesh, rules, with_values, routes,
+                         prompt_tokens, prompt_mask)
 
     if mesh is None:
         return jax.jit(fn)

@@ -17,10 +17,14 @@ compiles):
   reward     host: decode (byte ids 3..258; other ids print nothing), last-integer regex
   logprob    reference-policy logprobs (KL 0.04 only)
   update     rl.train_step: GRPO loss (+ k3 KL) + router losses, AdamW, one step on 64 rows
-             (gradient accumulated over --microbatches row slices, default 4: same update, ~1/3
-             of the activation memory; --microbatches 1 computes the 64 rows at once)
-Each KL setting runs in its own subprocess so its peak resident memory (ru_maxrss) is its own, with glibc's
-huge-page malloc tunable as the launcher runs it (experiments/allocator.py; --allocator default runs it without).
+             (gradient accumulated over --microbatches slices of whole prompts, default 2: the same
+             update in less activation memory; --microbatches 1 computes the 64 rows at once)
+The batch is the sampler's output as is, in the grouped layout (models/shared_prompt.py): the reference pass and
+the update compute each of the 8 prompts once for its 8 answers, not 8 times; --layout flat builds the 64 rows of
+prompt + answer instead (same loss and gradients, 29% more token-passes).
+Each KL setting runs in its own subprocess so its peak resident memory (ru_maxrss) is its own, with the allocator
+as the launcher runs it (experiments/allocator.py: glibc's huge-page malloc tunable, and the heap the compiler freed
+handed back after each compile; --allocator default runs without both).
 
 The peer: right after our measurement the script runs the TRL harness (../shared/peers/trl/trl_w1.py, by path,
 with the python of its venv: `bash ../shared/peers/trl/setup.sh` makes /tmp/peer-trl-venv) on the same workload
@@ -104,7 +108,7 @@ def to_train_layout(prompts, prompt_mask, responses, lengths, n_samples, logprob
     return (tokens, attn, loss) if logprobs is None else (tokens, attn, loss, old)
 
 
-def run_setting(kl: float, steps: int, quick: bool, microbatches: int = 4) -> dict:
+def run_setting(kl: float, steps: int, quick: bool, microbatches: int = 2, layout: str = "grouped") -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -116,7 +120,10 @@ def run_setting(kl: float, steps: int, quick: bool, microbatches: int = 4) -> di
     from rl import advantages
     from rl.train_step import LossConfig, OptimConfig, init_train_state, make_logprob_fn, make_train_step
 
-    n_prompts, new_tokens = (2, 16) if quick else (N_PROMPTS, NEW_TOKENS)
+    from experiments import allocator
+
+    allocator.trim_after_compiles()  # as the launcher runs (MATHRL_TRIM=0, i.e. --allocator default: not)
+    n_prompts, new_tokens = (4, 16) if quick else (N_PROMPTS, NEW_TOKENS)
     cfg = ModelConfig(**W1_MODEL)
     loss_cfg = LossConfig(mode="grpo", kl_kind="k3")
     optim = OptimConfig()
@@ -142,14 +149,23 @@ def run_setting(kl: float, steps: int, quick: bool, microbatches: int = 4) -> di
         resp, lengths, logp = np.asarray(out.tokens), np.asarray(out.lengths), np.asarray(out.logprobs)
         rewards = np.array([last_int_reward(decode(resp[r, :lengths[r]]), int(gold[r // N_SAMPLES]))
                             for r in range(resp.shape[0])], np.float32)
-        tokens, attn, loss_mask, old_logp = to_train_layout(prompts, pmask, resp, lengths, N_SAMPLES, logp)
         adv = advantages.grpo(jnp.asarray(rewards), N_SAMPLES)
+        if layout == "grouped":  # the sampler's output as is, each prompt computed once (models/shared_prompt.py)
+            attn = (np.arange(resp.shape[1])[None] < lengths[:, None]).astype(np.int32)
+            batch = {"prompt_tokens": prompts, "prompt_mask": pmask, "tokens": resp, "attn_mask": attn,
+                     "loss_mask": attn, "old_logp": logp * attn}
+            prompt_kw = {"prompt_tokens": prompts, "prompt_mask": pmask}
+            model_tokens = int(pmask.sum() + attn.sum())
+        else:
+            tokens, attn, loss_mask, old_logp = to_train_layout(prompts, pmask, resp, lengths, N_SAMPLES, logp)
+            batch = {"tokens": tokens, "attn_mask": attn, "loss_mask": loss_mask, "old_logp": old_logp}
+            prompt_kw, model_tokens = {}, int(attn.sum())
         # The sampler's logprobs are the behaviour policy: no old-logprob pass.
-        batch = {"tokens": tokens, "attn_mask": attn, "loss_mask": loss_mask, "advantages": adv, "old_logp": old_logp}
+        batch["advantages"] = adv
         t["reward"] = time.perf_counter() - t0
         t0, c0 = time.perf_counter(), time.process_time()
         if ref_params is not None:
-            batch["ref_logp"] = common.block(logprob_fn(ref_params, tokens, attn, 1.0))
+            batch["ref_logp"] = common.block(logprob_fn(ref_params, batch["tokens"], attn, 1.0, **prompt_kw))
         t["logprob"], t["cpu_logprob"] = time.perf_counter() - t0, time.process_time() - c0
         t0, c0 = time.perf_counter(), time.process_time()
         state, metrics = common.block(step_fn(state, batch, hparams))
@@ -157,7 +173,7 @@ def run_setting(kl: float, steps: int, quick: bool, microbatches: int = 4) -> di
         t["total"] = t["sampling"] + t["reward"] + t["logprob"] + t["update"]
         t["cpu_total"] = time.process_time() - cpu0
         t["generated_tokens"] = int(lengths.sum())
-        t["train_tokens"] = int(attn.sum())
+        t["train_tokens"] = model_tokens  # token-passes the model computes (grouped: each prompt once)
         t["mean_reward"] = float(rewards.mean())
         t["loss"] = float(metrics["loss/total"])
         return state, t
@@ -177,12 +193,14 @@ def run_setting(kl: float, steps: int, quick: bool, microbatches: int = 4) -> di
     # 2 x active per sampled token, 6 x per trained token, 2 x per reference-logprob token.
     flops = 2 * active * med["generated_tokens"] + (6 + (2 if kl > 0 else 0)) * active * med["train_tokens"]
     peak = max(peak_before, peak_after)
-    return dict(kl=kl, rows=rows, new_tokens=new_tokens, steps=steps, microbatches=microbatches, compile_and_first_step_s=compile_s,
+    return dict(kl=kl, rows=rows, new_tokens=new_tokens, steps=steps, microbatches=microbatches, layout=layout,
+                compile_and_first_step_s=compile_s,
                 seconds=med, all_totals=[r["total"] for r in runs],
                 sampling_tok_s=med["generated_tokens"] / med["sampling"],
                 sampling_tok_s_all_slots=rows * new_tokens / med["sampling"],
                 model_gflops_per_s=flops / med["total"] / 1e9, peak_gflops=peak, mfu=flops / med["total"] / 1e9 / peak,
                 n_params=int(n_params), active_params=int(active), peak_rss_mib=common.peak_rss_mib(),
+                heap_trims=allocator.trim_stats(),
                 machine=common.machine_info())
 
 
@@ -197,14 +215,14 @@ def run_ours(kl: float, args) -> dict:
     from experiments.bench import common
 
     cmd = [sys.executable, "-m", "experiments.bench.w1", "--_child", str(kl), "--steps", str(args.steps),
-           "--microbatches", str(args.microbatches)] + (["--quick"] if args.quick else [])
+           "--microbatches", str(args.microbatches), "--layout", args.layout] + (["--quick"] if args.quick else [])
     wait = common.wait_quiet(args.wait_quiet, args.quiet_load) if args.wait_quiet else None
     load_start = common.load1()
     from experiments import allocator
 
     # Our process runs with the allocator setting the launcher uses (experiments/allocator.py); the peer keeps its
     # default, with which it ran faster (BENCHMARKS.md).
-    env = allocator.tuned_env() if args.allocator == "hugepages" else os.environ.copy()
+    env = allocator.tuned_env() if args.allocator == "hugepages" else {**os.environ, allocator.TRIM_OPT_OUT: "0"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode:
         sys.stderr.write(proc.stderr)
@@ -228,7 +246,7 @@ def run_peer(args) -> dict | None:
               f"`bash ../shared/peers/trl/setup.sh`, or pass --peer / --peer_python)", flush=True)
         return None
     betas = ",".join(str(k) for k in args.kl)
-    n_prompts, new_tokens = (2, 16) if args.quick else (N_PROMPTS, NEW_TOKENS)
+    n_prompts, new_tokens = (4, 16) if args.quick else (N_PROMPTS, NEW_TOKENS)
     cmd = [args.peer_python, args.peer, "--betas", betas, "--steps", str(args.peer_steps or args.steps),
            "--warmup", "1", "--retries", "0", "--wait-quiet", "0", "--prompts-per-step", str(n_prompts),
            "--num-generations", str(N_SAMPLES), "--max-completion", str(new_tokens), "--skip-generate"]
@@ -282,12 +300,15 @@ def main(argv=None):
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=3, help="timed steps per KL setting (after one warm-up step)")
-    ap.add_argument("--quick", action="store_true", help="2 prompts x 8 samples, 16 new tokens (smoke run)")
+    ap.add_argument("--quick", action="store_true", help="4 prompts x 8 samples, 16 new tokens (smoke run)")
     ap.add_argument("--kl", type=float, nargs="*", default=[0.0, 0.04], help="KL weights to run")
-    ap.add_argument("--microbatches", type=int, default=4,
-                    help="gradient-accumulation slices of the 64-row update (one AdamW step either way)")
+    ap.add_argument("--microbatches", type=int, default=2,
+                    help="gradient-accumulation slices of the update, whole prompts each (one AdamW step either way)")
+    ap.add_argument("--layout", choices=("grouped", "flat"), default="grouped",
+                    help="update / reference batch: each prompt once for its 8 answers (grouped) or 64 full rows")
     ap.add_argument("--allocator", choices=("hugepages", "default"), default="hugepages",
-                    help="our process's malloc: glibc with transparent huge pages (as the launcher runs) or as is")
+                    help="our process's malloc as the launcher runs it (transparent huge pages, heap trimmed after "
+                         "each compile: experiments/allocator.py) or as is")
     ap.add_argument("--reps", type=int, default=1, help="repetitions of the pair (ours, then the peer)")
     ap.add_argument("--peer", default=_default_peer(), help="the TRL harness, run by path (default: ../shared)")
     ap.add_argument("--peer_python", default="/tmp/peer-trl-venv/bin/python", help="python of the peer's venv")
@@ -301,7 +322,7 @@ def main(argv=None):
     ap.add_argument("--_child", type=float, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args._child is not None:
-        print(json.dumps(run_setting(args._child, args.steps, args.quick, args.microbatches)))
+        print(json.dumps(run_setting(args._child, args.steps, args.quick, args.microbatches, args.layout)))
         return
     reps = []
     for rep in range(args.reps):
@@ -324,7 +345,7 @@ def _ours_json(r: dict) -> dict:
                 phases_cpu_s={k: s.get(f"cpu_{k}") for k in ("sampling", "logprob", "update")},
                 mfu=r["mfu"], peak_gflops=r["peak_gflops"], model_gflops_per_s=r["model_gflops_per_s"],
                 compile_and_first_step_s=r["compile_and_first_step_s"], load_start=r["load_start"],
-                load_end=r["load_end"], wait=r["wait"], glibc_tunables=r["glibc_tunables"])
+                load_end=r["load_end"], wait=r["wait"], glibc_tunables=r["glibc_tunables"], heap_trims=r.get("heap_trims"))
 
 
 def report(rep, args, index: int):
