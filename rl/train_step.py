@@ -502,8 +502,9 @@ def _prm_terms(z, labels, mask, aux, n_bad, model_cfg, agg, max_len, denom, tok_
 def _accumulated_value_and_grad(loss_fn, params, batch, kl_coef, n_micro: int, agg: str, max_len):
     """Sum of loss and gradients over `n_micro` row-strided microbatches, equal to the whole batch's.
 
-    Row r goes to microbatch r % n_micro, so with rows sharded in contiguous blocks over the mesh
-    every microbatch still spans all batch shards. Peak activation memory drops about n_micro-fold.
+    Row r goes to microbatch r % n_micro (grouped layout: prompt g and its answers go to g % n_micro; see
+    _split_microbatches), so with rows sharded in contiguous blocks over the mesh every microbatch still spans
+    all batch shards. Peak activation memory drops about n_micro-fold.
     """
     mask = batch["loss_mask"].astype(jnp.float32)
     _, denom = losses.aggregate_parts(mask, mask, agg, max_len)
