@@ -10,6 +10,8 @@
     [D, 2F] matmul), with a custom VJP whose backward is one scan too and accumulates the expert-weight gradients
     in place. XLA's CPU ragged_dot lowers to a dense masked matmul
     over all groups (every expert on every token), which this path avoids.
+  - "hybrid": each expert's first C rows (C = HYBRID_DENSE_SHARE x the mean load) in one batched einsum per weight,
+    the stacked weights read in place; only the rows past them (the routing's imbalance) take the blocked path.
   - "windowed" (few tokens, e.g. a decode step): each expert's first w sorted rows as one window, all windows through
     one batched einsum per weight (the stacked weights read in place), overflow windows under conds.
   "auto" on CPU picks windowed while the mean load is at most WINDOWED_MAX_LOAD rows per expert, else blocked
@@ -239,6 +241,47 @@ def _experts_blocked(p, x_ND, experts_NK, valid_NK, block_size: int | None):
     return y_rows[row_A].reshape(N, k, D)
 
 
+# ---- hybrid expert FFN (dropless, many tokens: training, prefill, reference pass) ------------------------------------
+# The blocked path multiplies one 128-row block at a time; at such sizes XLA's CPU matmul runs at ~half its large-
+# matrix rate, and each block copies its expert's weights out of the stacked arrays (and, in the backward, adds its
+# weight gradient back in place). Here each expert's first C rows of the expert-sorted assignments (C = a share of the
+# mean load, HYBRID_DENSE_SHARE) go through one batched einsum per weight, the stacked weights read in place and the
+# weight gradients one batched einsum each; only the rows past an expert's first C (its overflow, the imbalance of the
+# routing) take the blocked path. Dropless like blocked, with no capacity to choose: a share below 1 keeps the dense
+# buffer nearly full for every expert (an expert with fewer than C rows pads the rest), the blocked part stays small.
+HYBRID_DENSE_SHARE = 0.75
+
+
+def _hybrid_capacity(n_tokens: int, n_assignments: int, n_experts: int, share: float) -> int:
+    """Dense rows per expert: share x the mean load, in multiples of 8, at most n_tokens (an expert's most rows)."""
+    return min(n_tokens, max(8, -(-math.ceil(share * n_assignments / n_experts) // 8) * 8))
+
+
+def _experts_hybrid(p, x_ND, experts_NK, valid_NK, block_size: int | None, share: float = HYBRID_DENSE_SHARE):
+    N, D = x_ND.shape
+    E, k = p["w_gate"].shape[0], experts_NK.shape[1]
+    A = N * k
+    C = _hybrid_capacity(N, A, E, share)
+    experts_A, valid_A = experts_NK.reshape(A), valid_NK.reshape(A)
+    rank_A, _ = _rank_within_expert(experts_A, valid_A, E)
+    dense_A = valid_A & (rank_A < C)
+    slot_A = jnp.where(dense_A, experts_A * C + rank_A, E * C)  # E * C: a zero row past the buffer
+    token_of_slot = jnp.full((E * C,), N, jnp.int32).at[slot_A].set(jnp.arange(A, dtype=jnp.int32) // k, mode="drop")
+    dtype = x_ND.dtype
+    x_ECD = jnp.concatenate([x_ND, jnp.zeros((1, D), dtype)])[token_of_slot].reshape(E, C, D)
+    # Three einsums, not one on concatenated gate|up weights: the concatenation's copy (and its gradient's split)
+    # cost more than the wider matmul saved (BENCHMARKS.md).
+    gate_ECF = jnp.einsum("ECD,EDF->ECF", x_ECD, p["w_gate"].astype(dtype))
+    up_ECF = jnp.einsum("ECD,EDF->ECF", x_ECD, p["w_up"].astype(dtype))
+    y_ECD = jnp.einsum("ECF,EFD->ECD", jax.nn.silu(gate_ECF) * up_ECF, p["w_down"].astype(dtype))
+    y_rows = jnp.concatenate([y_ECD.reshape(E * C, D), jnp.zeros((1, D), dtype)])
+    y_NKD = y_rows[slot_A].reshape(N, k, D)
+    if C >= N:  # every expert's rows fit (an expert takes each token at most once)
+        return y_NKD
+    overflow_NK = (valid_A & ~dense_A).reshape(N, k)
+    return y_NKD + _experts_blocked(p, x_ND, experts_NK, overflow_NK, block_size)
+
+
 def _sort_by_expert(experts_NK, valid_NK, n_experts: int):
     """(expert_A, order_A, sizes_E): each assignment's expert (n_experts for padding, so it sorts last, in no
     expert's range), the stable order that sorts assignments by expert, and each expert's number of rows."""
@@ -341,7 +384,7 @@ def moe_layer(p, x_BTD, cfg, *, token_mask_BT=None, impl: str = "auto", block_si
               mesh=None, rules=None, routes_BTK=None, replay: bool = True):
     """Routed (+ shared) SwiGLU experts. p: router [D,E], w_gate/w_up [E,D,F], w_down [E,F,D], optional "shared".
 
-    impl: "auto" | "auto_grad" | "blocked" | "windowed" | "ragged_dot" for the dropless path (ignored when
+    impl: "auto" | "auto_grad" | "hybrid" | "blocked" | "windowed" | "ragged_dot" for the dropless path (ignored when
     cfg.capacity_factor is set); block_size is the blocked path's row block and the windowed path's window (None:
     their heuristics). "auto": ragged_dot off CPU; on CPU windowed for few tokens, else blocked. "auto_grad" (what
     the train step asks for): the same but never windowed, whose backward (a cond per overflow window) made a
@@ -376,14 +419,17 @@ def moe_layer(p, x_BTD, cfg, *, token_mask_BT=None, impl: str = "auto", block_si
             few = x_ND.shape[0] * cfg.experts_per_token <= WINDOWED_MAX_LOAD * cfg.n_experts
             impl = "ragged_dot" if jax.default_backend() != "cpu" else (
                 "windowed" if few and impl == "auto" else "blocked")
-        if impl == "blocked":
+        if impl == "hybrid":
+            y_NKD = _experts_hybrid(p, x_ND, experts_NK, valid_NK, block_size)
+        elif impl == "blocked":
             y_NKD = _experts_blocked(p, x_ND, experts_NK, valid_NK, block_size)
         elif impl == "windowed":
             y_NKD = _experts_windowed(p, x_ND, experts_NK, valid_NK, block_size)
         elif impl == "ragged_dot":
             y_NKD = _experts_ragged(p, x_ND, experts_NK, valid_NK)
         else:
-            raise ValueError(f"impl must be 'auto', 'blocked', 'windowed' or 'ragged_dot', got {impl!r}")
+            raise ValueError(f"impl must be 'auto', 'auto_grad', 'hybrid', 'blocked', 'windowed' or 'ragged_dot', "
+                             f"got {impl!r}")
         stats["dropped_fraction"] = jnp.zeros((), jnp.float32)
     if y_ND is None:
         y_ND = jnp.einsum("NKD,NK->ND", y_NKD, weights_NK.astype(x_ND.dtype))

@@ -95,7 +95,8 @@ X = np.random.default_rng(1).normal(size=(24, D))
 
 
 @pytest.mark.parametrize("impl, block_size", [("blocked", None), ("blocked", 4), ("windowed", None), ("windowed", 2),
-                                              ("windowed", 64), ("ragged_dot", None)])
+                                              ("windowed", 64), ("ragged_dot", None), ("hybrid", None),
+                                              ("hybrid", 4)])
 def test_dropless_paths_match_loop_reference(impl, block_size):
     p = make_params()
     y, stats = run(p, X, CFG, impl=impl, block_size=block_size)
@@ -173,7 +174,7 @@ def dense_moe(p, x_ND, k):
     return jnp.einsum("NED,NE->ND", y, combine_NE)
 
 
-@pytest.mark.parametrize("impl, block_size", [("blocked", 4), ("windowed", 3), ("ragged_dot", None)])
+@pytest.mark.parametrize("impl, block_size", [("blocked", 4), ("windowed", 3), ("ragged_dot", None), ("hybrid", 4)])
 def test_dropless_gradients_match_dense_reference(impl, block_size):
     p = to_jax(make_params(seed=8))
     x = jnp.asarray(X, jnp.float32)
@@ -260,3 +261,19 @@ def test_expert_ffn_blocks_and_gradients_match_float64_reference():
             num[j] = (ref_loss(*[plus.reshape(a.shape) if k == i else r for k, r in enumerate(ref_args)])
                       - ref_loss(*[minus.reshape(a.shape) if k == i else r for k, r in enumerate(ref_args)])) / (2 * eps)
         np.testing.assert_allclose(g_fast, num.reshape(a.shape), rtol=1e-4, atol=1e-4, err_msg=f"argument {i}")
+
+
+def test_hybrid_overflow_and_padding_when_every_token_picks_one_expert():
+    # All tokens route to expert 0 first: its rows past the dense capacity C must take the blocked overflow path,
+    # the other experts' dense buffers are mostly padding, and masked tokens stay out of both.
+    p = make_params(seed=14)
+    p["router"] = np.zeros((D, E))
+    p["router"][:, 0] = 50.0
+    x = np.abs(np.random.default_rng(15).normal(size=(24, D))) + 0.1
+    assert moe._hybrid_capacity(24, 24 * K, E, moe.HYBRID_DENSE_SHARE) < 24  # expert 0's 24 rows overflow
+    mask = np.random.default_rng(16).random(24) < 0.8
+    y, stats = run(p, x, CFG, impl="hybrid", block_size=4, mask=mask)
+    y_ref, ref = np_moe(p, x, K, mask=mask)
+    np.testing.assert_allclose(y, y_ref, rtol=1e-4, atol=1e-4)
+    check_stats(stats, ref)
+    assert np.all(y[~mask] == 0)
