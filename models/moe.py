@@ -217,13 +217,14 @@ def _default_block_size(n_assignments: int, n_experts: int) -> int:
     return min(128, max(32, 1 << (per_expert - 1).bit_length()))
 
 
-def _experts_blocked(p, x_ND, experts_NK, valid_NK, block_size: int | None):
+def _experts_blocked(p, x_ND, experts_NK, valid_NK, block_size: int | None, ranks=None):
+    """ranks: (rank_A, sizes_E) of the valid assignments, when the caller has them (else computed here)."""
     N, D = x_ND.shape
     E, k = p["w_gate"].shape[0], experts_NK.shape[1]
     A = N * k
     b = block_size or _default_block_size(A, E)
     experts_A, valid_A = experts_NK.reshape(A), valid_NK.reshape(A)
-    rank_A, sizes_E = _rank_within_expert(experts_A, valid_A, E)
+    rank_A, sizes_E = _rank_within_expert(experts_A, valid_A, E) if ranks is None else ranks
     blocks_E = (sizes_E + b - 1) // b
     block_end_E = jnp.cumsum(blocks_E)
     G = (A + E * (b - 1)) // b  # most blocks any routing can need
@@ -263,7 +264,7 @@ def _experts_hybrid(p, x_ND, experts_NK, valid_NK, block_size: int | None, share
     A = N * k
     C = _hybrid_capacity(N, A, E, share)
     experts_A, valid_A = experts_NK.reshape(A), valid_NK.reshape(A)
-    rank_A, _ = _rank_within_expert(experts_A, valid_A, E)
+    rank_A, sizes_E = _rank_within_expert(experts_A, valid_A, E)
     dense_A = valid_A & (rank_A < C)
     slot_A = jnp.where(dense_A, experts_A * C + rank_A, E * C)  # E * C: a zero row past the buffer
     token_of_slot = jnp.full((E * C,), N, jnp.int32).at[slot_A].set(jnp.arange(A, dtype=jnp.int32) // k, mode="drop")
@@ -278,8 +279,10 @@ def _experts_hybrid(p, x_ND, experts_NK, valid_NK, block_size: int | None, share
     y_NKD = y_rows[slot_A].reshape(N, k, D)
     if C >= N:  # every expert's rows fit (an expert takes each token at most once)
         return y_NKD
-    overflow_NK = (valid_A & ~dense_A).reshape(N, k)
-    return y_NKD + _experts_blocked(p, x_ND, experts_NK, overflow_NK, block_size)
+    # The overflow's ranks and sizes follow from the whole routing's: no second one-hot cumsum.
+    overflow_A = valid_A & ~dense_A
+    overflow_ranks = (jnp.where(overflow_A, rank_A - C, 0), jnp.maximum(sizes_E - C, 0))
+    return y_NKD + _experts_blocked(p, x_ND, experts_NK, overflow_A.reshape(N, k), block_size, overflow_ranks)
 
 
 def _sort_by_expert(experts_NK, valid_NK, n_experts: int):
