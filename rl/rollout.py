@@ -265,9 +265,9 @@ def take_minibatch(batch: dict, idx: np.ndarray, rows: int, length_buckets: int 
 
 
 def pad_rows(batch: dict, rows: int) -> dict:
-    """`batch` with empty rows appended up to `rows` (all masks 0, one attended pad token so the attention
-    softmax stays finite; float fields 0; routes -1, i.e. none recorded). Empty rows change no loss term and no
-    metric."""
+    """`batch` with empty rows appended up to `rows` (all masks 0: a query whose keys are all masked gets a finite
+    uniform softmax, models/layers.py; float fields 0; routes -1, i.e. none recorded). Empty rows change no loss
+    term and no metric, the router statistics included (they are not dispatched to any expert)."""
     n = int(batch["tokens"].shape[0])
     if n > rows:
         raise ValueError(f"batch has {n} rows, more than the {rows} it should be padded to")
@@ -275,7 +275,6 @@ def pad_rows(batch: dict, rows: int) -> dict:
         return batch
     out = {k: np.concatenate([np.asarray(v), np.zeros((rows - n,) + np.shape(v)[1:], np.asarray(v).dtype)])
            for k, v in batch.items()}
-    out["attn_mask"][n:, 0] = 1
     if "temperature" in out:
         out["temperature"][n:] = 1.0
     if "routes" in out:

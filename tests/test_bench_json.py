@@ -1,6 +1,7 @@
 """Every bench script writes its figures with --json PATH (the same numbers it prints); smoke-sized runs of the
 cheap ones (the reward pool and profile_w1's decode-MoE part in the default run; the model benchmarks compile a W1-sized model: slow). gpu.py,
-w1.py, moe_ep.py, verify.py, grad_variance.py and sft_buckets.py have their own tests."""
+w1.py, moe_ep.py, verify.py, grad_variance.py and sft_buckets.py have their own tests; stage_layout.py runs the
+launcher twice (slow)."""
 import json
 
 import pytest
@@ -45,3 +46,15 @@ def test_profile_w1_weight_reads(tmp_path):
     assert w["experts_used"] == 8 and w["expert_mib"] == pytest.approx(12.0)  # 3 x 8 x 256 x 512 float32
     assert w["ours_s"] > 0 and w["numpy_s"] > 0 and w["floor_s"] > 0
     assert w["ours_over_numpy"] == pytest.approx(w["ours_s"] / w["numpy_s"])
+
+
+@pytest.mark.slow
+def test_stage_layout_json(tmp_path):
+    """The launcher's GRPO stage flat then grouped: both really trained, the grouped run in the grouped layout."""
+    from experiments.bench import stage_layout
+
+    res = stage_layout.main(["--quick", "--reps", "1", "--iterations", "2", "--json", str(tmp_path / "s.json")])
+    saved = json.loads((tmp_path / "s.json").read_text())
+    assert [r["grouped"] for r in saved["runs"]] == [0.0, 1.0]
+    assert all(r["optimizer_steps"] >= 1 and r["train_s"] > 0 for r in saved["runs"])
+    assert saved["train_s_ratio"] == pytest.approx(res["train_s_ratio"])

@@ -50,7 +50,7 @@ def test_epoch_minibatches_and_take_minibatch():
     batch = _sft_batch(rows=6)
     batch["attn_mask"][:] = (np.arange(32)[None] < lengths[:, None])
     mb = rollout.take_minibatch(batch, np.array([0, 2]), 4, length_buckets=4, lengths=lengths)
-    assert mb["tokens"].shape == (4, 8) and mb["attn_mask"][2:, 0].tolist() == [1, 1]  # padded rows, cut to 8
+    assert mb["tokens"].shape == (4, 8) and not mb["attn_mask"][2:].any()  # padded rows, cut to 8
     assert rollout.take_minibatch(batch, np.array([0, 1]), 2)["tokens"].shape == (2, 32)  # no buckets: full width
 
 

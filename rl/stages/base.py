@@ -180,22 +180,34 @@ class StageRun:
 
     # -- the optimizer loop -------------------------------------------------------------------
     def train_on(self, batch: dict, *, epochs: int, rng: np.random.Generator, max_rows: int, unit: int,
-                 kl_coef: float = 0.0, length_buckets: int = 0) -> dict:
+                 kl_coef: float = 0.0, length_buckets: int = 0, grouped=None, resp_start=None) -> dict:
         """`epochs` passes over `batch` in near-equal minibatches of at most `max_rows` rows (each padded to
         `max_rows`: one compiled shape); returns the averaged step metrics plus the unit's step statistics.
         `length_buckets` > 0 groups rows of similar length into the minibatches and cuts each one's columns to
-        the narrowest of that many widths holding its longest row (one compiled shape per width used)."""
+        the narrowest of that many widths holding its longest row (one compiled shape per width used).
+        `grouped` (an rl.grouped_batch.GroupedLayout, with each row's `resp_start`): minibatches of whole groups
+        (at most grouped.groups), each in the grouped layout, every prompt computed once for its K answers."""
+        from rl import grouped_batch
+
         cfg = self.cfg
         n = int(batch["tokens"].shape[0])
         t0 = time.time()
         ms, sizes = [], []
         lengths = rollout.row_lengths(batch["attn_mask"]) if length_buckets else None
-        plan = [rollout.epoch_minibatches(n, max_rows, rng, lengths) for _ in range(epochs)]
+        if grouped is not None:  # minibatches of whole groups
+            plan = [[grouped_batch.group_rows(g, grouped.k)
+                     for g in rollout.epoch_minibatches(n // grouped.k, grouped.groups, rng)] for _ in range(epochs)]
+        else:
+            plan = [rollout.epoch_minibatches(n, max_rows, rng, lengths) for _ in range(epochs)]
         steps_in_unit = sum(len(p) for p in plan)
         j = 0
         for parts in plan:
             for idx in parts:
-                mb = rollout.take_minibatch(batch, idx, max_rows, length_buckets, lengths)
+                if grouped is not None:
+                    mb = grouped_batch.to_grouped({k: np.asarray(v)[idx] for k, v in batch.items()},
+                                                  np.asarray(resp_start)[idx], grouped)
+                else:
+                    mb = rollout.take_minibatch(batch, idx, max_rows, length_buckets, lengths)
                 lr = schedules.lr_at(self.opt_steps, schedules.unit_progress(unit, j, steps_in_unit, self.units),
                                      peak=cfg.lr, warmup_steps=cfg.warmup_steps, end_fraction=cfg.end_lr_fraction)
                 hp = {"lr": jnp.float32(lr), "kl_coef": jnp.float32(kl_coef)}

@@ -117,6 +117,10 @@ class RLConfig(StageConfig):
     max_staleness: int = field(1, "bounded staleness: the sampler runs up to k updates ahead (k batches sampled "
                                   "ahead, while rewards are computed; needs run.overlap and no curriculum); 0 = each "
                                   "batch sampled right before its update", integer(0, 64))
+    batch_layout: str = field("auto", "update batches: auto (grouped: each prompt computed once for its K answers, "
+                                      "minibatches of whole groups; flat when group sizes differ, a group exceeds "
+                                      "token_budget or routes are recorded) | flat (prompt + answer in every row)",
+                              choice("auto", "flat"))
     curriculum: cur.CurriculumConfig = dataclasses.field(default_factory=cur.CurriculumConfig,
                                                          metadata={"doc": "difficulty-stratified sampling"})
 
@@ -294,7 +298,15 @@ class PolicyGradientRun(StageRun):
             lp = rollout.chunked(ctx.logprob_fn, params, part, rows, *self._logp_args(part))
         _, mm = offpolicy.correction(lp, b["sample_logp"][checked], mask[checked])  # same params: numerics only
         if self.ref_params is not None:
-            b["ref_logp"] = rollout.chunked(ctx.logprob_fn, self.ref_params, b, rows, b["temperature"]) * mask
+            layout = self.grouped_layout(ks)
+            if layout is not None:  # each prompt computed once for its K answers (rl/grouped_batch.py)
+                from rl import grouped_batch
+
+                ref = grouped_batch.chunked_logprobs(ctx.logprob_fn, self.ref_params, b, b["resp_start"], layout,
+                                                     b["temperature"])
+            else:
+                ref = rollout.chunked(ctx.logprob_fn, self.ref_params, b, rows, b["temperature"])
+            b["ref_logp"] = ref * mask
         t_logp = time.time() - t0
         arrays = {**b, "ids": ids.astype(np.int64), "ks": ks.astype(np.int64), "lengths": smpl.lengths,
                   "prompt_index": smpl.prompt_index.astype(np.int64),
@@ -390,8 +402,10 @@ class PolicyGradientRun(StageRun):
             if s.corrects_off_policy:
                 batch, om = self._correct(batch)
                 m.update(om)
+            layout = self.grouped_layout(ks)
             tm = self.train_on(batch, epochs=s.epochs, rng=self.ctx.rng("rl", self.index, u, 1), max_rows=self.max_rows,
-                               unit=u, kl_coef=coef)
+                               unit=u, kl_coef=coef, grouped=layout, resp_start=a["resp_start"][idx])
+            m["train/grouped"] = float(layout is not None)
             self.trained_units += 1
             m.update({"entropy": tm.get("entropy"), "loss": tm.get("loss/total"), "loss/policy": tm.get("loss/policy"),
                       "loss/kl": tm.get("loss/kl"), "loss/value": tm.get("loss/value"), "kl/train": tm.get("kl"),
@@ -405,6 +419,17 @@ class PolicyGradientRun(StageRun):
             self.kl_state = self.kl_ctl.update(self.kl_state, kl_seq, len(rewards))
             m["kl_controller_finite_input"] = float(np.isfinite(kl_seq))
         return m
+
+    def grouped_layout(self, ks):
+        """The update's grouped layout (rl/grouped_batch.py), or None for the flat one: batch_layout "flat",
+        recorded routes (replay needs the flat layout), mixed group sizes or a group larger than a minibatch."""
+        if self.cfg.batch_layout == "flat" or self.cfg.records_routes:
+            return None
+        from rl import grouped_batch
+
+        c = self.ctx.cfg
+        return grouped_batch.plan(ks, self.max_rows, self.ctx.row_multiple, c["tasks"]["max_prompt_len"],
+                                  c["sampling"]["max_new_tokens"], self.ctx.tok.PAD)
 
     def _correct(self, batch: dict) -> tuple[dict, dict]:
         """Off-policy correction against the trainer's logprobs at the start of this update (rl/offpolicy.py)."""
