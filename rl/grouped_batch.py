@@ -10,7 +10,8 @@ prompt_tokens / prompt_mask [G, prompt_len] (left-padded, the sampler's form) an
 where every per-token array moves from row position resp_start + t to answer column t (the flat layout's
 logprob at position j is that of token j; the grouped one's at column t that of answer token t). Per-row arrays
 ([rows], e.g. temperature) stay as they are. The losses are the flat batch's up to float rounding
-(tests/test_grouped_batch.py); W1's update takes ~30% less time in this layout (BENCHMARKS.md).
+(tests/test_grouped_batch.py). On quickstart's GRPO stage the update took 0.75x the flat layout's time and the
+reference pass 0.82x, in the same run (experiments/bench/stage_layout.py, BENCHMARKS.md).
 
 `plan` says whether a batch can use it: every group the same size K (the curriculum's mixed K stays flat), at
 least one whole group per minibatch, and the minibatch's groups a multiple of the mesh's batch shards.

@@ -11,7 +11,8 @@ One iteration (a unit):
   -> with an off-policy correction on (tis_cap / mis_* / icepop_*): the trainer's logprobs at the start of the
      update become the ratio's old policy and weight the advantages against the behaviour logprobs (rl/offpolicy.py)
   -> epochs over near-equal minibatches, train-side logprobs at the sampling temperature (replaying the
-     sampler's experts with routing_replay)
+     sampler's experts with routing_replay); with batch_layout "auto" the minibatches hold whole groups in the
+     grouped layout, each prompt computed once for its K answers (rl/grouped_batch.py; the reference pass too)
   -> the KL controller reads the sampled batch's KL (mean over sequences of the per-token masked mean)
 
 Every iteration logs `mismatch/logp_max_abs` (and `_mean_abs`, `mismatch/kl`): the largest |sampler logprob -
