@@ -110,23 +110,26 @@ def to_grouped(batch: dict, resp_start, layout: GroupedLayout) -> dict:
     return out
 
 
-def chunked_logprobs(fn, params, batch: dict, resp_start, layout: GroupedLayout, temperature) -> np.ndarray:
-    """rl.rollout.chunked's flat [rows, T] logprobs, computed in the grouped layout: `fn` is
-    rl.train_step.make_logprob_fn's function, called on `layout.groups` whole groups at a time (one compiled
-    shape). Each answer token's logprob lands at its flat position; prompt positions and positions past a row's
-    end are 0 (every caller masks them)."""
+def chunked_logprobs(fn, params, batch: dict, resp_start, layout: GroupedLayout, temperature):
+    """rl.rollout.chunked's flat [rows, T] results, computed in the grouped layout: `fn` is one of
+    rl.train_step.make_logprob_fn's functions (logprobs, or (logprobs, values) with with_values=True), called on
+    `layout.groups` whole groups at a time (one compiled shape). Each answer token's value lands at its flat
+    position; prompt positions and positions past a row's end are 0 (every caller masks them)."""
     tokens = np.asarray(batch["tokens"])
     rows, T = tokens.shape
     start = np.asarray(resp_start, np.int64)
     temp = np.broadcast_to(np.asarray(temperature, np.float32), (rows,))
-    out = np.zeros((rows, T), np.float32)
+    outs = None
     per = layout.groups * layout.k
     for s in range(0, rows, per):
         idx = np.arange(s, min(rows, s + per))
         g = to_grouped({"tokens": tokens[idx], "attn_mask": np.asarray(batch["attn_mask"])[idx],
                         "temperature": temp[idx]}, start[idx], layout)
-        lp = np.asarray(fn(params, g["tokens"], g["attn_mask"], g["temperature"], prompt_tokens=g["prompt_tokens"],
-                           prompt_mask=g["prompt_mask"]), np.float32)[: len(idx)] * g["attn_mask"][: len(idx)]
+        res = fn(params, g["tokens"], g["attn_mask"], g["temperature"], prompt_tokens=g["prompt_tokens"],
+                 prompt_mask=g["prompt_mask"])
+        res = res if isinstance(res, tuple) else (res,)
+        outs = outs or [np.zeros((rows, T), np.float32) for _ in res]
         pos = start[idx][:, None] + np.arange(layout.answer_len)[None]
-        out[idx[:, None], pos] = lp
-    return out
+        for o, r in zip(outs, res):
+            o[idx[:, None], pos] = np.asarray(r, np.float32)[: len(idx)] * g["attn_mask"][: len(idx)]
+    return tuple(outs) if len(outs) > 1 else outs[0]

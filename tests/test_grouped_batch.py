@@ -98,8 +98,8 @@ def test_loss_and_gradients_equal_the_flat_rows_with_padding_groups(mode):
 
 
 def test_chunked_logprobs_equal_the_flat_passes():
-    """The reference pass in the grouped layout, 2 groups per call (the second call padded), against
-    rl.rollout.chunked's flat pass at each row's answer positions."""
+    """The reference pass (and PPO's logprob + value pass) in the grouped layout, 2 groups per call (the second call
+    padded), against rl.rollout.chunked's flat pass at each row's answer positions."""
     from rl.train_step import make_logprob_fn
 
     prompt_ids, s = sampled(3)
@@ -111,6 +111,13 @@ def test_chunked_logprobs_equal_the_flat_passes():
     grouped = grouped_batch.chunked_logprobs(fn, params, batch, start, layout(groups=2), batch["temperature"])
     np.testing.assert_allclose(grouped * mask, flat, rtol=1e-5, atol=1e-5)
     assert np.all(grouped[mask == 0] == 0)
+    # PPO's pass: logprobs and values (the value head's state before each answer token)
+    vparams = init_train_state(CFG, LossConfig(mode="ppo"), OptimConfig(), jax.random.PRNGKey(2))["params"]
+    vfn = make_logprob_fn(CFG, with_values=True)
+    flat_lp, flat_v = rollout.chunked(vfn, vparams, batch, 5, batch["temperature"])
+    g_lp, g_v = grouped_batch.chunked_logprobs(vfn, vparams, batch, start, layout(groups=2), batch["temperature"])
+    np.testing.assert_allclose(g_lp * mask, flat_lp * mask, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(g_v * mask, flat_v * mask, rtol=1e-5, atol=1e-5)
 
 
 def test_plan_falls_back_to_flat_when_it_must():

@@ -12,7 +12,8 @@ One iteration (a unit):
      update become the ratio's old policy and weight the advantages against the behaviour logprobs (rl/offpolicy.py)
   -> epochs over near-equal minibatches, train-side logprobs at the sampling temperature (replaying the
      sampler's experts with routing_replay); with batch_layout "auto" the minibatches hold whole groups in the
-     grouped layout, each prompt computed once for its K answers (rl/grouped_batch.py; the reference pass too)
+     grouped layout, each prompt computed once for its K answers (rl/grouped_batch.py; the reference and PPO
+     value passes too)
   -> the KL controller reads the sampled batch's KL (mean over sequences of the per-token masked mean)
 
 Every iteration logs `mismatch/logp_max_abs` (and `_mean_abs`, `mismatch/kl`): the largest |sampler logprob -
@@ -289,8 +290,15 @@ class PolicyGradientRun(StageRun):
         b["temperature"] = np.full((len(smpl.texts),), temp, np.float32)
         t0 = time.time()
         rows, mask = self.max_rows, b["loss_mask"].astype(np.float32)
+        layout = self.grouped_layout(ks)  # None: flat passes; else each prompt computed once (rl/grouped_batch.py)
+        if layout is not None:
+            from rl import grouped_batch
         if self.kind_is_ppo:
-            lp, values = rollout.chunked(ctx.value_fn, self.state["params"], b, rows, *self._logp_args(b))
+            if layout is not None:
+                lp, values = grouped_batch.chunked_logprobs(ctx.value_fn, self.state["params"], b, b["resp_start"],
+                                                            layout, b["temperature"])
+            else:
+                lp, values = rollout.chunked(ctx.value_fn, self.state["params"], b, rows, *self._logp_args(b))
             b["old_values"] = values * mask
             checked = slice(None)
         else:
@@ -299,10 +307,7 @@ class PolicyGradientRun(StageRun):
             lp = rollout.chunked(ctx.logprob_fn, params, part, rows, *self._logp_args(part))
         _, mm = offpolicy.correction(lp, b["sample_logp"][checked], mask[checked])  # same params: numerics only
         if self.ref_params is not None:
-            layout = self.grouped_layout(ks)
-            if layout is not None:  # each prompt computed once for its K answers (rl/grouped_batch.py)
-                from rl import grouped_batch
-
+            if layout is not None:
                 ref = grouped_batch.chunked_logprobs(ctx.logprob_fn, self.ref_params, b, b["resp_start"], layout,
                                                      b["temperature"])
             else:
