@@ -23,6 +23,8 @@ import dataclasses
 
 import numpy as np
 
+from rl import rollout
+
 
 @dataclasses.dataclass(frozen=True)
 class GroupedLayout:
@@ -59,7 +61,8 @@ def to_grouped(batch: dict, resp_start, layout: GroupedLayout) -> dict:
     batch: [rows, T] token arrays (tokens, attn_mask, loss_mask and any per-token floats: old_logp, ref_logp,
     advantages, old_values, returns ...), [rows] per-row arrays (temperature, per-sequence advantages), with
     T = prompt_len + answer_len; resp_start [rows]: each row's first answer position (len(BOS + prompt)).
-    Padding groups have every mask 0, like rl.rollout.pad_rows' rows: no loss term and no router statistic.
+    Padding groups' answer rows are rl.rollout.pad_rows' rows and their prompts have every mask 0: no loss term and
+    no router statistic.
     """
     lay = layout
     P, C, K = lay.prompt_len, lay.answer_len, lay.k
@@ -77,10 +80,8 @@ def to_grouped(batch: dict, resp_start, layout: GroupedLayout) -> dict:
         raise ValueError(f"resp_start must be [rows] values in 1..{P}, got {start}")
     first = start[::K]
     # Each group's rows must share the prompt: compare them with the group's first row.
-    cols = np.arange(T)[None]
-    prompt_part = np.where(cols < start[:, None], tokens, -1)
-    if np.any(np.repeat(start.reshape(G, K)[:, :1], K, 1).reshape(-1) != start) or np.any(
-            prompt_part.reshape(G, K, T) != prompt_part.reshape(G, K, T)[:, :1]):
+    prompt_part = np.where(np.arange(T)[None] < start[:, None], tokens, -1).reshape(G, K, T)
+    if np.any(start.reshape(G, K) != first[:, None]) or np.any(prompt_part != prompt_part[:, :1]):
         raise ValueError("a group's rows do not share one prompt (rows of a group must be contiguous)")
 
     Gp = lay.groups
@@ -92,22 +93,16 @@ def to_grouped(batch: dict, resp_start, layout: GroupedLayout) -> dict:
         prompt_mask[g, P - s:] = 1
 
     take = start[:, None] + np.arange(C)[None]  # [rows, C] row positions of the answer columns (all < T)
-    out = {"prompt_tokens": prompt_tokens, "prompt_mask": prompt_mask}
+    answers = {}
     for name, v in batch.items():
         v = np.asarray(v)
         if v.ndim >= 2 and v.shape[:2] == (rows, T):
-            moved = np.take_along_axis(v, take.reshape(take.shape + (1,) * (v.ndim - 2)), axis=1)
+            answers[name] = np.take_along_axis(v, take.reshape(take.shape + (1,) * (v.ndim - 2)), axis=1)
         elif v.shape[:1] == (rows,):
-            moved = v
+            answers[name] = v
         else:
             raise ValueError(f"batch[{name!r}] has shape {v.shape}: neither [rows, T, ...] nor [rows, ...]")
-        pad = np.zeros(((Gp - G) * K,) + moved.shape[1:], moved.dtype)
-        if name == "tokens":
-            pad[:] = lay.pad_id
-        elif name == "temperature":
-            pad[:] = 1.0
-        out[name] = np.concatenate([moved, pad])
-    return out
+    return {"prompt_tokens": prompt_tokens, "prompt_mask": prompt_mask, **rollout.pad_rows(answers, Gp * K)}
 
 
 def chunked_logprobs(fn, params, batch: dict, resp_start, layout: GroupedLayout, temperature):

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rl import rollout, schedules
+from rl import grouped_batch, rollout, schedules
 from rl.config_fields import Checked, choice, field, integer, name, num
 
 KINDS = ("sft", "rejection", "grpo", "ppo")
@@ -187,8 +187,6 @@ class StageRun:
         the narrowest of that many widths holding its longest row (one compiled shape per width used).
         `grouped` (an rl.grouped_batch.GroupedLayout, with each row's `resp_start`): minibatches of whole groups
         (at most grouped.groups), each in the grouped layout, every prompt computed once for its K answers."""
-        from rl import grouped_batch
-
         cfg = self.cfg
         n = int(batch["tokens"].shape[0])
         t0 = time.time()

@@ -33,7 +33,7 @@ import numpy as np
 
 from rewards.prm.metrics import CALIBRATIONS
 from rl import curriculum as cur
-from rl import offpolicy, rollout, schedules
+from rl import grouped_batch, offpolicy, rollout, schedules
 from rl.config_fields import boolean, choice, field, integer, num
 from rl.stages.base import StageConfig, StageRun, router_metrics, step_stats
 
@@ -290,29 +290,18 @@ class PolicyGradientRun(StageRun):
         b["temperature"] = np.full((len(smpl.texts),), temp, np.float32)
         t0 = time.time()
         rows, mask = self.max_rows, b["loss_mask"].astype(np.float32)
-        layout = self.grouped_layout(ks)  # None: flat passes; else each prompt computed once (rl/grouped_batch.py)
-        if layout is not None:
-            from rl import grouped_batch
+        layout = self.grouped_layout(ks)
         if self.kind_is_ppo:
-            if layout is not None:
-                lp, values = grouped_batch.chunked_logprobs(ctx.value_fn, self.state["params"], b, b["resp_start"],
-                                                            layout, b["temperature"])
-            else:
-                lp, values = rollout.chunked(ctx.value_fn, self.state["params"], b, rows, *self._logp_args(b))
+            lp, values = self._chunked(ctx.value_fn, self.state["params"], b, layout)
             b["old_values"] = values * mask
             checked = slice(None)
         else:
             checked = slice(0, rows)
             part = {k: v[checked] for k, v in b.items()}
-            lp = rollout.chunked(ctx.logprob_fn, params, part, rows, *self._logp_args(part))
+            lp = self._chunked(ctx.logprob_fn, params, part, None)  # flat: one minibatch's rows are enough
         _, mm = offpolicy.correction(lp, b["sample_logp"][checked], mask[checked])  # same params: numerics only
-        if self.ref_params is not None:
-            if layout is not None:
-                ref = grouped_batch.chunked_logprobs(ctx.logprob_fn, self.ref_params, b, b["resp_start"], layout,
-                                                     b["temperature"])
-            else:
-                ref = rollout.chunked(ctx.logprob_fn, self.ref_params, b, rows, b["temperature"])
-            b["ref_logp"] = ref * mask
+        if self.ref_params is not None:  # no routes: the reference policy routes its own way
+            b["ref_logp"] = self._chunked(ctx.logprob_fn, self.ref_params, b, layout, routes=False) * mask
         t_logp = time.time() - t0
         arrays = {**b, "ids": ids.astype(np.int64), "ks": ks.astype(np.int64), "lengths": smpl.lengths,
                   "prompt_index": smpl.prompt_index.astype(np.int64),
@@ -426,20 +415,27 @@ class PolicyGradientRun(StageRun):
             m["kl_controller_finite_input"] = float(np.isfinite(kl_seq))
         return m
 
+    def _chunked(self, fn, params, b: dict, layout, routes: bool = True):
+        """A make_logprob_fn function over all rows of batch `b`: grouped with a layout (each prompt computed once,
+        rl/grouped_batch.py), else flat in max_rows chunks with `_logp_args` (the recorded routes when replaying
+        them, unless routes=False)."""
+        if layout is not None:
+            return grouped_batch.chunked_logprobs(fn, params, b, b["resp_start"], layout, b["temperature"])
+        args = self._logp_args(b) if routes else (b["temperature"],)
+        return rollout.chunked(fn, params, b, self.max_rows, *args)
+
     def grouped_layout(self, ks):
         """The update's grouped layout (rl/grouped_batch.py), or None for the flat one: batch_layout "flat",
         recorded routes (replay needs the flat layout), mixed group sizes or a group larger than a minibatch."""
         if self.cfg.batch_layout == "flat" or self.cfg.records_routes:
             return None
-        from rl import grouped_batch
-
         c = self.ctx.cfg
         return grouped_batch.plan(ks, self.max_rows, self.ctx.row_multiple, c["tasks"]["max_prompt_len"],
                                   c["sampling"]["max_new_tokens"], self.ctx.tok.PAD)
 
     def _correct(self, batch: dict) -> tuple[dict, dict]:
         """Off-policy correction against the trainer's logprobs at the start of this update (rl/offpolicy.py)."""
-        prox = rollout.chunked(self.ctx.logprob_fn, self.policy_params(), batch, self.max_rows, *self._logp_args(batch))
+        prox = self._chunked(self.ctx.logprob_fn, self.policy_params(), batch, None)
         return offpolicy.corrected_batch(batch, prox, self.cfg)
 
     def step_scores(self, a: dict, texts: list[str], final=None):
