@@ -58,3 +58,15 @@ def test_stage_layout_json(tmp_path):
     assert [r["grouped"] for r in saved["runs"]] == [0.0, 1.0]
     assert all(r["optimizer_steps"] >= 1 and r["train_s"] > 0 for r in saved["runs"])
     assert saved["train_s_ratio"] == pytest.approx(res["train_s_ratio"])
+
+
+def test_profile_w1_decode_loop(tmp_path):
+    """The decode-loop part runs every MoE layer per step with its own weights, with layer 0's everywhere, and the
+    NumPy peer (its own routing) over the same weights, and reports ms per layer and step for each."""
+    from experiments.bench import profile_w1
+
+    profile_w1.main(["--reps", "1", "--parts", "decode_loop", "--decode_steps", "2", "--json", str(tmp_path / "p.json")])
+    d = json.loads((tmp_path / "p.json").read_text())["decode_loop"]
+    assert d["steps"] == 2 and d["moe_layers"] == 4 and d["layer_weight_mib"] == pytest.approx(12.0)
+    assert d["cycled_ms"] > 0 and d["cached_ms"] > 0 and d["numpy_cycled_ms"] > 0
+    assert d["cycled_over_cached"] == pytest.approx(d["cycled_ms"] / d["cached_ms"])

@@ -4,6 +4,7 @@
     python -m experiments.bench.profile_w1 --parts model moe    # subset
     python -m experiments.bench.profile_w1 --block 64           # blocked MoE with a given row block
     python -m experiments.bench.profile_w1 --parts bandwidth decode_moe   # is the decode MoE bound by weight reads?
+    python -m experiments.bench.profile_w1 --parts decode_loop            # the MoE layers as the sampler's loop runs them
 
 Each part is a jitted jax.value_and_grad of a scalar loss (mean log-softmax of the logits for the model; sum of
 squares for the MoE layer) on W1 shapes: a [rows, 96] batch (default 16 rows = one of the 4 update microbatches of
@@ -17,6 +18,12 @@ of the same active width (k x F), the floor any dispatch scheme can reach.
 top-2 of 8 experts: every expert is used, so all its weights are read once per step), and as a peer in the same run
 the same routed rows through per-expert NumPy matmuls (BLAS). Each gives the weight bytes read per second; the
 bandwidth is the floor's denominator: all experts' bytes / bandwidth is the least one decode step's MoE can take.
+
+"decode_loop" runs the model's MoE layers the way the sampler's while loop meets them: --decode_steps steps, each
+through every MoE layer with its own weights (W1: 4 x 12 MiB, more than a small VM's last-level cache, so each
+layer's weights come from memory), against the same loop with the first layer's weights in every layer (12 MiB,
+cache-resident), and the per-expert NumPy peer over the same cycled weights. The gap between the first two is what
+the single-layer "decode_moe" figure does not show.
 """
 from __future__ import annotations
 
@@ -107,13 +114,74 @@ def weight_read_table(params, cfg, parts, reps, moe_layer) -> dict:
     return out
 
 
+def _numpy_route(w_router, x_ND, k: int, norm_topk_prob: bool):
+    """NumPy top-k routing (the peer's): weights [N, k] and expert ids [N, k], as moe.route computes them."""
+    logits = x_ND @ w_router
+    probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probs /= probs.sum(axis=1, keepdims=True)
+    experts = np.argsort(-probs, axis=1)[:, :k]
+    weights = np.take_along_axis(probs, experts, axis=1)
+    return (weights / weights.sum(axis=1, keepdims=True) if norm_topk_prob else weights), experts
+
+
+def decode_loop_table(params, cfg, parts, reps, moe_layer, steps: int) -> dict:
+    """The "decode_loop" part: ms per MoE layer and decode step with each layer's own weights (cycled), with one
+    layer's weights everywhere (cached), and the NumPy peer on the cycled weights; all at 64 rows x 1 token."""
+    if "decode_loop" not in parts:
+        return {}
+    moes = [params[f"block_{i}"]["moe"] for i in range(cfg.n_layers) if "moe" in params[f"block_{i}"]]
+    n = len(moes)
+    x0 = jax.random.normal(jax.random.PRNGKey(5), (64, 1, cfg.d_model), jnp.float32)
+
+    def loop(layers, x):
+        def body(_, x):
+            for p in layers:  # tanh keeps the chained activations bounded; the chain keeps XLA from hoisting a layer
+                x = jnp.tanh(x + moe_layer(p, x, cfg)[0])
+            return x
+        return jax.lax.fori_loop(0, steps, body, x)
+
+    run = jax.jit(loop)
+    cycled_s, _ = timed(run, moes, x0, reps=reps)
+    cached_s, _ = timed(run, [moes[0]] * n, x0, reps=reps)
+    names = ("router", "w_gate", "w_up", "w_down")
+    moes_np = [{k: np.asarray(p[k]) for k in names} for p in moes]
+
+    def numpy_loop(x_ND):
+        for _ in range(steps):
+            for p in moes_np:
+                w, e = _numpy_route(p["router"], x_ND, cfg.experts_per_token, cfg.norm_topk_prob)
+                x_ND = np.tanh(x_ND + numpy_experts(p, x_ND, e, w))
+        return x_ND
+
+    x_np = np.asarray(x0[:, 0])
+    w, e = _numpy_route(moes_np[0]["router"], x_np, cfg.experts_per_token, cfg.norm_topk_prob)
+    np.testing.assert_allclose(numpy_experts(moes_np[0], x_np, e, w), np.asarray(moe_layer(moes[0], x0, cfg)[0])[:, 0],
+                               rtol=2e-3, atol=2e-4)  # the peer routes and computes as our layer does
+    numpy_s, _ = common.time_call(numpy_loop, x_np, reps=reps)
+    per = lambda s: s / (steps * n) * 1e3  # ms per layer and step
+    layer_mib = sum(moes[0][k].size * moes[0][k].dtype.itemsize for k in names[1:]) / 2**20
+    out = {"steps": steps, "moe_layers": n, "layer_weight_mib": layer_mib, "cycled_ms": per(cycled_s),
+           "cached_ms": per(cached_s), "numpy_cycled_ms": per(numpy_s),
+           "cycled_over_cached": cycled_s / cached_s, "cycled_over_numpy": cycled_s / numpy_s}
+    gbs = lambda ms: layer_mib * 2**20 / (ms * 1e-3) / 1e9
+    common.print_table(
+        [f"decode loop: {steps} steps x {n} MoE layers, 64 rows", "ms per layer-step", "expert weights GB/s"],
+        [[f"ours, each layer's own weights ({n} x {layer_mib:.0f} MiB)", out["cycled_ms"], gbs(out["cycled_ms"])],
+         [f"ours, layer 0's weights in every layer ({layer_mib:.0f} MiB)", out["cached_ms"], gbs(out["cached_ms"])],
+         ["per-expert NumPy matmuls, own weights (peer)", out["numpy_cycled_ms"], gbs(out["numpy_cycled_ms"])]])
+    print(f"cycled / cached {out['cycled_over_cached']:.2f}x; ours / NumPy (cycled) {out['cycled_over_numpy']:.2f}x")
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=16)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--block", type=int, default=None, help="row block of the blocked MoE (default: its heuristic)")
     ap.add_argument("--impl", default="auto")
-    ap.add_argument("--parts", nargs="*", default=["model", "moe", "dense", "decode", "bandwidth", "decode_moe"])
+    ap.add_argument("--parts", nargs="*",
+                    default=["model", "moe", "dense", "decode", "bandwidth", "decode_moe", "decode_loop"])
+    ap.add_argument("--decode_steps", type=int, default=64, help="decode steps of the decode_loop part")
     common.add_json_arg(ap)
     args = ap.parse_args(argv)
     cfg = ModelConfig(**W1_MODEL)
@@ -171,9 +239,10 @@ def main(argv=None):
     if rows:
         common.print_table(["part", "wall s", "CPU s", "GFLOP", "MFU per CPU-s"], rows)
     weights = weight_read_table(params, cfg, args.parts, args.reps, moe_layer)
+    decode_loop = decode_loop_table(params, cfg, args.parts, args.reps, moe_layer, args.decode_steps)
     common.write_json(args.json, {"parts": {r[0]: dict(zip(("wall_s", "cpu_s", "gflop", "mfu_per_cpu_s"), r[1:]))
                                             for r in rows}, "matmul_peak": peak, "rows": args.rows,
-                                  "weight_reads": weights, "machine": common.machine_info()})
+                                  "weight_reads": weights, "decode_loop": decode_loop, "machine": common.machine_info()})
     peak_text = f"matmul peak {peak['peak_gflops']:.0f} GFLOP/s wall, {peak['peak_gflops_per_cpu_s']:.0f} GFLOP/CPU-s; " if peak else ""
     print(f"{peak_text}"
           f"rows {args.rows} x {SEQ}; block {args.block}; impl {args.impl}; load {common.machine_info()['loadavg']}")
