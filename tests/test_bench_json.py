@@ -1,7 +1,8 @@
 """Every bench script writes its figures with --json PATH (the same numbers it prints); smoke-sized runs of the
-cheap ones (the reward pool and profile_w1's decode-MoE part in the default run; the model benchmarks compile a W1-sized model: slow). gpu.py,
-w1.py, moe_ep.py, verify.py, grad_variance.py and sft_buckets.py have their own tests; stage_layout.py runs the
-launcher twice (slow)."""
+cheap ones (the reward pool and profile_w1's decode-MoE parts in the default run; the model benchmarks compile a
+W1-sized model, moe_ep.py three 8-device programs, verify.py starts a sympy pool: slow). gpu.py, w1.py and
+sft_buckets.py have their own tests; stage_layout.py runs the launcher twice (slow). grad_variance.py needs a
+trained run's checkpoint and has no smoke mode."""
 import json
 
 import pytest
@@ -70,3 +71,25 @@ def test_profile_w1_decode_loop(tmp_path):
     assert d["steps"] == 2 and d["moe_layers"] == 4 and d["layer_weight_mib"] == pytest.approx(12.0)
     assert d["cycled_ms"] > 0 and d["cached_ms"] > 0 and d["numpy_cycled_ms"] > 0
     assert d["cycled_over_cached"] == pytest.approx(d["cycled_ms"] / d["cached_ms"])
+
+
+@pytest.mark.slow
+def test_moe_ep_json(tmp_path):
+    """The expert-parallel bench on the 8 forced CPU devices (conftest): three variants, the all-to-all in ours."""
+    from experiments.bench import moe_ep
+
+    moe_ep.main(["--quick", "--json", str(tmp_path / "m.json")])
+    saved = json.loads((tmp_path / "m.json").read_text())
+    assert saved["config"]["mesh"] == {"data": 2, "expert": 4}
+    assert saved["machine"]["devices"] == 8
+    assert saved["ep"]["collectives"]["all-to-all"] > 0 and saved["single"]["collectives"]["all-to-all"] == 0
+    assert saved["ep"]["max_rel_diff_vs_single"] < 1e-4 and saved["ratio_ep_over_single"] > 0
+
+
+@pytest.mark.slow
+def test_verify_bench_json(tmp_path):
+    from experiments.bench import verify
+
+    report = verify.main(["--quick", "--workers", "1", "--json", str(tmp_path / "v.json")])
+    saved = json.loads((tmp_path / "v.json").read_text())
+    assert saved.keys() == report.keys() and saved

@@ -29,7 +29,6 @@ import os
 os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.95")
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 
@@ -37,6 +36,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from experiments.bench import common  # noqa: E402
 from models.config import ModelConfig, active_params_per_token, flops_per_token, num_params  # noqa: E402
 
 GPU_MODEL = dict(vocab_size=32768, d_model=2048, n_layers=16, n_heads=16, n_kv_heads=4, head_dim=128, d_ff=3584,
@@ -198,7 +198,7 @@ def report(res: dict) -> None:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="tiny config on whatever backend (the CPU in tests)")
-    ap.add_argument("--json", help="also write the results as JSON to this path")
+    common.add_json_arg(ap)
     ap.add_argument("--capacity-factor", type=float, default=None, help="capacity dispatch instead of dropless")
     for name in ("batch", "seq", "steps", "decode_batch", "decode_new"):
         ap.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, help=f"override {name}")
@@ -207,10 +207,7 @@ def main(argv=None):
                  if getattr(args, k) is not None}
     res = run(args.smoke, args.capacity_factor, overrides)
     report(res)
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=2)
+    common.write_json(args.json, res)
     return res
 
 

@@ -20,6 +20,8 @@ import json
 import sys
 import tempfile
 
+from experiments.bench import common
+
 
 def flat_grad(params, batch, adv, model_cfg, temperature):
     """The policy-loss gradient of one batch, flattened to one float64 vector (host)."""
@@ -64,7 +66,7 @@ def main(argv=None) -> int:
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--step_reward_weight", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", default="")
+    common.add_json_arg(ap)
     args = ap.parse_args(argv)
 
     import jax
@@ -118,9 +120,7 @@ def main(argv=None) -> int:
     out["noise_to_signal_ratio_step_over_outcome"] = out["step"]["noise_to_signal"] / out["outcome"]["noise_to_signal"]
     print(f"cosine(E g outcome, E g step) = {out['cosine_of_means']:.3f}; noise/signal step / outcome = "
           f"{out['noise_to_signal_ratio_step_over_outcome']:.3f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=2)
+    common.write_json(args.json, out)
     return 0
 
 

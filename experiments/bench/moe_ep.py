@@ -31,7 +31,6 @@ if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import re  # noqa: E402
 import time  # noqa: E402
 
@@ -152,14 +151,11 @@ def report(res: dict, quick: bool) -> None:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small batch: a smoke run")
-    ap.add_argument("--json", help="also write the results as JSON to this path")
+    common.add_json_arg(ap)
     args = ap.parse_args(argv)
     res = run(args.quick)
     report(res, args.quick)
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=2)
+    common.write_json(args.json, res)
     return res
 
 
