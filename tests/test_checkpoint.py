@@ -119,10 +119,9 @@ def test_damaged_latest_falls_back_to_intact(two_checkpoints, name, corrupt, cap
 
 
 def test_64_flipped_bytes_used_to_load_silently(two_checkpoints):
-    # The reproduction: plain orbax restores such damage without an error, with wrong values. Whether a given flip
-    # is caught by the compressed stream depends on where it lands, and the data file's layout varies from save to
-    # save (arrays are written concurrently), so several places are tried: plain orbax loads some of them silently,
-    # the manifest catches every one.
+    # The reproduction: plain orbax restores such damage without an error, with wrong values. Whether a flip breaks
+    # the compressed stream (and orbax raises) depends on where it lands: a single mid-file flip once did. So
+    # several places are tried: plain orbax must load some of them silently, and the manifest must catch every one.
     directory, _, step2 = two_checkpoints
     target = _largest_data_file(step2)
     with open(target, "rb") as f:

@@ -159,11 +159,12 @@ def decode_loop_table(params, cfg, parts, reps, moe_layer, steps: int) -> dict:
                                rtol=2e-3, atol=2e-4)  # the peer routes and computes as our layer does
     numpy_s, _ = common.time_call(numpy_loop, x_np, reps=reps)
     per = lambda s: s / (steps * n) * 1e3  # ms per layer and step
-    layer_mib = sum(moes[0][k].size * moes[0][k].dtype.itemsize for k in names[1:]) / 2**20
+    layer_bytes = sum(moes[0][k].size * moes[0][k].dtype.itemsize for k in names[1:])
+    layer_mib = layer_bytes / 2**20
     out = {"steps": steps, "moe_layers": n, "layer_weight_mib": layer_mib, "cycled_ms": per(cycled_s),
            "cached_ms": per(cached_s), "numpy_cycled_ms": per(numpy_s),
            "cycled_over_cached": cycled_s / cached_s, "cycled_over_numpy": cycled_s / numpy_s}
-    gbs = lambda ms: layer_mib * 2**20 / (ms * 1e-3) / 1e9
+    gbs = lambda ms: layer_bytes / (ms * 1e-3) / 1e9  # expert weight bytes read per second
     common.print_table(
         [f"decode loop: {steps} steps x {n} MoE layers, 64 rows", "ms per layer-step", "expert weights GB/s"],
         [[f"ours, each layer's own weights ({n} x {layer_mib:.0f} MiB)", out["cycled_ms"], gbs(out["cycled_ms"])],
