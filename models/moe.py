@@ -14,8 +14,12 @@
     the stacked weights read in place; only the rows past them (the routing's imbalance) take the blocked path.
   - "windowed" (few tokens, e.g. a decode step): each expert's first w sorted rows as one window, all windows through
     one batched einsum per weight (the stacked weights read in place), overflow windows under conds.
-  "auto" on CPU picks windowed while the mean load is at most WINDOWED_MAX_LOAD rows per expert, else blocked
-  (W1's decode step: 0.8 vs 1.9 ms per layer; at 512 tokens they tie, at 1024 blocked wins, BENCHMARKS.md).
+  - "native" (CPU, float32): models/native_moe.py's compiled kernel, which streams each expert's weights once in
+    column panels against every row routed to it (W1's decode loop: 1.7x the windowed path; 4352 tokens: 1.5x the
+    blocked one). Its gradient is the blocked path's.
+  "auto" on CPU takes native for float32 without a mesh whenever the kernel is built (forward passes: the sampler,
+  the reference pass), else windowed while the mean load is at most WINDOWED_MAX_LOAD rows per expert, else
+  blocked (W1's decode step: 0.8 vs 1.9 ms per layer; at 512 tokens they tie, at 1024 blocked wins, BENCHMARKS.md).
 * capacity (cfg.capacity_factor = cf): each expert takes at most ceil(cf * tokens * k / E) assignments in priority
   order (every token's first choice before any second choice, then token order); the rest are dropped (contribute 0)
   and counted. Dispatch is a scatter into an [E, capacity, D] buffer and one batched einsum per weight.
@@ -43,7 +47,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from models import moe_ep
+from models import moe_ep, native_moe
 from models.layers import swiglu
 
 # "auto" on CPU uses the windowed dispatch up to this mean number of assignments per expert (64 tokens x top-2 of 8
@@ -387,9 +391,10 @@ def moe_layer(p, x_BTD, cfg, *, token_mask_BT=None, impl: str = "auto", block_si
               mesh=None, rules=None, routes_BTK=None, replay: bool = True):
     """Routed (+ shared) SwiGLU experts. p: router [D,E], w_gate/w_up [E,D,F], w_down [E,F,D], optional "shared".
 
-    impl: "auto" | "auto_grad" | "hybrid" | "blocked" | "windowed" | "ragged_dot" for the dropless path (ignored when
-    cfg.capacity_factor is set); block_size is the blocked path's row block and the windowed path's window (None:
-    their heuristics). "auto": ragged_dot off CPU; on CPU windowed for few tokens, else blocked. "auto_grad" (what
+    impl: "auto" | "auto_grad" | "native" | "hybrid" | "blocked" | "windowed" | "ragged_dot" for the dropless path
+    (ignored when cfg.capacity_factor is set); block_size is the blocked path's row block and the windowed path's
+    window (None: their heuristics). "auto": ragged_dot off CPU; on CPU the native kernel (models/native_moe.py)
+    for float32 without a mesh when it is built, else windowed for few tokens, else blocked. "auto_grad" (what
     the train step asks for): the same but never windowed, whose backward (a cond per overflow window) made a
     64-token prompt pass's fwd+bwd ~1.5x slower than blocked (BENCHMARKS.md).
     mesh / rules: with a mesh whose "expert" axis is > 1, tokens are exchanged with the devices holding their experts
@@ -418,11 +423,18 @@ def moe_layer(p, x_BTD, cfg, *, token_mask_BT=None, impl: str = "auto", block_si
     elif cfg.capacity_factor is not None:
         y_NKD, stats["dropped_fraction"] = _experts_capacity(p, x_ND, experts_NK, valid_NK, cfg.capacity_factor)
     else:
-        if impl in ("auto", "auto_grad"):
+        if impl == "auto" and native_moe.applies(x_ND, p, mesh):
+            impl = "native"
+        elif impl in ("auto", "auto_grad"):
             few = x_ND.shape[0] * cfg.experts_per_token <= WINDOWED_MAX_LOAD * cfg.n_experts
             impl = "ragged_dot" if jax.default_backend() != "cpu" else (
                 "windowed" if few and impl == "auto" else "blocked")
-        if impl == "hybrid":
+        if impl == "native":
+            if not native_moe.available():
+                raise ValueError("impl='native' needs the native expert kernel, which could not be built here "
+                                 "(see the warning above, or MATHRL_NATIVE=0)")
+            y_NKD = native_moe.expert_ffn(p, x_ND.astype(jnp.float32), experts_NK, valid_NK).astype(x_ND.dtype)
+        elif impl == "hybrid":
             y_NKD = _experts_hybrid(p, x_ND, experts_NK, valid_NK, block_size)
         elif impl == "blocked":
             y_NKD = _experts_blocked(p, x_ND, experts_NK, valid_NK, block_size)
@@ -431,8 +443,8 @@ def moe_layer(p, x_BTD, cfg, *, token_mask_BT=None, impl: str = "auto", block_si
         elif impl == "ragged_dot":
             y_NKD = _experts_ragged(p, x_ND, experts_NK, valid_NK)
         else:
-            raise ValueError(f"impl must be 'auto', 'auto_grad', 'hybrid', 'blocked', 'windowed' or 'ragged_dot', "
-                             f"got {impl!r}")
+            raise ValueError(f"impl must be 'auto', 'auto_grad', 'native', 'hybrid', 'blocked', 'windowed' or "
+                             f"'ragged_dot', got {impl!r}")
         stats["dropped_fraction"] = jnp.zeros((), jnp.float32)
     if y_ND is None:
         y_ND = jnp.einsum("NKD,NK->ND", y_NKD, weights_NK.astype(x_ND.dtype))

@@ -94,7 +94,8 @@ def check_stats(stats, ref):
 X = np.random.default_rng(1).normal(size=(24, D))
 
 
-@pytest.mark.parametrize("impl, block_size", [("blocked", None), ("blocked", 4), ("windowed", None), ("windowed", 2),
+@pytest.mark.parametrize("impl, block_size", [("native", None), ("blocked", None), ("blocked", 4), ("windowed", None),
+                                             ("windowed", 2),
                                               ("windowed", 64), ("ragged_dot", None), ("hybrid", None),
                                               ("hybrid", 4)])
 def test_dropless_paths_match_loop_reference(impl, block_size):
@@ -174,7 +175,8 @@ def dense_moe(p, x_ND, k):
     return jnp.einsum("NED,NE->ND", y, combine_NE)
 
 
-@pytest.mark.parametrize("impl, block_size", [("blocked", 4), ("windowed", 3), ("ragged_dot", None), ("hybrid", 4)])
+@pytest.mark.parametrize("impl, block_size", [("blocked", 4), ("windowed", 3), ("ragged_dot", None), ("hybrid", 4),
+                                             ("native", None)])
 def test_dropless_gradients_match_dense_reference(impl, block_size):
     p = to_jax(make_params(seed=8))
     x = jnp.asarray(X, jnp.float32)
@@ -201,14 +203,33 @@ def test_windowed_overflow_when_every_token_picks_one_expert():
     mask = np.ones(24, bool)
     mask[[3, 17]] = False
     y_ref, ref = np_moe(p, x, K, mask=mask)
-    for window in (5, 24, None):
-        y, stats = run(p, x, CFG, mask=mask, impl="windowed", block_size=window)
-        np.testing.assert_allclose(y, y_ref, rtol=1e-4, atol=1e-4, err_msg=f"window {window}")
+    for impl, window in (("windowed", 5), ("windowed", 24), ("windowed", None), ("native", None)):
+        y, stats = run(p, x, CFG, mask=mask, impl=impl, block_size=window)
+        np.testing.assert_allclose(y, y_ref, rtol=1e-4, atol=1e-4, err_msg=f"{impl} window {window}")
         check_stats(stats, ref)
 
 
+def test_auto_picks_native_without_gradients_and_blocked_with(monkeypatch):
+    # "auto" (forward passes) takes the native kernel on CPU in float32; "auto_grad" (the train step) never does, and
+    # a mesh or bfloat16 activations keep XLA's dispatch.
+    picked = []
+    for name in ("_experts_windowed", "_experts_blocked"):
+        orig = getattr(moe, name)
+        monkeypatch.setattr(moe, name, lambda *a, _n=name, _o=orig: (picked.append(_n), _o(*a))[1])
+    orig_native = moe.native_moe.expert_ffn
+    monkeypatch.setattr(moe.native_moe, "expert_ffn", lambda *a: (picked.append("native"), orig_native(*a))[1])
+    p = to_jax(make_params())
+    x = jnp.ones((1, 6, D))
+    moe.moe_layer(p, x, CFG)
+    moe.moe_layer(p, x, CFG, impl="auto_grad")
+    moe.moe_layer(p, x.astype(jnp.bfloat16), CFG)
+    assert picked == ["native", "_experts_blocked", "_experts_windowed"]
+
+
 def test_auto_picks_windowed_for_few_tokens_on_cpu(monkeypatch):
-    # auto = windowed up to WINDOWED_MAX_LOAD assignments per expert (decode steps), blocked above.
+    # Without the native kernel: auto = windowed up to WINDOWED_MAX_LOAD assignments per expert (decode steps),
+    # blocked above.
+    monkeypatch.setattr(moe.native_moe, "applies", lambda *a: False)
     picked = []
     for name in ("_experts_windowed", "_experts_blocked"):
         orig = getattr(moe, name)

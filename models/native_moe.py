@@ -1,0 +1,144 @@
+"""The CPU expert kernel (models/native/expert_ffn.cc): build it with the host compiler, register it with XLA, call it.
+
+`expert_ffn(p, x_ND, experts_NK, valid_NK)` computes what the other dropless dispatches in models/moe.py compute (each
+valid assignment's SwiGLU expert output, zeros elsewhere) through one XLA FFI custom call that streams each expert's
+weights once and multiplies every row routed to it, spread over XLA's intra-op threads. models/moe.py's "auto" uses it
+on CPU for float32 forward passes without a mesh (the sampler's decode and prefill, the reference and old-policy
+passes); its gradient is the blocked path's (`expert_ffn` has a custom VJP that recomputes through it), so
+"auto_grad" callers get the kernel's forward too.
+
+`available()` builds the library on first use: `g++ -O3 -march=native` into a cache directory keyed by the source,
+the flags, jaxlib's version and the CPU's feature flags (default ~/.cache/mathrl/native, or $MATHRL_NATIVE_DIR),
+under a file lock so parallel test workers build it once. No compiler, a failed build or MATHRL_NATIVE=0 makes it
+return False (with one warning for a failure) and models/moe.py keeps its XLA dispatch: the kernel is a speed-up,
+never a requirement.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import warnings
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+SOURCE = Path(__file__).parent / "native" / "expert_ffn.cc"
+TARGET = "mathrl_expert_ffn"
+FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
+BUILD_TIMEOUT_S = 300
+
+_state: dict = {}
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("MATHRL_NATIVE_DIR") or Path.home() / ".cache" / "mathrl" / "native")
+
+
+def library_path() -> Path:
+    """Where this source, built for this CPU and jaxlib, lives (built or not)."""
+    import jaxlib
+    key = hashlib.sha256("\n".join([SOURCE.read_text(), " ".join(FLAGS), jaxlib.__version__,
+                                    _cpu_flags()]).encode()).hexdigest()[:16]
+    return _cache_dir() / f"expert_ffn-{key}.so"
+
+
+def build(path: Path | None = None) -> Path:
+    """Compile the kernel to `path` (default library_path()) unless it is there; raises RuntimeError on failure."""
+    path = path or library_path()
+    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        raise RuntimeError("no C++ compiler (g++ / c++ / $CXX) on PATH")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # parallel processes: one builds, the others wait and reuse
+        if path.exists():
+            return path
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        cmd = [compiler, *FLAGS, f"-I{jax.ffi.include_dir()}", str(SOURCE), "-o", str(tmp)]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+        except subprocess.TimeoutExpired as e:
+            raise RuntimeError(f"building {SOURCE.name} took over {BUILD_TIMEOUT_S} s") from e
+        if done.returncode != 0:
+            tmp.unlink(missing_ok=True)
+            raise RuntimeError(f"building {SOURCE.name} failed ({' '.join(cmd)}):\n{done.stderr[-2000:]}")
+        os.replace(tmp, path)  # atomic: a reader never sees half a library
+    return path
+
+
+def available() -> bool:
+    """Whether the kernel is built and registered in this process (builds and registers it on the first call)."""
+    if "ok" not in _state:
+        _state["ok"] = False
+        if os.environ.get("MATHRL_NATIVE", "1") == "0":
+            return False
+        try:
+            lib = ctypes.cdll.LoadLibrary(str(build()))
+            jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.ExpertFfn), platform="cpu")
+            _state["ok"] = True
+        except (RuntimeError, OSError, AttributeError) as e:
+            warnings.warn(f"the native expert kernel is unavailable, using XLA's dispatch instead: {e}", stacklevel=2)
+    return _state["ok"]
+
+
+def applies(x_ND, p, mesh) -> bool:
+    """Whether models/moe.py's "auto" should take the kernel: CPU, float32 activations and weights, no mesh."""
+    return (mesh is None and jax.default_backend() == "cpu" and x_ND.dtype == jnp.float32
+            and all(p[n].dtype == jnp.float32 for n in ("w_gate", "w_up", "w_down")) and available())
+
+
+def _call(x_ND, experts_NK, valid_NK, w_gate, w_up, w_down):
+    N, D = x_ND.shape
+    ids_NK = jnp.where(valid_NK, experts_NK, -1).astype(jnp.int32)  # outside [0, E): no row, zero output
+    out = jax.ShapeDtypeStruct((N, experts_NK.shape[1], D), jnp.float32)
+    return jax.ffi.ffi_call(TARGET, out, vmap_method="sequential")(x_ND, ids_NK, w_gate, w_up, w_down)
+
+
+def expert_ffn(p, x_ND, experts_NK, valid_NK):
+    """y [N, k, D]: each valid assignment's expert output (zeros for the others), through the native kernel.
+
+    Call only when `available()`; differentiable in x and the expert weights (the backward is models/moe.py's
+    blocked one, see `_call_vjp`)."""
+    f32 = lambda a: a.astype(jnp.float32)
+    return _with_grad(f32(x_ND), experts_NK, valid_NK, f32(p["w_gate"]), f32(p["w_up"]), f32(p["w_down"]))
+
+
+@jax.custom_vjp
+def _with_grad(x_ND, experts_NK, valid_NK, w_gate, w_up, w_down):
+    return _call(x_ND, experts_NK, valid_NK, w_gate, w_up, w_down)
+
+
+def _fwd(x_ND, experts_NK, valid_NK, w_gate, w_up, w_down):
+    return _call(x_ND, experts_NK, valid_NK, w_gate, w_up, w_down), (x_ND, experts_NK, valid_NK, w_gate, w_up, w_down)
+
+
+def _bwd(res, dy_NKD):
+    # The same function through the blocked dispatch, differentiated: its custom VJP is the tested one.
+    from models import moe
+    x_ND, experts_NK, valid_NK, w_gate, w_up, w_down = res
+
+    def blocked(x, wg, wu, wd):
+        return moe._experts_blocked({"w_gate": wg, "w_up": wu, "w_down": wd}, x, experts_NK, valid_NK, None)
+
+    _, vjp = jax.vjp(blocked, x_ND, w_gate, w_up, w_down)
+    dx, dwg, dwu, dwd = vjp(dy_NKD)
+    return dx, None, None, dwg, dwu, dwd
+
+
+_with_grad.defvjp(_fwd, _bwd)

@@ -1,0 +1,126 @@
+"""The native CPU expert kernel (models/native_moe.py): float64 reference, every tile tail, build cache, fallback."""
+
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from models import moe, native_moe, transformer
+from models.config import ModelConfig
+
+pytestmark = pytest.mark.skipif(not native_moe.available(), reason="no C++ compiler to build the native kernel")
+
+
+def np_expert_ffn(x, experts, valid, w_gate, w_up, w_down):
+    """float64 loop: each valid (token, slot)'s SwiGLU expert output, zeros elsewhere."""
+    x, w_gate, w_up, w_down = (np.asarray(a, np.float64) for a in (x, w_gate, w_up, w_down))
+    N, k = experts.shape
+    y = np.zeros((N, k, x.shape[1]))
+    for n in range(N):
+        for j in range(k):
+            if valid[n, j]:
+                e = experts[n, j]
+                g, u = x[n] @ w_gate[e], x[n] @ w_up[e]
+                y[n, j] = (g / (1 + np.exp(-g)) * u) @ w_down[e]
+    return y
+
+
+def case(seed, N, D, F, E, k, p_valid=0.9):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(N, D)).astype(np.float32)
+    experts = np.stack([rng.permutation(E)[:k] for _ in range(N)]).astype(np.int32)
+    valid = rng.random((N, k)) < p_valid
+    w = {"w_gate": rng.normal(size=(E, D, F)) / np.sqrt(D), "w_up": rng.normal(size=(E, D, F)) / np.sqrt(D),
+         "w_down": rng.normal(size=(E, F, D)) / np.sqrt(F)}
+    return x, experts, valid, {n: a.astype(np.float32) for n, a in w.items()}
+
+
+# D and F cover the 64-wide column panels, the 16-wide ones and the scalar tail; N x k / E covers every row tile
+# (6 rows and the 1..5 tails) and experts with no rows.
+@pytest.mark.parametrize("N, D, F, E, k", [(64, 256, 512, 8, 2), (13, 80, 144, 4, 2), (7, 24, 40, 6, 1),
+                                           (1, 16, 16, 8, 2), (40, 33, 70, 3, 3)])
+def test_matches_float64_reference(N, D, F, E, k):
+    x, experts, valid, w = case(N * 7 + D, N, D, F, E, k)
+    y = jax.jit(native_moe.expert_ffn)(w, jnp.asarray(x), jnp.asarray(experts), jnp.asarray(valid))
+    ref = np_expert_ffn(x, experts, valid, w["w_gate"], w["w_up"], w["w_down"])
+    assert y.shape == ref.shape and y.dtype == jnp.float32
+    np.testing.assert_allclose(y, ref, rtol=2e-5, atol=2e-5 * np.abs(ref).max())
+    assert not np.any(np.asarray(y)[~valid])  # masked assignments are exactly zero
+
+
+def test_every_row_on_one_expert_and_ids_out_of_range():
+    x, experts, valid, w = case(3, 50, 32, 48, 4, 2, p_valid=1.0)
+    experts[:, 0] = 2  # all 50 first choices on expert 2
+    y = native_moe.expert_ffn(w, jnp.asarray(x), jnp.asarray(experts), jnp.asarray(valid))
+    np.testing.assert_allclose(y, np_expert_ffn(x, experts, valid, *w.values()), rtol=2e-5, atol=2e-5)
+    # An id outside [0, E) that slipped past the mask computes nothing rather than reading out of bounds.
+    bad = experts.copy()
+    bad[0, 1], bad[1, 1] = 4, -3
+    y_bad = native_moe._call(jnp.asarray(x), jnp.asarray(bad), jnp.ones(bad.shape, bool), *map(jnp.asarray, w.values()))
+    assert not np.any(np.asarray(y_bad)[[0, 1], 1])
+    np.testing.assert_allclose(np.asarray(y_bad)[2:], np.asarray(y)[2:], rtol=1e-6, atol=1e-6)
+
+
+def test_deterministic_and_under_vmap():
+    x, experts, valid, w = case(5, 24, 64, 96, 8, 2)
+    f = jax.jit(native_moe.expert_ffn)
+    a, b = f(w, jnp.asarray(x), jnp.asarray(experts), jnp.asarray(valid)), f(w, x, experts, valid)
+    assert np.array_equal(np.asarray(a), np.asarray(b))  # threads split by expert: no reduction order to vary
+    xs = jnp.stack([jnp.asarray(x), 2 * jnp.asarray(x)])
+    ys = jax.vmap(lambda xx: native_moe.expert_ffn(w, xx, experts, valid))(xs)
+    np.testing.assert_allclose(ys[1], np.asarray(f(w, 2 * x, experts, valid)), rtol=1e-6, atol=1e-6)
+
+
+def test_model_forward_equals_blocked_dispatch():
+    cfg = ModelConfig(vocab_size=64, d_model=32, n_heads=2, n_kv_heads=1, d_ff=48, n_layers=2, n_experts=4,
+                      experts_per_token=2, moe_every=1)
+    params = transformer.init(cfg, jax.random.PRNGKey(0))
+    tokens = jax.random.randint(jax.random.PRNGKey(1), (3, 10), 0, 64)
+    native, _ = jax.jit(lambda p, t: transformer.forward(p, t, cfg))(params, tokens)
+    blocked, _ = jax.jit(lambda p, t: transformer.forward(p, t, cfg, moe_impl="auto_grad"))(params, tokens)
+    np.testing.assert_allclose(native, blocked, rtol=1e-5, atol=1e-5)
+
+
+def test_library_is_built_once_and_reused(tmp_path, monkeypatch):
+    monkeypatch.setenv("MATHRL_NATIVE_DIR", str(tmp_path))
+    path = native_moe.library_path()
+    assert path.parent == tmp_path and not path.exists()
+    assert native_moe.build() == path and path.exists()
+    stamp = path.stat().st_mtime_ns
+    assert native_moe.build() == path and path.stat().st_mtime_ns == stamp  # a second build is a lookup
+    assert native_moe.library_path() == path  # the key is stable
+
+
+def test_disabled_or_unbuildable_kernel_falls_back_to_xla(tmp_path):
+    # A fresh process: MATHRL_NATIVE=0, or a compiler that fails, leaves "auto" on XLA's dispatch (with one warning
+    # for the failure), and asking for impl="native" explicitly is a clear error.
+    prog = ("import warnings, jax.numpy as jnp; from models import moe, native_moe; from models.config import "
+            "ModelConfig; cfg = ModelConfig(d_model=8, d_ff=12, n_experts=4, experts_per_token=2, moe_every=1); "
+            "p = {'router': jnp.ones((8, 4)), 'w_gate': jnp.ones((4, 8, 12)), 'w_up': jnp.ones((4, 8, 12)), "
+            "'w_down': jnp.ones((4, 12, 8))}\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always'); y, _ = moe.moe_layer(p, jnp.ones((1, 3, 8)), cfg)\n"
+            "try:\n"
+            "    moe.moe_layer(p, jnp.ones((1, 3, 8)), cfg, impl='native'); err = 'none'\n"
+            "except ValueError as e:\n"
+            "    err = 'native' if 'native expert kernel' in str(e) else 'other'\n"
+            "print(native_moe.available(), len(w), float(y.sum()), err)")
+    base = {"PATH": "/usr/bin:/bin", "MATHRL_NATIVE_DIR": str(tmp_path), "JAX_PLATFORMS": "cpu"}
+    outs = {}
+    for name, env in {"off": {"MATHRL_NATIVE": "0"}, "broken": {"CXX": "/bin/false"}}.items():
+        done = subprocess.run([sys.executable, "-c", prog], env={**base, **env}, capture_output=True, text=True,
+                              cwd=str(native_moe.SOURCE.parents[2]), timeout=120)
+        assert done.returncode == 0, done.stderr
+        outs[name] = done.stdout.split()
+    assert outs["off"][:2] == ["False", "0"] and outs["broken"][:2] == ["False", "1"]
+    assert outs["off"][3] == outs["broken"][3] == "native"
+    native_y, _ = moe.moe_layer(jax.tree.map(jnp.ones_like, {"router": jnp.ones((8, 4)), "w_gate": jnp.ones((4, 8, 12)),
+                                                               "w_up": jnp.ones((4, 8, 12)),
+                                                               "w_down": jnp.ones((4, 12, 8))}),
+                                jnp.ones((1, 3, 8)), ModelConfig(d_model=8, d_ff=12, n_experts=4, experts_per_token=2,
+                                                                 moe_every=1))
+    assert float(outs["off"][2]) == float(outs["broken"][2])
+    np.testing.assert_allclose(float(native_y.sum()), float(outs["off"][2]), rtol=1e-5)
