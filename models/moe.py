@@ -423,7 +423,7 @@ def moe_layer(p, x_BTD, cfg, *, token_mask_BT=None, impl: str = "auto", block_si
     elif cfg.capacity_factor is not None:
         y_NKD, stats["dropped_fraction"] = _experts_capacity(p, x_ND, experts_NK, valid_NK, cfg.capacity_factor)
     else:
-        if impl == "auto" and native_moe.applies(x_ND, p, mesh):
+        if impl in ("auto", "auto_grad") and native_moe.applies(x_ND, p, mesh):
             impl = "native"
         elif impl in ("auto", "auto_grad"):
             few = x_ND.shape[0] * cfg.experts_per_token <= WINDOWED_MAX_LOAD * cfg.n_experts

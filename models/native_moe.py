@@ -30,6 +30,7 @@ import jax.numpy as jnp
 
 SOURCE = Path(__file__).parent / "native" / "expert_ffn.cc"
 TARGET = "mathrl_expert_ffn"
+TARGET_BWD = "mathrl_expert_ffn_bwd"
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
 BUILD_TIMEOUT_S = 300
 
@@ -91,6 +92,7 @@ def available() -> bool:
         try:
             lib = ctypes.cdll.LoadLibrary(str(build()))
             jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.ExpertFfn), platform="cpu")
+            jax.ffi.register_ffi_target(TARGET_BWD, jax.ffi.pycapsule(lib.ExpertFfnBwd), platform="cpu")
             _state["ok"] = True
         except (RuntimeError, OSError, AttributeError) as e:
             warnings.warn(f"the native expert kernel is unavailable, using XLA's dispatch instead: {e}", stacklevel=2)
@@ -103,18 +105,32 @@ def applies(x_ND, p, mesh) -> bool:
             and all(p[n].dtype == jnp.float32 for n in ("w_gate", "w_up", "w_down")) and available())
 
 
+def _ids(experts_NK, valid_NK):
+    return jnp.where(valid_NK, experts_NK, -1).astype(jnp.int32)  # outside [0, E): no row, zero output
+
+
 def _call(x_ND, experts_NK, valid_NK, w_gate, w_up, w_down):
     N, D = x_ND.shape
-    ids_NK = jnp.where(valid_NK, experts_NK, -1).astype(jnp.int32)  # outside [0, E): no row, zero output
     out = jax.ShapeDtypeStruct((N, experts_NK.shape[1], D), jnp.float32)
-    return jax.ffi.ffi_call(TARGET, out, vmap_method="sequential")(x_ND, ids_NK, w_gate, w_up, w_down)
+    return jax.ffi.ffi_call(TARGET, out, vmap_method="sequential")(x_ND, _ids(experts_NK, valid_NK), w_gate, w_up,
+                                                                    w_down)
+
+
+def _call_bwd(x_ND, experts_NK, valid_NK, w_gate, w_up, w_down, dy_NKD):
+    """(dx, dw_gate, dw_up, dw_down) of sum(y * dy), the forward recomputed inside the kernel."""
+    outs = [jax.ShapeDtypeStruct(a.shape, jnp.float32) for a in (x_ND, w_gate, w_up, w_down)]
+    # The transposed weights come from XLA (one pass over them per call) so the kernel's products are all plain.
+    w_down_t = jnp.swapaxes(w_down, 1, 2)
+    w_gate_up_t = jnp.concatenate([jnp.swapaxes(w_gate, 1, 2), jnp.swapaxes(w_up, 1, 2)], axis=1)
+    return jax.ffi.ffi_call(TARGET_BWD, outs, vmap_method="sequential")(
+        x_ND, _ids(experts_NK, valid_NK), w_gate, w_up, w_down_t, w_gate_up_t, dy_NKD.astype(jnp.float32))
 
 
 def expert_ffn(p, x_ND, experts_NK, valid_NK):
     """y [N, k, D]: each valid assignment's expert output (zeros for the others), through the native kernel.
 
-    Call only when `available()`; differentiable in x and the expert weights (the backward is models/moe.py's
-    blocked one, see `_call_vjp`)."""
+    Call only when `available()`. Differentiable in x and the expert weights: the backward is the kernel's own
+    (the forward recomputed per expert, then the five products of the SwiGLU's gradient)."""
     f32 = lambda a: a.astype(jnp.float32)
     return _with_grad(f32(x_ND), experts_NK, valid_NK, f32(p["w_gate"]), f32(p["w_up"]), f32(p["w_down"]))
 
@@ -129,15 +145,7 @@ def _fwd(x_ND, experts_NK, valid_NK, w_gate, w_up, w_down):
 
 
 def _bwd(res, dy_NKD):
-    # The same function through the blocked dispatch, differentiated: its custom VJP is the tested one.
-    from models import moe
-    x_ND, experts_NK, valid_NK, w_gate, w_up, w_down = res
-
-    def blocked(x, wg, wu, wd):
-        return moe._experts_blocked({"w_gate": wg, "w_up": wu, "w_down": wd}, x, experts_NK, valid_NK, None)
-
-    _, vjp = jax.vjp(blocked, x_ND, w_gate, w_up, w_down)
-    dx, dwg, dwu, dwd = vjp(dy_NKD)
+    dx, dwg, dwu, dwd = _call_bwd(*res, dy_NKD)
     return dx, None, None, dwg, dwu, dwd
 
 

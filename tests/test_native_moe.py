@@ -51,6 +51,41 @@ def test_matches_float64_reference(N, D, F, E, k):
     assert not np.any(np.asarray(y)[~valid])  # masked assignments are exactly zero
 
 
+def np_expert_ffn_grads(x, experts, valid, w_gate, w_up, w_down, dy):
+    """float64 gradients of sum(y * dy) by the chain rule, one assignment at a time."""
+    x, w_gate, w_up, w_down, dy = (np.asarray(a, np.float64) for a in (x, w_gate, w_up, w_down, dy))
+    dx, dwg, dwu, dwd = (np.zeros_like(a) for a in (x, w_gate, w_up, w_down))
+    for n, j in zip(*np.nonzero(valid)):
+        e = experts[n, j]
+        g, u = x[n] @ w_gate[e], x[n] @ w_up[e]
+        s = 1 / (1 + np.exp(-g))
+        h = g * s * u
+        dwd[e] += np.outer(h, dy[n, j])
+        dh = w_down[e] @ dy[n, j]
+        du, dg = dh * g * s, dh * u * s * (1 + g * (1 - s))
+        dwg[e] += np.outer(x[n], dg)
+        dwu[e] += np.outer(x[n], du)
+        dx[n] += w_gate[e] @ dg + w_up[e] @ du
+    return dx, dwg, dwu, dwd
+
+
+@pytest.mark.parametrize("N, D, F, E, k", [(40, 80, 144, 4, 2), (9, 33, 70, 3, 3), (30, 64, 128, 8, 2)])
+def test_gradients_match_float64_reference(N, D, F, E, k):
+    x, experts, valid, w = case(N + F, N, D, F, E, k)
+    experts[experts == E - 1] = 0  # expert E-1 gets no rows (a token may now take expert 0 twice: still valid)
+    dy = np.random.default_rng(N).normal(size=(N, k, D)).astype(np.float32)
+
+    def loss(w, x):
+        return jnp.sum(native_moe.expert_ffn(w, x, jnp.asarray(experts), jnp.asarray(valid)) * dy)
+
+    gw, gx = jax.jit(jax.grad(loss, argnums=(0, 1)))(w, jnp.asarray(x))
+    ref = np_expert_ffn_grads(x, experts, valid, w["w_gate"], w["w_up"], w["w_down"], dy)
+    for name, got, want in zip(("x", "w_gate", "w_up", "w_down"), (gx, gw["w_gate"], gw["w_up"], gw["w_down"]), ref):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max(), err_msg=name)
+    for name in ("w_gate", "w_up", "w_down"):  # the expert without rows: exactly zero, not stale memory
+        assert not np.any(np.asarray(gw[name])[E - 1]), name
+
+
 def test_every_row_on_one_expert_and_ids_out_of_range():
     x, experts, valid, w = case(3, 50, 32, 48, 4, 2, p_valid=1.0)
     experts[:, 0] = 2  # all 50 first choices on expert 2

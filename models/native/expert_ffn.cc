@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -85,90 +86,236 @@ void matmul_rows(const float* const* in_rows, const float* w, int m, int K, int 
   }
 }
 
-// One expert: its m rows through gate / up, silu(gate) * up, then down, written to their output rows.
-void one_expert(const float* const* x_rows, float* const* y_rows, int m, const float* wg, const float* wu,
-                const float* wd, int D, int F) {
-  std::vector<float> gate(static_cast<size_t>(m) * F), up(static_cast<size_t>(m) * F);
-  std::vector<float*> g_rows(m), u_rows(m);
-  for (int r = 0; r < m; ++r) {
-    g_rows[r] = gate.data() + static_cast<size_t>(r) * F;
-    u_rows[r] = up.data() + static_cast<size_t>(r) * F;
+// out[c][0:n] = sum_k a_rows[k][c] * b_rows[k][0:n] for c < a_cols: A^T B over m rows without transposing A (a
+// register tile's R scalars per k are adjacent in A's row). The weight-gradient form.
+template <int R, int C>
+inline void tile_tn(const float* const* a_rows, int c, const float* const* b_rows, int m, int c0,
+                    float* const* out_rows) {
+  v16 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < C; ++j) acc[r][j] = (v16){};
+  for (int k = 0; k < m; ++k) {
+    const float* bk = b_rows[k] + c0;
+    const float* ak = a_rows[k] + c;
+    v16 bv[C];
+    for (int j = 0; j < C; ++j) bv[j] = *reinterpret_cast<const v16*>(bk + j * kLanes);
+    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < C; ++j) acc[r][j] += ak[r] * bv[j];
   }
-  matmul_rows(x_rows, wg, m, D, F, g_rows.data());
-  matmul_rows(x_rows, wu, m, D, F, u_rows.data());
-  for (size_t i = 0; i < gate.size(); ++i) {
-    const float g = gate[i];
-    gate[i] = g / (1.f + std::exp(-g)) * up[i];
-  }
-  std::vector<const float*> h_rows(g_rows.begin(), g_rows.end());
-  matmul_rows(h_rows.data(), wd, m, F, D, y_rows);
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < C; ++j) *reinterpret_cast<v16*>(out_rows[c + r] + c0 + j * kLanes) = acc[r][j];
 }
 
-// What the caller and the pool's tasks share; owned jointly so a task that starts after the call returned (its
-// work already taken) touches nothing freed.
-struct Work {
-  std::vector<std::vector<const float*>> x_rows;
-  std::vector<std::vector<float*>> y_rows;
-  const float *wg, *wu, *wd;
-  int D, F;
-  std::vector<int> order;  // experts with rows, largest first
+template <int C>
+inline void col_tiles_tn(const float* const* a_rows, int a_cols, const float* const* b_rows, int m, int c0,
+                         float* const* out_rows) {
+  int c = 0;
+  for (; c + kRows <= a_cols; c += kRows) tile_tn<kRows, C>(a_rows, c, b_rows, m, c0, out_rows);
+  switch (a_cols - c) {
+    case 1: tile_tn<1, C>(a_rows, c, b_rows, m, c0, out_rows); break;
+    case 2: tile_tn<2, C>(a_rows, c, b_rows, m, c0, out_rows); break;
+    case 3: tile_tn<3, C>(a_rows, c, b_rows, m, c0, out_rows); break;
+    case 4: tile_tn<4, C>(a_rows, c, b_rows, m, c0, out_rows); break;
+    case 5: tile_tn<5, C>(a_rows, c, b_rows, m, c0, out_rows); break;
+    default: break;
+  }
+}
+
+void matmul_tn(const float* const* a_rows, int a_cols, const float* const* b_rows, int n, int m,
+               float* const* out_rows) {
+  int c0 = 0;
+  for (; c0 + kCols * kLanes <= n; c0 += kCols * kLanes) col_tiles_tn<kCols>(a_rows, a_cols, b_rows, m, c0, out_rows);
+  for (; c0 + kLanes <= n; c0 += kLanes) col_tiles_tn<1>(a_rows, a_cols, b_rows, m, c0, out_rows);
+  for (; c0 < n; ++c0)
+    for (int c = 0; c < a_cols; ++c) {
+      float s = 0.f;
+      for (int k = 0; k < m; ++k) s += a_rows[k][c] * b_rows[k][c0];
+      out_rows[c][c0] = s;
+    }
+}
+
+// Matrices as row pointers over a contiguous [rows, cols] buffer.
+struct Rows {
+  std::vector<float> data;
+  std::vector<float*> rows;
+  Rows(int m, int cols) : data(static_cast<size_t>(m) * cols), rows(m) {
+    for (int r = 0; r < m; ++r) rows[r] = data.data() + static_cast<size_t>(r) * cols;
+  }
+  const float* const* in() const { return rows.data(); }
+  float* const* out() const { return rows.data(); }
+};
+
+inline float sigmoid(float g) { return 1.f / (1.f + std::exp(-g)); }
+
+// Forward of one expert: its m rows through gate / up, silu(gate) * up, then down, written to their output rows.
+void expert_forward(const float* const* x_rows, float* const* y_rows, int m, const float* wg, const float* wu,
+                    const float* wd, int D, int F) {
+  Rows gate(m, F), up(m, F);
+  matmul_rows(x_rows, wg, m, D, F, gate.out());
+  matmul_rows(x_rows, wu, m, D, F, up.out());
+  for (size_t i = 0; i < gate.data.size(); ++i) gate.data[i] *= sigmoid(gate.data[i]) * up.data[i];
+  matmul_rows(gate.in(), wd, m, F, D, y_rows);
+}
+
+// Backward of one expert (its forward recomputed): weight gradients into dwg / dwu / dwd (this expert's [D, F],
+// [D, F], [F, D] slices, overwritten) and each row's input gradient into dx_rows. wd_t is w_down^T [D, F] and wgu_t
+// [w_gate^T ; w_up^T] [2F, D] (transposed by XLA before the call, so every product here is a plain one).
+void expert_backward(const float* const* x_rows, const float* const* dy_rows, float* const* dx_rows, int m,
+                     const float* wg, const float* wu, const float* wd_t, const float* wgu_t, float* dwg, float* dwu,
+                     float* dwd, int D, int F) {
+  Rows gate(m, F), up(m, F), dh(m, F);
+  matmul_rows(x_rows, wg, m, D, F, gate.out());
+  matmul_rows(x_rows, wu, m, D, F, up.out());
+  matmul_rows(dy_rows, wd_t, m, D, F, dh.out());  // dH = dY w_down^T
+  // h = silu(g) * u; du = dH * silu(g); dg = dH * u * silu'(g). gate becomes h.
+  Rows dgu(m, 2 * F);  // [dg | du] side by side: dX = [dg | du] [w_gate^T ; w_up^T] is one product
+  for (int r = 0; r < m; ++r) {
+    float *g = gate.rows[r], *u = up.rows[r], *d = dh.rows[r], *o = dgu.rows[r];
+    for (int f = 0; f < F; ++f) {
+      const float s = sigmoid(g[f]), silu = g[f] * s;
+      o[F + f] = d[f] * silu;
+      o[f] = d[f] * u[f] * s * (1.f + g[f] * (1.f - s));
+      g[f] = silu * u[f];
+    }
+  }
+  std::vector<const float*> du_rows(m);
+  for (int r = 0; r < m; ++r) du_rows[r] = dgu.rows[r] + F;
+  std::vector<float*> out(std::max(D, F));
+  auto rows_of = [&](float* base, int rows, int cols) {
+    for (int r = 0; r < rows; ++r) out[r] = base + static_cast<size_t>(r) * cols;
+    return out.data();
+  };
+  matmul_tn(gate.in(), F, dy_rows, D, m, rows_of(dwd, F, D));        // dW_down = h^T dY
+  matmul_tn(x_rows, D, dgu.in(), F, m, rows_of(dwg, D, F));          // dW_gate = x^T dg
+  matmul_tn(x_rows, D, du_rows.data(), F, m, rows_of(dwu, D, F));    // dW_up = x^T du
+  matmul_rows(dgu.in(), wgu_t, m, 2 * F, D, dx_rows);                // dX = [dg | du] [w_gate^T ; w_up^T]
+}
+
+// Runs fn(e) for every listed expert, spread over the caller and XLA's intra-op pool. The state is owned jointly,
+// so a pool task that starts after the call returned (every expert already taken) touches nothing freed; the caller
+// waits only for experts a task has taken, never for a task to start (the pool may have no thread to spare).
+struct Parallel {
+  std::vector<int> order;
+  std::function<void(int)> fn;
   std::atomic<int> next{0};
   std::atomic<int> done{0};
-
   void run() {
     for (int i = next.fetch_add(1); i < static_cast<int>(order.size()); i = next.fetch_add(1)) {
-      const int e = order[i];
-      const int64_t g = static_cast<int64_t>(D) * F;
-      one_expert(x_rows[e].data(), y_rows[e].data(), static_cast<int>(x_rows[e].size()), wg + e * g, wu + e * g,
-                 wd + e * g, D, F);
+      fn(order[i]);
       done.fetch_add(1, std::memory_order_release);
     }
   }
 };
 
-ffi::Error ExpertFfnImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> experts,
-                         ffi::Buffer<ffi::F32> w_gate, ffi::Buffer<ffi::F32> w_up, ffi::Buffer<ffi::F32> w_down,
-                         ffi::ResultBuffer<ffi::F32> y) {
-  const auto xd = x.dimensions(), ed = experts.dimensions(), gd = w_gate.dimensions(), ud = w_up.dimensions(),
-             dd = w_down.dimensions();
-  if (xd.size() != 2 || ed.size() != 2 || gd.size() != 3 || ud.size() != 3 || dd.size() != 3 || ed[0] != xd[0] ||
-      gd[1] != xd[1] || ud[0] != gd[0] || ud[1] != gd[1] || ud[2] != gd[2] || dd[0] != gd[0] || dd[1] != gd[2] ||
-      dd[2] != gd[1])
-    return ffi::Error::InvalidArgument("expert_ffn: expected x [N, D], experts [N, k], w_gate / w_up [E, D, F], "
-                                       "w_down [E, F, D]");
-  const int64_t N = xd[0], D = xd[1], K = ed[1], E = gd[0], F = gd[2];
-  const float* xp = x.typed_data();
-  const int32_t* ep = experts.typed_data();
-  float* yp = y->typed_data();
-
-  auto work = std::make_shared<Work>();
-  work->x_rows.resize(E);
-  work->y_rows.resize(E);
-  work->wg = w_gate.typed_data();
-  work->wu = w_up.typed_data();
-  work->wd = w_down.typed_data();
-  work->D = static_cast<int>(D);
-  work->F = static_cast<int>(F);
-  for (int64_t a = 0; a < N * K; ++a) {
-    const int32_t e = ep[a];
-    float* out = yp + a * D;
-    if (e < 0 || e >= E) {
-      std::memset(out, 0, sizeof(float) * D);
-      continue;
-    }
-    work->x_rows[e].push_back(xp + (a / K) * D);
-    work->y_rows[e].push_back(out);
-  }
-  for (int e = 0; e < E; ++e)
-    if (!work->x_rows[e].empty()) work->order.push_back(e);
-  std::stable_sort(work->order.begin(), work->order.end(),
-                   [&](int a, int b) { return work->x_rows[a].size() > work->x_rows[b].size(); });
+void for_each_expert(ffi::ThreadPool& pool, std::vector<int> order, std::function<void(int)> fn) {
+  auto work = std::make_shared<Parallel>();
+  work->order = std::move(order);
+  work->fn = std::move(fn);
   const int items = static_cast<int>(work->order.size());
   const int helpers = static_cast<int>(std::min<int64_t>(pool.num_threads(), items) - 1);
   for (int t = 0; t < helpers; ++t) pool.Schedule([work] { work->run(); });
   work->run();
-  // Every item has been taken; wait for the ones a helper is still computing (never for a helper to start).
   while (work->done.load(std::memory_order_acquire) < items) std::this_thread::yield();
+}
+
+// Each expert's assignments (index a = n * k + j), and the experts with any, largest first.
+struct Routing {
+  std::vector<std::vector<int64_t>> rows;
+  std::vector<int> order;
+  Routing(const int32_t* ids, int64_t A, int64_t E) : rows(E) {
+    for (int64_t a = 0; a < A; ++a)
+      if (ids[a] >= 0 && ids[a] < E) rows[ids[a]].push_back(a);
+    for (int e = 0; e < E; ++e)
+      if (!rows[e].empty()) order.push_back(e);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return rows[a].size() > rows[b].size(); });
+  }
+};
+
+bool shapes_ok(ffi::Span<const int64_t> xd, ffi::Span<const int64_t> ed, ffi::Span<const int64_t> gd,
+               ffi::Span<const int64_t> ud, ffi::Span<const int64_t> dd) {
+  return xd.size() == 2 && ed.size() == 2 && gd.size() == 3 && ud.size() == 3 && dd.size() == 3 && ed[0] == xd[0] &&
+         gd[1] == xd[1] && ud[0] == gd[0] && ud[1] == gd[1] && ud[2] == gd[2] && dd[0] == gd[0] && dd[1] == gd[2] &&
+         dd[2] == gd[1];
+}
+
+const char kShapeError[] = "expert_ffn: expected x [N, D], experts [N, k], w_gate / w_up [E, D, F], w_down [E, F, D]";
+
+ffi::Error ExpertFfnImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> experts,
+                         ffi::Buffer<ffi::F32> w_gate, ffi::Buffer<ffi::F32> w_up, ffi::Buffer<ffi::F32> w_down,
+                         ffi::ResultBuffer<ffi::F32> y) {
+  if (!shapes_ok(x.dimensions(), experts.dimensions(), w_gate.dimensions(), w_up.dimensions(), w_down.dimensions()))
+    return ffi::Error::InvalidArgument(kShapeError);
+  const int64_t N = x.dimensions()[0], D = x.dimensions()[1], K = experts.dimensions()[1];
+  const int64_t E = w_gate.dimensions()[0], F = w_gate.dimensions()[2];
+  const float* xp = x.typed_data();
+  float* yp = y->typed_data();
+  std::memset(yp, 0, sizeof(float) * N * K * D);  // masked assignments stay zero
+  Routing routing(experts.typed_data(), N * K, E);
+  const float *wg = w_gate.typed_data(), *wu = w_up.typed_data(), *wd = w_down.typed_data();
+  for_each_expert(pool, routing.order, [&](int e) {
+    const auto& a = routing.rows[e];
+    std::vector<const float*> x_rows(a.size());
+    std::vector<float*> y_rows(a.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      x_rows[i] = xp + (a[i] / K) * D;
+      y_rows[i] = yp + a[i] * D;
+    }
+    const int64_t g = D * F;
+    expert_forward(x_rows.data(), y_rows.data(), static_cast<int>(a.size()), wg + e * g, wu + e * g, wd + e * g,
+                   static_cast<int>(D), static_cast<int>(F));
+  });
+  return ffi::Error::Success();
+}
+
+ffi::Error ExpertFfnBwdImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> experts,
+                            ffi::Buffer<ffi::F32> w_gate, ffi::Buffer<ffi::F32> w_up, ffi::Buffer<ffi::F32> w_down_t,
+                            ffi::Buffer<ffi::F32> w_gate_up_t, ffi::Buffer<ffi::F32> dy, ffi::ResultBuffer<ffi::F32> dx,
+                            ffi::ResultBuffer<ffi::F32> dw_gate, ffi::ResultBuffer<ffi::F32> dw_up,
+                            ffi::ResultBuffer<ffi::F32> dw_down) {
+  const auto wdt = w_down_t.dimensions(), wgut = w_gate_up_t.dimensions(), gd = w_gate.dimensions();
+  if (!shapes_ok(x.dimensions(), experts.dimensions(), gd, w_up.dimensions(), dw_down->dimensions()) ||
+      wdt.size() != 3 || wdt[0] != gd[0] || wdt[1] != gd[1] || wdt[2] != gd[2] || wgut.size() != 3 ||
+      wgut[0] != gd[0] || wgut[1] != 2 * gd[2] || wgut[2] != gd[1] || dy.dimensions().size() != 3 ||
+      dy.dimensions()[0] != x.dimensions()[0] || dy.dimensions()[1] != experts.dimensions()[1] ||
+      dy.dimensions()[2] != x.dimensions()[1])
+    return ffi::Error::InvalidArgument("expert_ffn_bwd: expected x [N, D], experts [N, k], w_gate / w_up / "
+                                       "w_down^T [E, D, F], [w_gate^T ; w_up^T] [E, 2F, D], dy [N, k, D]");
+  const int64_t N = x.dimensions()[0], D = x.dimensions()[1], K = experts.dimensions()[1];
+  const int64_t E = gd[0], F = gd[2], g = D * F;
+  const float *xp = x.typed_data(), *dyp = dy.typed_data();
+  Routing routing(experts.typed_data(), N * K, E);
+  std::vector<float> dx_a(static_cast<size_t>(N * K * D), 0.f);  // per assignment: no two experts write one row
+  float *dwg = dw_gate->typed_data(), *dwu = dw_up->typed_data(), *dwd = dw_down->typed_data();
+  for (int e = 0; e < E; ++e)
+    if (routing.rows[e].empty()) {  // an expert with no rows gets zero gradients
+      std::memset(dwg + e * g, 0, sizeof(float) * g);
+      std::memset(dwu + e * g, 0, sizeof(float) * g);
+      std::memset(dwd + e * g, 0, sizeof(float) * g);
+    }
+  const float *wg = w_gate.typed_data(), *wu = w_up.typed_data(), *wdt_p = w_down_t.typed_data();
+  const float* wgut_p = w_gate_up_t.typed_data();
+  for_each_expert(pool, routing.order, [&](int e) {
+    const auto& a = routing.rows[e];
+    std::vector<const float*> x_rows(a.size()), dy_rows(a.size());
+    std::vector<float*> dx_rows(a.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      x_rows[i] = xp + (a[i] / K) * D;
+      dy_rows[i] = dyp + a[i] * D;
+      dx_rows[i] = dx_a.data() + a[i] * D;
+    }
+    expert_backward(x_rows.data(), dy_rows.data(), dx_rows.data(), static_cast<int>(a.size()), wg + e * g,
+                    wu + e * g, wdt_p + e * g, wgut_p + 2 * e * g, dwg + e * g, dwu + e * g, dwd + e * g,
+                    static_cast<int>(D), static_cast<int>(F));
+  });
+  float* dxp = dx->typed_data();
+  for (int64_t n = 0; n < N; ++n) {
+    float* out = dxp + n * D;
+    std::memcpy(out, &dx_a[static_cast<size_t>(n * K * D)], sizeof(float) * D);
+    for (int64_t j = 1; j < K; ++j) {
+      const float* src = &dx_a[static_cast<size_t>((n * K + j) * D)];
+      for (int64_t d = 0; d < D; ++d) out[d] += src[d];
+    }
+  }
   return ffi::Error::Success();
 }
 
@@ -183,4 +330,20 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ExpertFfn, ExpertFfnImpl,
                                   .Arg<ffi::Buffer<ffi::F32>>()  // w_up [E, D, F]
                                   .Arg<ffi::Buffer<ffi::F32>>()  // w_down [E, F, D]
                                   .Ret<ffi::Buffer<ffi::F32>>()  // y [N, k, D]
+);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ExpertFfnBwd, ExpertFfnBwdImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // x [N, D]
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // experts [N, k]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // w_gate [E, D, F]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // w_up [E, D, F]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // w_down^T [E, D, F]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // [w_gate^T ; w_up^T] [E, 2F, D]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // dy [N, k, D]
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // dx [N, D]
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // dw_gate [E, D, F]
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // dw_up [E, D, F]
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // dw_down [E, F, D]
 );
