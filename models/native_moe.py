@@ -3,9 +3,9 @@
 `expert_ffn(p, x_ND, experts_NK, valid_NK)` computes what the other dropless dispatches in models/moe.py compute (each
 valid assignment's SwiGLU expert output, zeros elsewhere) through one XLA FFI custom call that streams each expert's
 weights once and multiplies every row routed to it, spread over XLA's intra-op threads. models/moe.py's "auto" uses it
-on CPU for float32 forward passes without a mesh (the sampler's decode and prefill, the reference and old-policy
-passes); its gradient is the blocked path's (`expert_ffn` has a custom VJP that recomputes through it), so
-"auto_grad" callers get the kernel's forward too.
+on CPU for float32 without a mesh: the sampler's decode and prefill, the reference pass and, through
+"auto_grad", the train step. `expert_ffn` has a custom VJP whose backward is a second kernel (the forward
+recomputed per expert, then the SwiGLU's gradient products).
 
 `available()` builds the library on first use: `g++ -O3 -march=native` into a cache directory keyed by the source,
 the flags, jaxlib's version and the CPU's feature flags (default ~/.cache/mathrl/native, or $MATHRL_NATIVE_DIR),

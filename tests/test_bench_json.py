@@ -73,6 +73,21 @@ def test_profile_w1_decode_loop(tmp_path):
     assert d["cycled_over_cached"] == pytest.approx(d["cycled_ms"] / d["cached_ms"])
 
 
+def test_native_moe_bench_quick(tmp_path):
+    """The kernel A/B runs every arm of its three tables and the native gradients agree with the blocked ones."""
+    from experiments.bench import native_moe as bench
+    from models import native_moe
+
+    if not native_moe.available():
+        pytest.skip("no C++ compiler to build the native kernel")
+    bench.main(["--quick", "--json", str(tmp_path / "n.json")])
+    d = json.loads((tmp_path / "n.json").read_text())
+    assert [r["arm"] for r in d["decode_loop"]] == ["native", "windowed"]
+    assert [r["arm"] for r in d["forward"]] == ["native", "windowed", "blocked"]
+    assert all(r["ms"] > 0 and r["gflops"] > 0 for r in d["forward"] + d["fwd_bwd"])
+    assert all(r["max_rel_diff_vs_blocked"] < 1e-4 for r in d["fwd_bwd"])
+
+
 @pytest.mark.slow
 def test_moe_ep_json(tmp_path):
     """The expert-parallel bench on the 8 forced CPU devices (conftest): three variants, the all-to-all in ours."""
