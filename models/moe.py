@@ -14,7 +14,7 @@
     the stacked weights read in place; only the rows past them (the routing's imbalance) take the blocked path.
   - "windowed" (few tokens, e.g. a decode step): each expert's first w sorted rows as one window, all windows through
     one batched einsum per weight (the stacked weights read in place), overflow windows under conds.
-  - "native" (CPU, float32): models/native_moe.py's compiled kernel, which streams each expert's weights once in
+  - "native" (CPU, float32): models/cpu_kernels.py's compiled kernel, which streams each expert's weights once in
     column panels against every row routed to it (W1's decode loop: 1.7x the windowed path; 4352 tokens: 1.5x the
     blocked one; forward + backward of 2,176 tokens: 1.3x blocked). It has its own backward kernel.
   "auto" and "auto_grad" on CPU take native for float32 without a mesh whenever the kernel is built (the sampler,
@@ -47,7 +47,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from models import moe_ep, native_moe
+from models import moe_ep, cpu_kernels
 from models.layers import swiglu
 
 # "auto" on CPU uses the windowed dispatch up to this mean number of assignments per expert (64 tokens x top-2 of 8
@@ -393,7 +393,7 @@ def moe_layer(p, x_BTD, cfg, *, token_mask_BT=None, impl: str = "auto", block_si
 
     impl: "auto" | "auto_grad" | "native" | "hybrid" | "blocked" | "windowed" | "ragged_dot" for the dropless path
     (ignored when cfg.capacity_factor is set); block_size is the blocked path's row block and the windowed path's
-    window (None: their heuristics). "auto": ragged_dot off CPU; on CPU the native kernel (models/native_moe.py)
+    window (None: their heuristics). "auto": ragged_dot off CPU; on CPU the native kernel (models/cpu_kernels.py)
     for float32 without a mesh when it is built, else windowed for few tokens, else blocked. "auto_grad" (what
     the train step asks for): the same but never windowed, whose backward (a cond per overflow window) made a
     64-token prompt pass's fwd+bwd ~1.5x slower than blocked (BENCHMARKS.md).
@@ -423,17 +423,17 @@ def moe_layer(p, x_BTD, cfg, *, token_mask_BT=None, impl: str = "auto", block_si
     elif cfg.capacity_factor is not None:
         y_NKD, stats["dropped_fraction"] = _experts_capacity(p, x_ND, experts_NK, valid_NK, cfg.capacity_factor)
     else:
-        if impl in ("auto", "auto_grad") and native_moe.applies(x_ND, p, mesh):
+        if impl in ("auto", "auto_grad") and cpu_kernels.applies(x_ND, p, mesh):
             impl = "native"
         elif impl in ("auto", "auto_grad"):
             few = x_ND.shape[0] * cfg.experts_per_token <= WINDOWED_MAX_LOAD * cfg.n_experts
             impl = "ragged_dot" if jax.default_backend() != "cpu" else (
                 "windowed" if few and impl == "auto" else "blocked")
         if impl == "native":
-            if not native_moe.available():
+            if not cpu_kernels.available():
                 raise ValueError("impl='native' needs the native expert kernel, which could not be built here "
                                  "(see the warning above, or MATHRL_NATIVE=0)")
-            y_NKD = native_moe.expert_ffn(p, x_ND.astype(jnp.float32), experts_NK, valid_NK).astype(x_ND.dtype)
+            y_NKD = cpu_kernels.expert_ffn(p, x_ND.astype(jnp.float32), experts_NK, valid_NK).astype(x_ND.dtype)
         elif impl == "hybrid":
             y_NKD = _experts_hybrid(p, x_ND, experts_NK, valid_NK, block_size)
         elif impl == "blocked":

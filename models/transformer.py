@@ -151,7 +151,8 @@ def _block(p, x_BTD, positions_BT, rope, mask_BTS, token_mask_BT, cache, cache_i
            cfg: ModelConfig, layer: int, constrain, mesh=None, rules=None, replay: bool = True, moe_impl="auto"):
     h_BTD = rms_norm(x_BTD, p["attn_norm"], cfg.norm_eps)
     a_BTD, cache = attention(p["attn"], h_BTD, positions_BT, mask_BTS, rope_theta=cfg.rope_theta, cache=cache,
-                             layer=layer, cache_index=cache_index, rope=rope, norm_eps=cfg.norm_eps)
+                             layer=layer, cache_index=cache_index, rope=rope, norm_eps=cfg.norm_eps,
+                             native=mesh is None)
     x_BTD = constrain(x_BTD + a_BTD)
     h_BTD = rms_norm(x_BTD, p["mlp_norm"], cfg.norm_eps)
     if "moe" in p:

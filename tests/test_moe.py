@@ -95,7 +95,7 @@ X = np.random.default_rng(1).normal(size=(24, D))
 
 
 def skip_without_native(impl):
-    if impl == "native" and not moe.native_moe.available():
+    if impl == "native" and not moe.cpu_kernels.available():
         pytest.skip("no C++ compiler to build the native expert kernel")
 
 
@@ -211,7 +211,7 @@ def test_windowed_overflow_when_every_token_picks_one_expert():
     mask[[3, 17]] = False
     y_ref, ref = np_moe(p, x, K, mask=mask)
     for impl, window in (("windowed", 5), ("windowed", 24), ("windowed", None), ("native", None)):
-        if impl == "native" and not moe.native_moe.available():
+        if impl == "native" and not moe.cpu_kernels.available():
             continue
         y, stats = run(p, x, CFG, mask=mask, impl=impl, block_size=window)
         np.testing.assert_allclose(y, y_ref, rtol=1e-4, atol=1e-4, err_msg=f"{impl} window {window}")
@@ -226,8 +226,8 @@ def test_auto_picks_native_for_float32_on_cpu(monkeypatch):
     for name in ("_experts_windowed", "_experts_blocked"):
         orig = getattr(moe, name)
         monkeypatch.setattr(moe, name, lambda *a, _n=name, _o=orig: (picked.append(_n), _o(*a))[1])
-    orig_native = moe.native_moe.expert_ffn
-    monkeypatch.setattr(moe.native_moe, "expert_ffn", lambda *a: (picked.append("native"), orig_native(*a))[1])
+    orig_native = moe.cpu_kernels.expert_ffn
+    monkeypatch.setattr(moe.cpu_kernels, "expert_ffn", lambda *a: (picked.append("native"), orig_native(*a))[1])
     p = to_jax(make_params())
     x = jnp.ones((1, 6, D))
     moe.moe_layer(p, x, CFG)
@@ -239,7 +239,7 @@ def test_auto_picks_native_for_float32_on_cpu(monkeypatch):
 def test_auto_picks_windowed_for_few_tokens_on_cpu(monkeypatch):
     # Without the native kernel: auto = windowed up to WINDOWED_MAX_LOAD assignments per expert (decode steps),
     # blocked above.
-    monkeypatch.setattr(moe.native_moe, "applies", lambda *a: False)
+    monkeypatch.setattr(moe.cpu_kernels, "applies", lambda *a: False)
     picked = []
     for name in ("_experts_windowed", "_experts_blocked"):
         orig = getattr(moe, name)

@@ -1,4 +1,4 @@
-"""The native CPU expert kernel (models/native_moe.py) against XLA's dispatches, on W1's expert shapes, in one process.
+"""The native CPU expert kernel (models/cpu_kernels.py) against XLA's dispatches, on W1's expert shapes, in one process.
 
     python -m experiments.bench.native_moe                      # ~1 min
     python -m experiments.bench.native_moe --json runs/bench/native_moe.json
@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments.bench import common
-from models import moe, native_moe
+from models import cpu_kernels, moe
 
 E, D, F, K = 8, 256, 512, 2  # W1: 8 experts top-2, d_model 256, SwiGLU width 512
 
@@ -39,7 +39,7 @@ def routing(rng, n: int):
             jnp.ones((n, K), bool))
 
 
-ARMS = {"native": native_moe.expert_ffn,
+ARMS = {"native": cpu_kernels.expert_ffn,
         "windowed": lambda p, x, e, v: moe._experts_windowed(p, x, e, v, None),
         "blocked": lambda p, x, e, v: moe._experts_blocked(p, x, e, v, None)}
 
@@ -115,7 +115,7 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="smoke run: small sizes, 2 reps")
     common.add_json_arg(ap)
     args = ap.parse_args(argv)
-    if not native_moe.available():
+    if not cpu_kernels.available():
         raise SystemExit("the native expert kernel could not be built here (see the warning); nothing to compare")
     rng = np.random.default_rng(0)
     reps = 2 if args.quick else args.reps

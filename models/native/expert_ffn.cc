@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "parallel.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -191,31 +192,9 @@ void expert_backward(const float* const* x_rows, const float* const* dy_rows, fl
   matmul_rows(dgu.in(), wgu_t, m, 2 * F, D, dx_rows);                // dX = [dg | du] [w_gate^T ; w_up^T]
 }
 
-// Runs fn(e) for every listed expert, spread over the caller and XLA's intra-op pool. The state is owned jointly,
-// so a pool task that starts after the call returned (every expert already taken) touches nothing freed; the caller
-// waits only for experts a task has taken, never for a task to start (the pool may have no thread to spare).
-struct Parallel {
-  std::vector<int> order;
-  std::function<void(int)> fn;
-  std::atomic<int> next{0};
-  std::atomic<int> done{0};
-  void run() {
-    for (int i = next.fetch_add(1); i < static_cast<int>(order.size()); i = next.fetch_add(1)) {
-      fn(order[i]);
-      done.fetch_add(1, std::memory_order_release);
-    }
-  }
-};
-
-void for_each_expert(ffi::ThreadPool& pool, std::vector<int> order, std::function<void(int)> fn) {
-  auto work = std::make_shared<Parallel>();
-  work->order = std::move(order);
-  work->fn = std::move(fn);
-  const int items = static_cast<int>(work->order.size());
-  const int helpers = static_cast<int>(std::min<int64_t>(pool.num_threads(), items) - 1);
-  for (int t = 0; t < helpers; ++t) pool.Schedule([work] { work->run(); });
-  work->run();
-  while (work->done.load(std::memory_order_acquire) < items) std::this_thread::yield();
+// fn(e) for every listed expert, spread over XLA's pool.
+void for_each_expert(ffi::ThreadPool& pool, const std::vector<int>& order, std::function<void(int)> fn) {
+  mathrl::parallel_for(pool, static_cast<int>(order.size()), [&](int i) { fn(order[i]); });
 }
 
 // Each expert's assignments (index a = n * k + j), and the experts with any, largest first.

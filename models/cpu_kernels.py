@@ -1,4 +1,4 @@
-"""The CPU expert kernel (models/native/expert_ffn.cc): build it with the host compiler, register it with XLA, call it.
+"""The native CPU kernels (models/native/): build them with the host compiler, register them with XLA, call them.
 
 `expert_ffn(p, x_ND, experts_NK, valid_NK)` computes what the other dropless dispatches in models/moe.py compute (each
 valid assignment's SwiGLU expert output, zeros elsewhere) through one XLA FFI custom call that streams each expert's
@@ -7,11 +7,14 @@ on CPU for float32 without a mesh: the sampler's decode and prefill, the referen
 "auto_grad", the train step. `expert_ffn` has a custom VJP whose backward is a second kernel (the forward
 recomputed per expert, then the SwiGLU's gradient products).
 
-`available()` builds the library on first use: `g++ -O3 -march=native` into a cache directory keyed by the source,
+`decode_attention(q_BKMH, k_BKHS, v_BKSH, mask_BTS)` is models/layers.py's grouped-query attention over the KV
+cache (models/native/decode_attention.cc), which the sampler's cached steps take on CPU in float32 without a mesh.
+
+`available()` builds the library on first use: `g++ -O3 -march=native` into a cache directory keyed by the sources,
 the flags, jaxlib's version and the CPU's feature flags (default ~/.cache/mathrl/native, or $MATHRL_NATIVE_DIR),
 under a file lock so parallel test workers build it once. No compiler, a failed build or MATHRL_NATIVE=0 makes it
-return False (with one warning for a failure) and models/moe.py keeps its XLA dispatch: the kernel is a speed-up,
-never a requirement.
+return False (with one warning for a failure) and models/moe.py and models/layers.py keep XLA's own ops: the kernels
+are a speed-up, never a requirement.
 """
 
 from __future__ import annotations
@@ -28,9 +31,12 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-SOURCE = Path(__file__).parent / "native" / "expert_ffn.cc"
+NATIVE_DIR = Path(__file__).parent / "native"
+SOURCES = (NATIVE_DIR / "expert_ffn.cc", NATIVE_DIR / "decode_attention.cc")
+HEADERS = (NATIVE_DIR / "parallel.h",)
 TARGET = "mathrl_expert_ffn"
 TARGET_BWD = "mathrl_expert_ffn_bwd"
+TARGET_ATTENTION = "mathrl_decode_attention"
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
 BUILD_TIMEOUT_S = 300
 
@@ -52,15 +58,16 @@ def _cache_dir() -> Path:
 
 
 def library_path() -> Path:
-    """Where this source, built for this CPU and jaxlib, lives (built or not)."""
+    """Where these sources, built for this CPU and jaxlib, live (built or not)."""
     import jaxlib
-    key = hashlib.sha256("\n".join([SOURCE.read_text(), " ".join(FLAGS), jaxlib.__version__,
+    texts = [f.read_text() for f in SOURCES + HEADERS]
+    key = hashlib.sha256("\n".join([*texts, " ".join(FLAGS), jaxlib.__version__,
                                     _cpu_flags()]).encode()).hexdigest()[:16]
-    return _cache_dir() / f"expert_ffn-{key}.so"
+    return _cache_dir() / f"cpu_kernels-{key}.so"
 
 
 def build(path: Path | None = None) -> Path:
-    """Compile the kernel to `path` (default library_path()) unless it is there; raises RuntimeError on failure."""
+    """Compile the kernels to `path` (default library_path()) unless it is there; raises RuntimeError on failure."""
     path = path or library_path()
     compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if compiler is None:
@@ -71,20 +78,20 @@ def build(path: Path | None = None) -> Path:
         if path.exists():
             return path
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        cmd = [compiler, *FLAGS, f"-I{jax.ffi.include_dir()}", str(SOURCE), "-o", str(tmp)]
+        cmd = [compiler, *FLAGS, f"-I{jax.ffi.include_dir()}", *map(str, SOURCES), "-o", str(tmp)]
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
         except subprocess.TimeoutExpired as e:
-            raise RuntimeError(f"building {SOURCE.name} took over {BUILD_TIMEOUT_S} s") from e
+            raise RuntimeError(f"building the CPU kernels took over {BUILD_TIMEOUT_S} s") from e
         if done.returncode != 0:
             tmp.unlink(missing_ok=True)
-            raise RuntimeError(f"building {SOURCE.name} failed ({' '.join(cmd)}):\n{done.stderr[-2000:]}")
+            raise RuntimeError(f"building the CPU kernels failed ({' '.join(cmd)}):\n{done.stderr[-2000:]}")
         os.replace(tmp, path)  # atomic: a reader never sees half a library
     return path
 
 
 def available() -> bool:
-    """Whether the kernel is built and registered in this process (builds and registers it on the first call)."""
+    """Whether the kernels are built and registered in this process (builds and registers them on the first call)."""
     if "ok" not in _state:
         _state["ok"] = False
         if os.environ.get("MATHRL_NATIVE", "1") == "0":
@@ -93,9 +100,10 @@ def available() -> bool:
             lib = ctypes.cdll.LoadLibrary(str(build()))
             jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.ExpertFfn), platform="cpu")
             jax.ffi.register_ffi_target(TARGET_BWD, jax.ffi.pycapsule(lib.ExpertFfnBwd), platform="cpu")
+            jax.ffi.register_ffi_target(TARGET_ATTENTION, jax.ffi.pycapsule(lib.DecodeAttention), platform="cpu")
             _state["ok"] = True
         except (RuntimeError, OSError, AttributeError) as e:
-            warnings.warn(f"the native expert kernel is unavailable, using XLA's dispatch instead: {e}", stacklevel=2)
+            warnings.warn(f"the native CPU kernels are unavailable, using XLA's own ops instead: {e}", stacklevel=2)
     return _state["ok"]
 
 
@@ -150,3 +158,19 @@ def _bwd(res, dy_NKD):
 
 
 _with_grad.defvjp(_fwd, _bwd)
+
+
+def attention_applies(*arrays) -> bool:
+    """Whether models/layers.py's cached attention should take the kernel: CPU, float32, built."""
+    return (jax.default_backend() == "cpu" and all(a.dtype == jnp.float32 for a in arrays) and available())
+
+
+def decode_attention(q_BKMH, k_BKHS, v_BKSH, mask_BTS):
+    """out [B, K, M, H]: softmax(q k) v per kv head over the cache's S slots, row m masked by mask_BTS[:, m % T]
+    (mask_BTS may be [1, T, S], shared by the batch).
+
+    q is already scaled by head_dim ** -0.5; keys slots-last [B, K, H, S], values [B, K, S, H]. Forward only (the
+    sampler's cached steps are never differentiated). Call only when `available()`."""
+    out = jax.ShapeDtypeStruct(q_BKMH.shape, jnp.float32)
+    return jax.ffi.ffi_call(TARGET_ATTENTION, out, vmap_method="sequential")(
+        q_BKMH, k_BKHS, v_BKSH, mask_BTS.astype(jnp.uint8))
