@@ -74,7 +74,7 @@ def test_profile_w1_decode_loop(tmp_path):
 
 
 def test_native_moe_bench_quick(tmp_path):
-    """The kernel A/B runs every arm of its three tables and the native gradients agree with the blocked ones."""
+    """The kernels' A/B runs every arm of its four tables; the native results agree with XLA's."""
     from experiments.bench import native_moe as bench
     from models import cpu_kernels
 
@@ -84,6 +84,8 @@ def test_native_moe_bench_quick(tmp_path):
     d = json.loads((tmp_path / "n.json").read_text())
     assert [r["arm"] for r in d["decode_loop"]] == ["native", "windowed"]
     assert [r["arm"] for r in d["forward"]] == ["native", "windowed", "blocked"]
+    assert [r["arm"] for r in d["attention"]] == ["native", "xla"]
+    assert all(r["ms_per_layer_step"] > 0 and r["max_abs_diff_vs_xla"] < 1e-4 for r in d["attention"])
     assert all(r["ms"] > 0 and r["gflops"] > 0 for r in d["forward"] + d["fwd_bwd"])
     assert all(r["max_rel_diff_vs_blocked"] < 1e-4 for r in d["fwd_bwd"])
 

@@ -1,9 +1,9 @@
-"""The native CPU expert kernel (models/cpu_kernels.py) against XLA's dispatches, on W1's expert shapes, in one process.
+"""The native CPU kernels (models/cpu_kernels.py) against XLA's ops, on W1's shapes, in one process.
 
     python -m experiments.bench.native_moe                      # ~1 min
     python -m experiments.bench.native_moe --json runs/bench/native_moe.json
 
-Three tables, each arm interleaved with the others (arm A, arm B, arm A, arm B ...; best and median of --reps
+Four tables, each arm interleaved with the others (arm A, arm B, arm A, arm B ...; best and median of --reps
 calls):
   decode_loop  the sampler's loop as it meets the experts: --steps steps x 4 layers, each layer its own weights
                (4 x 12 MiB, more than a small VM's usable cache), 64 rows x top-2: native vs windowed
@@ -11,6 +11,8 @@ calls):
                grouped update's tokens): native vs windowed vs blocked
   fwd_bwd      value and gradient of sum(y^2) in x and the weights at 2,176 / 4,352 tokens (one of W1's two
                update microbatches, both): native vs blocked, with the largest relative difference of the gradients
+  attention    the sampler's cached attention (models/layers.py dot_product_attention, T = 1) over --steps steps x
+               4 layers, each layer its own [64, 2, 64, 96] keys and values: native kernel vs XLA's batched products
 GFLOP/s count 2 x N x k x 3 x D x F per forward (3 x that for forward + backward, as the blocked path does it).
 """
 
@@ -24,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments.bench import common
-from models import cpu_kernels, moe
+from models import cpu_kernels, layers, moe
 
 E, D, F, K = 8, 256, 512, 2  # W1: 8 experts top-2, d_model 256, SwiGLU width 512
 
@@ -75,6 +77,28 @@ def decode_loop(rng, steps: int, reps: int) -> list[dict]:
             for name, (best, med) in res.items()]
 
 
+def attention(rng, steps: int, reps: int) -> list[dict]:
+    B, N, KV, H, S = 64, 4, 2, 64, 96  # W1: 64 rows, 4 query heads on 2 kv heads of 64, 32 + 64 cache slots
+    caches = [(jnp.asarray(rng.standard_normal((B, KV, H, S), np.float32)),
+               jnp.asarray(rng.standard_normal((B, KV, S, H), np.float32))) for _ in range(4)]
+    mask = jnp.asarray(rng.random((B, 1, S)) < 0.8)
+    q = jnp.asarray(rng.standard_normal((B, 1, N, H), np.float32))
+
+    def loop(native: bool):
+        def body(_, q):
+            for k, v in caches:
+                q = q + 0.01 * layers.dot_product_attention(q, k, v, mask, keys_slots_last=True, native=native)
+            return q
+        return jax.jit(lambda q: jax.lax.fori_loop(0, steps, body, q))
+
+    fns = {"native": loop(True), "xla": loop(False)}
+    res = interleaved(fns, (q,), reps)
+    diff = float(jnp.abs(fns["native"](q) - fns["xla"](q)).max())
+    per = steps * len(caches)
+    return [{"arm": name, "ms_per_layer_step": best / per * 1e3, "median_ms": med / per * 1e3,
+             "max_abs_diff_vs_xla": diff} for name, (best, med) in res.items()]
+
+
 def forward(rng, sizes, reps: int) -> list[dict]:
     p = expert_params(rng, 1)[0]
     rows = []
@@ -116,11 +140,12 @@ def main(argv=None):
     common.add_json_arg(ap)
     args = ap.parse_args(argv)
     if not cpu_kernels.available():
-        raise SystemExit("the native expert kernel could not be built here (see the warning); nothing to compare")
+        raise SystemExit("the native CPU kernels could not be built here (see the warning); nothing to compare")
     rng = np.random.default_rng(0)
     reps = 2 if args.quick else args.reps
     steps = 4 if args.quick else args.steps
     out = {"decode_loop": decode_loop(rng, steps, reps),
+           "attention": attention(rng, steps, reps),
            "forward": forward(rng, (64,) if args.quick else (256, 1088, 4352), reps),
            "fwd_bwd": fwd_bwd(rng, (128,) if args.quick else (2176, 4352), reps),
            "matmul_peak": common.matmul_peak_gflops(sizes=(512,) if args.quick else (1024, 2048)),
@@ -128,6 +153,9 @@ def main(argv=None):
     print(f"decode loop ({steps} steps x 4 layers, 64 rows): ms per layer-step, best / median")
     for r in out["decode_loop"]:
         print(f"  {r['arm']:9s} {r['ms_per_layer_step']:.3f} / {r['median_ms']:.3f}")
+    print(f"decode attention ({steps} steps x 4 layers, [64, 2, 64, 96] cache): ms per layer-step, best / median")
+    for r in out["attention"]:
+        print(f"  {r['arm']:9s} {r['ms_per_layer_step']:.3f} / {r['median_ms']:.3f}  max abs diff {r['max_abs_diff_vs_xla']:.1e}")
     for table in ("forward", "fwd_bwd"):
         print(f"{table}: ms best / median, GFLOP/s")
         for r in out[table]:
