@@ -5,7 +5,7 @@ valid assignment's SwiGLU expert output, zeros elsewhere) through one XLA FFI cu
 weights once and multiplies every row routed to it, spread over XLA's intra-op threads. models/moe.py's "auto" uses it
 on CPU for float32 without a mesh: the sampler's decode and prefill, the reference pass and, through
 "auto_grad", the train step. `expert_ffn` has a custom VJP whose backward is a second kernel (the forward
-recomputed per expert, then the SwiGLU's gradient products).
+the SwiGLU's five gradient products from the gate / up pre-activations the differentiated forward saved).
 
 `decode_attention(q_BKMH, k_BKHS, v_BKSH, mask_BTS)` is models/layers.py's grouped-query attention over the KV
 cache (models/native/decode_attention.cc), which the sampler's cached steps take on CPU in float32 without a mesh.
@@ -35,6 +35,7 @@ NATIVE_DIR = Path(__file__).parent / "native"
 SOURCES = (NATIVE_DIR / "expert_ffn.cc", NATIVE_DIR / "decode_attention.cc")
 HEADERS = (NATIVE_DIR / "parallel.h",)
 TARGET = "mathrl_expert_ffn"
+TARGET_RES = "mathrl_expert_ffn_res"
 TARGET_BWD = "mathrl_expert_ffn_bwd"
 TARGET_ATTENTION = "mathrl_decode_attention"
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
@@ -99,6 +100,7 @@ def available() -> bool:
         try:
             lib = ctypes.cdll.LoadLibrary(str(build()))
             jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.ExpertFfn), platform="cpu")
+            jax.ffi.register_ffi_target(TARGET_RES, jax.ffi.pycapsule(lib.ExpertFfnRes), platform="cpu")
             jax.ffi.register_ffi_target(TARGET_BWD, jax.ffi.pycapsule(lib.ExpertFfnBwd), platform="cpu")
             jax.ffi.register_ffi_target(TARGET_ATTENTION, jax.ffi.pycapsule(lib.DecodeAttention), platform="cpu")
             _state["ok"] = True
@@ -124,21 +126,31 @@ def _call(x_ND, experts_NK, valid_NK, w_gate, w_up, w_down):
                                                                     w_down)
 
 
-def _call_bwd(x_ND, experts_NK, valid_NK, w_gate, w_up, w_down, dy_NKD):
-    """(dx, dw_gate, dw_up, dw_down) of sum(y * dy), the forward recomputed inside the kernel."""
+def _call_res(x_ND, experts_NK, valid_NK, w_gate, w_up, w_down):
+    """(y [N, k, D], gate [N, k, F], up [N, k, F]): the forward and its pre-activations, the backward's residuals."""
+    N, D = x_ND.shape
+    K, F = experts_NK.shape[1], w_gate.shape[2]
+    outs = [jax.ShapeDtypeStruct(s, jnp.float32) for s in ((N, K, D), (N, K, F), (N, K, F))]
+    return jax.ffi.ffi_call(TARGET_RES, outs, vmap_method="sequential")(x_ND, _ids(experts_NK, valid_NK), w_gate, w_up,
+                                                                        w_down)
+
+
+def _call_bwd(x_ND, ids_NK, gate_NKF, up_NKF, w_gate, w_up, w_down, dy_NKD):
+    """(dx, dw_gate, dw_up, dw_down) of sum(y * dy) from the forward's residuals (gate / up pre-activations)."""
     outs = [jax.ShapeDtypeStruct(a.shape, jnp.float32) for a in (x_ND, w_gate, w_up, w_down)]
     # The transposed weights come from XLA (one pass over them per call) so the kernel's products are all plain.
     w_down_t = jnp.swapaxes(w_down, 1, 2)
     w_gate_up_t = jnp.concatenate([jnp.swapaxes(w_gate, 1, 2), jnp.swapaxes(w_up, 1, 2)], axis=1)
     return jax.ffi.ffi_call(TARGET_BWD, outs, vmap_method="sequential")(
-        x_ND, _ids(experts_NK, valid_NK), w_gate, w_up, w_down_t, w_gate_up_t, dy_NKD.astype(jnp.float32))
+        x_ND, ids_NK, gate_NKF, up_NKF, w_down_t, w_gate_up_t, dy_NKD.astype(jnp.float32))
 
 
 def expert_ffn(p, x_ND, experts_NK, valid_NK):
     """y [N, k, D]: each valid assignment's expert output (zeros for the others), through the native kernel.
 
-    Call only when `available()`. Differentiable in x and the expert weights: the backward is the kernel's own
-    (the forward recomputed per expert, then the five products of the SwiGLU's gradient)."""
+    Call only when `available()`. Differentiable in x and the expert weights: under differentiation the forward is
+    a second kernel that also returns each assignment's gate / up pre-activations, and the backward (a third) reads
+    them instead of repeating the forward's two input products."""
     f32 = lambda a: a.astype(jnp.float32)
     return _with_grad(f32(x_ND), experts_NK, valid_NK, f32(p["w_gate"]), f32(p["w_up"]), f32(p["w_down"]))
 
@@ -149,7 +161,8 @@ def _with_grad(x_ND, experts_NK, valid_NK, w_gate, w_up, w_down):
 
 
 def _fwd(x_ND, experts_NK, valid_NK, w_gate, w_up, w_down):
-    return _call(x_ND, experts_NK, valid_NK, w_gate, w_up, w_down), (x_ND, experts_NK, valid_NK, w_gate, w_up, w_down)
+    y, gate, up = _call_res(x_ND, experts_NK, valid_NK, w_gate, w_up, w_down)
+    return y, (x_ND, _ids(experts_NK, valid_NK), gate, up, w_gate, w_up, w_down)
 
 
 def _bwd(res, dy_NKD):

@@ -9,7 +9,7 @@
 // (BENCHMARKS.md). Here each expert's weights are streamed once, in column panels, and every row routed to that
 // expert is multiplied against a panel while it is in cache. Experts are spread over XLA's intra-op thread pool.
 //
-// Built by models/native_moe.py with the host compiler (-O3 -march=native); GCC vector extensions keep it portable
+// Built by models/cpu_kernels.py with the host compiler (-O3 -march=native); GCC vector extensions keep it portable
 // (512-bit vectors lower to AVX-512 where the CPU has it, to pairs of AVX2 registers otherwise).
 #include <algorithm>
 #include <atomic>
@@ -149,34 +149,39 @@ struct Rows {
 inline float sigmoid(float g) { return 1.f / (1.f + std::exp(-g)); }
 
 // Forward of one expert: its m rows through gate / up, silu(gate) * up, then down, written to their output rows.
-void expert_forward(const float* const* x_rows, float* const* y_rows, int m, const float* wg, const float* wu,
-                    const float* wd, int D, int F) {
-  Rows gate(m, F), up(m, F);
-  matmul_rows(x_rows, wg, m, D, F, gate.out());
-  matmul_rows(x_rows, wu, m, D, F, up.out());
-  for (size_t i = 0; i < gate.data.size(); ++i) gate.data[i] *= sigmoid(gate.data[i]) * up.data[i];
-  matmul_rows(gate.in(), wd, m, F, D, y_rows);
+// gate_rows / up_rows receive the pre-activations (the residuals the backward reads); they may be scratch.
+void expert_forward(const float* const* x_rows, float* const* y_rows, float* const* gate_rows,
+                    float* const* up_rows, int m, const float* wg, const float* wu, const float* wd, int D, int F) {
+  matmul_rows(x_rows, wg, m, D, F, gate_rows);
+  matmul_rows(x_rows, wu, m, D, F, up_rows);
+  Rows h(m, F);
+  for (int r = 0; r < m; ++r) {
+    const float *g = gate_rows[r], *u = up_rows[r];
+    float* o = h.rows[r];
+    for (int f = 0; f < F; ++f) o[f] = g[f] * sigmoid(g[f]) * u[f];
+  }
+  matmul_rows(h.in(), wd, m, F, D, y_rows);
 }
 
-// Backward of one expert (its forward recomputed): weight gradients into dwg / dwu / dwd (this expert's [D, F],
-// [D, F], [F, D] slices, overwritten) and each row's input gradient into dx_rows. wd_t is w_down^T [D, F] and wgu_t
-// [w_gate^T ; w_up^T] [2F, D] (transposed by XLA before the call, so every product here is a plain one).
-void expert_backward(const float* const* x_rows, const float* const* dy_rows, float* const* dx_rows, int m,
-                     const float* wg, const float* wu, const float* wd_t, const float* wgu_t, float* dwg, float* dwu,
-                     float* dwd, int D, int F) {
-  Rows gate(m, F), up(m, F), dh(m, F);
-  matmul_rows(x_rows, wg, m, D, F, gate.out());
-  matmul_rows(x_rows, wu, m, D, F, up.out());
+// Backward of one expert from the forward's residuals (gate / up pre-activations of its m rows): weight gradients
+// into dwg / dwu / dwd (this expert's [D, F], [D, F], [F, D] slices, overwritten) and each row's input gradient into
+// dx_rows. wd_t is w_down^T [D, F] and wgu_t [w_gate^T ; w_up^T] [2F, D] (transposed by XLA before the call, so every
+// product here is a plain one). Five products, none of them the forward's again.
+void expert_backward(const float* const* x_rows, const float* const* dy_rows, const float* const* gate_rows,
+                     const float* const* up_rows, float* const* dx_rows, int m, const float* wd_t,
+                     const float* wgu_t, float* dwg, float* dwu, float* dwd, int D, int F) {
+  Rows h(m, F), dh(m, F);
   matmul_rows(dy_rows, wd_t, m, D, F, dh.out());  // dH = dY w_down^T
-  // h = silu(g) * u; du = dH * silu(g); dg = dH * u * silu'(g). gate becomes h.
+  // h = silu(g) * u; du = dH * silu(g); dg = dH * u * silu'(g).
   Rows dgu(m, 2 * F);  // [dg | du] side by side: dX = [dg | du] [w_gate^T ; w_up^T] is one product
   for (int r = 0; r < m; ++r) {
-    float *g = gate.rows[r], *u = up.rows[r], *d = dh.rows[r], *o = dgu.rows[r];
+    const float *g = gate_rows[r], *u = up_rows[r], *d = dh.rows[r];
+    float *o = dgu.rows[r], *hr = h.rows[r];
     for (int f = 0; f < F; ++f) {
       const float s = sigmoid(g[f]), silu = g[f] * s;
       o[F + f] = d[f] * silu;
       o[f] = d[f] * u[f] * s * (1.f + g[f] * (1.f - s));
-      g[f] = silu * u[f];
+      hr[f] = silu * u[f];
     }
   }
   std::vector<const float*> du_rows(m);
@@ -186,7 +191,7 @@ void expert_backward(const float* const* x_rows, const float* const* dy_rows, fl
     for (int r = 0; r < rows; ++r) out[r] = base + static_cast<size_t>(r) * cols;
     return out.data();
   };
-  matmul_tn(gate.in(), F, dy_rows, D, m, rows_of(dwd, F, D));        // dW_down = h^T dY
+  matmul_tn(h.in(), F, dy_rows, D, m, rows_of(dwd, F, D));           // dW_down = h^T dY
   matmul_tn(x_rows, D, dgu.in(), F, m, rows_of(dwg, D, F));          // dW_gate = x^T dg
   matmul_tn(x_rows, D, du_rows.data(), F, m, rows_of(dwu, D, F));    // dW_up = x^T du
   matmul_rows(dgu.in(), wgu_t, m, 2 * F, D, dx_rows);                // dX = [dg | du] [w_gate^T ; w_up^T]
@@ -217,51 +222,86 @@ bool shapes_ok(ffi::Span<const int64_t> xd, ffi::Span<const int64_t> ed, ffi::Sp
          dd[2] == gd[1];
 }
 
+bool same_dims(ffi::Span<const int64_t> a, ffi::Span<const int64_t> b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i] != b[i]) return false;
+  return true;
+}
+
 const char kShapeError[] = "expert_ffn: expected x [N, D], experts [N, k], w_gate / w_up [E, D, F], w_down [E, F, D]";
 
-ffi::Error ExpertFfnImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> experts,
-                         ffi::Buffer<ffi::F32> w_gate, ffi::Buffer<ffi::F32> w_up, ffi::Buffer<ffi::F32> w_down,
-                         ffi::ResultBuffer<ffi::F32> y) {
+// The forward over all experts; gate_p / up_p (both or neither) receive each assignment's pre-activations
+// [N * k, F] for the backward, otherwise they live in per-expert scratch.
+ffi::Error forward_all(ffi::ThreadPool& pool, ffi::Buffer<ffi::F32>& x, ffi::Buffer<ffi::S32>& experts,
+                       ffi::Buffer<ffi::F32>& w_gate, ffi::Buffer<ffi::F32>& w_up, ffi::Buffer<ffi::F32>& w_down,
+                       float* yp, float* gate_p, float* up_p) {
   if (!shapes_ok(x.dimensions(), experts.dimensions(), w_gate.dimensions(), w_up.dimensions(), w_down.dimensions()))
     return ffi::Error::InvalidArgument(kShapeError);
   const int64_t N = x.dimensions()[0], D = x.dimensions()[1], K = experts.dimensions()[1];
   const int64_t E = w_gate.dimensions()[0], F = w_gate.dimensions()[2];
   const float* xp = x.typed_data();
-  float* yp = y->typed_data();
   std::memset(yp, 0, sizeof(float) * N * K * D);  // masked assignments stay zero
   Routing routing(experts.typed_data(), N * K, E);
   const float *wg = w_gate.typed_data(), *wu = w_up.typed_data(), *wd = w_down.typed_data();
   for_each_expert(pool, routing.order, [&](int e) {
     const auto& a = routing.rows[e];
-    std::vector<const float*> x_rows(a.size());
-    std::vector<float*> y_rows(a.size());
-    for (size_t i = 0; i < a.size(); ++i) {
+    const int m = static_cast<int>(a.size());
+    std::vector<const float*> x_rows(m);
+    std::vector<float*> y_rows(m), gate_rows(m), up_rows(m);
+    std::unique_ptr<Rows> gate_scratch, up_scratch;
+    if (gate_p == nullptr) {
+      gate_scratch = std::make_unique<Rows>(m, F);
+      up_scratch = std::make_unique<Rows>(m, F);
+    }
+    for (int i = 0; i < m; ++i) {
       x_rows[i] = xp + (a[i] / K) * D;
       y_rows[i] = yp + a[i] * D;
+      gate_rows[i] = gate_p ? gate_p + a[i] * F : gate_scratch->rows[i];
+      up_rows[i] = up_p ? up_p + a[i] * F : up_scratch->rows[i];
     }
     const int64_t g = D * F;
-    expert_forward(x_rows.data(), y_rows.data(), static_cast<int>(a.size()), wg + e * g, wu + e * g, wd + e * g,
-                   static_cast<int>(D), static_cast<int>(F));
+    expert_forward(x_rows.data(), y_rows.data(), gate_rows.data(), up_rows.data(), m, wg + e * g, wu + e * g,
+                   wd + e * g, static_cast<int>(D), static_cast<int>(F));
   });
   return ffi::Error::Success();
 }
 
+ffi::Error ExpertFfnImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> experts,
+                         ffi::Buffer<ffi::F32> w_gate, ffi::Buffer<ffi::F32> w_up, ffi::Buffer<ffi::F32> w_down,
+                         ffi::ResultBuffer<ffi::F32> y) {
+  return forward_all(pool, x, experts, w_gate, w_up, w_down, y->typed_data(), nullptr, nullptr);
+}
+
+// The forward that also returns the residuals, for the train step (the backward then repeats none of it).
+ffi::Error ExpertFfnResImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> experts,
+                            ffi::Buffer<ffi::F32> w_gate, ffi::Buffer<ffi::F32> w_up, ffi::Buffer<ffi::F32> w_down,
+                            ffi::ResultBuffer<ffi::F32> y, ffi::ResultBuffer<ffi::F32> gate,
+                            ffi::ResultBuffer<ffi::F32> up) {
+  const auto gd = gate->dimensions();
+  if (gd.size() != 3 || gd[0] != x.dimensions()[0] || w_gate.dimensions().size() != 3 ||
+      gd[2] != w_gate.dimensions()[2] || !same_dims(up->dimensions(), gd))
+    return ffi::Error::InvalidArgument("expert_ffn_res: expected gate / up residuals [N, k, F]");
+  return forward_all(pool, x, experts, w_gate, w_up, w_down, y->typed_data(), gate->typed_data(),
+                     up->typed_data());
+}
+
 ffi::Error ExpertFfnBwdImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> experts,
-                            ffi::Buffer<ffi::F32> w_gate, ffi::Buffer<ffi::F32> w_up, ffi::Buffer<ffi::F32> w_down_t,
+                            ffi::Buffer<ffi::F32> gate, ffi::Buffer<ffi::F32> up, ffi::Buffer<ffi::F32> w_down_t,
                             ffi::Buffer<ffi::F32> w_gate_up_t, ffi::Buffer<ffi::F32> dy, ffi::ResultBuffer<ffi::F32> dx,
                             ffi::ResultBuffer<ffi::F32> dw_gate, ffi::ResultBuffer<ffi::F32> dw_up,
                             ffi::ResultBuffer<ffi::F32> dw_down) {
-  const auto wdt = w_down_t.dimensions(), wgut = w_gate_up_t.dimensions(), gd = w_gate.dimensions();
-  if (!shapes_ok(x.dimensions(), experts.dimensions(), gd, w_up.dimensions(), dw_down->dimensions()) ||
-      wdt.size() != 3 || wdt[0] != gd[0] || wdt[1] != gd[1] || wdt[2] != gd[2] || wgut.size() != 3 ||
-      wgut[0] != gd[0] || wgut[1] != 2 * gd[2] || wgut[2] != gd[1] || dy.dimensions().size() != 3 ||
-      dy.dimensions()[0] != x.dimensions()[0] || dy.dimensions()[1] != experts.dimensions()[1] ||
-      dy.dimensions()[2] != x.dimensions()[1])
-    return ffi::Error::InvalidArgument("expert_ffn_bwd: expected x [N, D], experts [N, k], w_gate / w_up / "
+  const auto xd = x.dimensions(), ed = experts.dimensions(), wdt = w_down_t.dimensions();
+  const auto wgut = w_gate_up_t.dimensions(), gd = gate.dimensions(), dyd = dy.dimensions();
+  if (xd.size() != 2 || ed.size() != 2 || ed[0] != xd[0] || wdt.size() != 3 || wdt[1] != xd[1] ||
+      wgut.size() != 3 || wgut[0] != wdt[0] || wgut[1] != 2 * wdt[2] || wgut[2] != wdt[1] || gd.size() != 3 ||
+      gd[0] != xd[0] || gd[1] != ed[1] || gd[2] != wdt[2] || !same_dims(up.dimensions(), gd) || dyd.size() != 3 ||
+      dyd[0] != xd[0] || dyd[1] != ed[1] || dyd[2] != xd[1])
+    return ffi::Error::InvalidArgument("expert_ffn_bwd: expected x [N, D], experts [N, k], gate / up [N, k, F], "
                                        "w_down^T [E, D, F], [w_gate^T ; w_up^T] [E, 2F, D], dy [N, k, D]");
-  const int64_t N = x.dimensions()[0], D = x.dimensions()[1], K = experts.dimensions()[1];
-  const int64_t E = gd[0], F = gd[2], g = D * F;
-  const float *xp = x.typed_data(), *dyp = dy.typed_data();
+  const int64_t N = xd[0], D = xd[1], K = ed[1];
+  const int64_t E = wdt[0], F = wdt[2], g = D * F;
+  const float *xp = x.typed_data(), *dyp = dy.typed_data(), *gp = gate.typed_data(), *up_p = up.typed_data();
   Routing routing(experts.typed_data(), N * K, E);
   std::vector<float> dx_a(static_cast<size_t>(N * K * D), 0.f);  // per assignment: no two experts write one row
   float *dwg = dw_gate->typed_data(), *dwu = dw_up->typed_data(), *dwd = dw_down->typed_data();
@@ -271,20 +311,22 @@ ffi::Error ExpertFfnBwdImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::
       std::memset(dwu + e * g, 0, sizeof(float) * g);
       std::memset(dwd + e * g, 0, sizeof(float) * g);
     }
-  const float *wg = w_gate.typed_data(), *wu = w_up.typed_data(), *wdt_p = w_down_t.typed_data();
-  const float* wgut_p = w_gate_up_t.typed_data();
+  const float *wdt_p = w_down_t.typed_data(), *wgut_p = w_gate_up_t.typed_data();
   for_each_expert(pool, routing.order, [&](int e) {
     const auto& a = routing.rows[e];
-    std::vector<const float*> x_rows(a.size()), dy_rows(a.size());
-    std::vector<float*> dx_rows(a.size());
-    for (size_t i = 0; i < a.size(); ++i) {
+    const int m = static_cast<int>(a.size());
+    std::vector<const float*> x_rows(m), dy_rows(m), gate_rows(m), up_rows(m);
+    std::vector<float*> dx_rows(m);
+    for (int i = 0; i < m; ++i) {
       x_rows[i] = xp + (a[i] / K) * D;
       dy_rows[i] = dyp + a[i] * D;
+      gate_rows[i] = gp + a[i] * F;
+      up_rows[i] = up_p + a[i] * F;
       dx_rows[i] = dx_a.data() + a[i] * D;
     }
-    expert_backward(x_rows.data(), dy_rows.data(), dx_rows.data(), static_cast<int>(a.size()), wg + e * g,
-                    wu + e * g, wdt_p + e * g, wgut_p + 2 * e * g, dwg + e * g, dwu + e * g, dwd + e * g,
-                    static_cast<int>(D), static_cast<int>(F));
+    expert_backward(x_rows.data(), dy_rows.data(), gate_rows.data(), up_rows.data(), dx_rows.data(), m,
+                    wdt_p + e * g, wgut_p + 2 * e * g, dwg + e * g, dwu + e * g, dwd + e * g, static_cast<int>(D),
+                    static_cast<int>(F));
   });
   float* dxp = dx->typed_data();
   for (int64_t n = 0; n < N; ++n) {
@@ -311,13 +353,26 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ExpertFfn, ExpertFfnImpl,
                                   .Ret<ffi::Buffer<ffi::F32>>()  // y [N, k, D]
 );
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ExpertFfnRes, ExpertFfnResImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // x [N, D]
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // experts [N, k], outside [0, E): no row
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // w_gate [E, D, F]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // w_up [E, D, F]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // w_down [E, F, D]
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // y [N, k, D]
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // gate pre-activations [N, k, F]
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // up pre-activations [N, k, F]
+);
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ExpertFfnBwd, ExpertFfnBwdImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()  // x [N, D]
                                   .Arg<ffi::Buffer<ffi::S32>>()  // experts [N, k]
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // w_gate [E, D, F]
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // w_up [E, D, F]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // gate pre-activations [N, k, F]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // up pre-activations [N, k, F]
                                   .Arg<ffi::Buffer<ffi::F32>>()  // w_down^T [E, D, F]
                                   .Arg<ffi::Buffer<ffi::F32>>()  // [w_gate^T ; w_up^T] [E, 2F, D]
                                   .Arg<ffi::Buffer<ffi::F32>>()  // dy [N, k, D]
