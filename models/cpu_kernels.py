@@ -33,7 +33,7 @@ import jax.numpy as jnp
 
 NATIVE_DIR = Path(__file__).parent / "native"
 SOURCES = (NATIVE_DIR / "expert_ffn.cc", NATIVE_DIR / "decode_attention.cc")
-HEADERS = (NATIVE_DIR / "parallel.h",)
+HEADERS = (NATIVE_DIR / "parallel.h", NATIVE_DIR / "simd.h")
 TARGET = "mathrl_expert_ffn"
 TARGET_RES = "mathrl_expert_ffn_res"
 TARGET_BWD = "mathrl_expert_ffn_bwd"

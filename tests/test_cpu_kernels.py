@@ -87,6 +87,29 @@ def test_gradients_match_float64_reference(N, D, F, E, k):
         assert not np.any(np.asarray(gw[name])[E - 1]), name
 
 
+def test_saturated_gates_match_float64_reference():
+    """Gate pre-activations far into both tails (|g| up to ~150): the vectorised exp's clamped range keeps the
+    sigmoid, the output and the gradients finite and equal to the float64 ones."""
+    N, D, F, E, k = 24, 32, 48, 4, 2  # F = 48: three full vectors, no scalar tail
+    x, experts, valid, w = case(5, N, D, F, E, k)
+    x = 40.0 * x
+    g = np.einsum("nd,edf->nef", x, w["w_gate"])
+    assert np.abs(g).max() > 100
+    dy = np.random.default_rng(1).normal(size=(N, k, D)).astype(np.float32)
+
+    def loss(w, x):
+        return jnp.sum(cpu_kernels.expert_ffn(w, x, jnp.asarray(experts), jnp.asarray(valid)) * dy)
+
+    y = jax.jit(cpu_kernels.expert_ffn)(w, jnp.asarray(x), jnp.asarray(experts), jnp.asarray(valid))
+    ref = np_expert_ffn(x, experts, valid, w["w_gate"], w["w_up"], w["w_down"])
+    np.testing.assert_allclose(y, ref, rtol=2e-5, atol=2e-5 * np.abs(ref).max())
+    gw, gx = jax.jit(jax.grad(loss, argnums=(0, 1)))(w, jnp.asarray(x))
+    want = np_expert_ffn_grads(x, experts, valid, w["w_gate"], w["w_up"], w["w_down"], dy)
+    for name, got, ref in zip(("x", "w_gate", "w_up", "w_down"), (gx, gw["w_gate"], gw["w_up"], gw["w_down"]), want):
+        assert np.all(np.isfinite(got)), name
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max(), err_msg=name)
+
+
 def test_every_row_on_one_expert_and_ids_out_of_range():
     x, experts, valid, w = case(3, 50, 32, 48, 4, 2, p_valid=1.0)
     experts[:, 0] = 2  # all 50 first choices on expert 2

@@ -22,14 +22,15 @@
 #include <vector>
 
 #include "parallel.h"
+#include "simd.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
 
-typedef float v16 __attribute__((vector_size(64), aligned(4)));  // unaligned loads and stores are allowed
-constexpr int kLanes = 16;
+using mathrl::kLanes;
+using mathrl::v16;
 constexpr int kRows = 6;  // rows per register tile: kRows x kCols vectors of accumulators
 constexpr int kCols = 4;  // vectors (of 16 floats) per register tile's row
 // Software prefetch this many rows of w ahead. A panel's rows are n floats apart (2 KiB for W1's gate), too far
@@ -158,7 +159,12 @@ void expert_forward(const float* const* x_rows, float* const* y_rows, float* con
   for (int r = 0; r < m; ++r) {
     const float *g = gate_rows[r], *u = up_rows[r];
     float* o = h.rows[r];
-    for (int f = 0; f < F; ++f) o[f] = g[f] * sigmoid(g[f]) * u[f];
+    int f = 0;
+    for (; f + kLanes <= F; f += kLanes) {
+      const v16 gv = mathrl::load(g + f);
+      mathrl::store(o + f, gv * mathrl::sigmoid16(gv) * mathrl::load(u + f));
+    }
+    for (; f < F; ++f) o[f] = g[f] * sigmoid(g[f]) * u[f];
   }
   matmul_rows(h.in(), wd, m, F, D, y_rows);
 }
@@ -177,7 +183,16 @@ void expert_backward(const float* const* x_rows, const float* const* dy_rows, co
   for (int r = 0; r < m; ++r) {
     const float *g = gate_rows[r], *u = up_rows[r], *d = dh.rows[r];
     float *o = dgu.rows[r], *hr = h.rows[r];
-    for (int f = 0; f < F; ++f) {
+    int f = 0;
+    for (; f + kLanes <= F; f += kLanes) {
+      using namespace mathrl;
+      const v16 gv = load(g + f), uv = load(u + f), dv = load(d + f);
+      const v16 sv = sigmoid16(gv), silu = gv * sv;
+      store(o + F + f, dv * silu);
+      store(o + f, dv * uv * sv * (splat(1.f) + gv * (splat(1.f) - sv)));
+      store(hr + f, silu * uv);
+    }
+    for (; f < F; ++f) {  // widths not a multiple of 16
       const float s = sigmoid(g[f]), silu = g[f] * s;
       o[F + f] = d[f] * silu;
       o[f] = d[f] * u[f] * s * (1.f + g[f] * (1.f - s));
