@@ -52,8 +52,7 @@ def open_run(workdir: str, ckpt: str, *, mix: str = "", split: str = "test", n: 
     cv.validate(ml_collections.ConfigDict(cfg))
     ctx = context.build_context(cfg, workdir, with_services=False)
     ctx.scorer = rollout.Scorer(context.make_reward_pool(cfg))
-    where = f"{path} (unit {step}" + (f"; best: stage {meta['stage']} unit {meta['unit'] + 1}, validation pass@1 "
-                                       f"{meta['val_pass@1']:.3f}" if ckpt == "best" else "") + ")"
+    where = f"{path}: {ck.policy_name(meta, step)}"  # one numbering: "grpo unit 40 = checkpoint 82 (...)"
     return ctx, params, where
 
 

@@ -24,6 +24,11 @@ Loading a run's policy (for sampling, evaluation, notebooks; read-only, safe on 
 
     cfg, model_cfg, params, tok = load_policy("runs/quickstart", "best")   # or "last", or a global unit N
     path, step, meta = find_policy("runs/quickstart", "best")              # which checkpoint that is
+    print(policy_name(meta, step))   # "grpo unit 40 = checkpoint 82 (validation pass@1 0.512)"
+
+One numbering of units everywhere (console, summary.json, sample / eval): a unit is numbered from 1 within its
+stage ("grpo unit 40"), and the checkpoint number is the global unit, numbered from 1 over the whole run (what
+`--ckpt N` takes). summary.json says so in its "numbering" field.
 
 Writing: orbax writes into a temporary directory and renames it when complete; the checksums are written
 next (temporary file, fsync, rename); only then are checkpoints beyond `keep` deleted, so a kill at any
@@ -358,6 +363,38 @@ class Checkpointer:
 
 
 # ------------------------------------------------------------------------------------------ loading a policy
+UNIT_NUMBERING = ("unit: the unit's number within its stage, from 1 (as the console prints it); global_unit: its "
+                  "number over the whole run, from 1 = the checkpoint number (--ckpt N of experiments.sample / eval)")
+ALL_ZERO_NOTE = ("every validation pass@1 was 0: this is the earliest evaluated checkpoint, not a better one")
+
+
+def best_record(best: dict | None) -> dict | None:
+    """A best-policy record ({"stage", "unit", "global_unit", "val_pass@1", ...}) in UNIT_NUMBERING; records
+    written before it (no "unit_base") counted `unit` from 0. With validation pass@1 0 it carries ALL_ZERO_NOTE
+    (a later unit replaces the best only when strictly better, so 0 means every evaluation was 0)."""
+    if best is None:
+        return None
+    out = dict(best)
+    if "unit_base" not in out:
+        out["unit"], out["unit_base"] = int(out["unit"]) + 1, 1
+    if float(out.get("val_pass@1", 1.0)) == 0.0:
+        out["note"] = ALL_ZERO_NOTE
+    return out
+
+
+def policy_name(meta: dict, step: int) -> str:
+    """"grpo unit 40 = checkpoint 82 (validation pass@1 0.512)" for a best-policy meta; "stage 3 unit 40 =
+    checkpoint 82" for a last-checkpoint meta (its stage is an index from 0, its unit the count of the stage's
+    units done: the number of the last one)."""
+    if isinstance(meta.get("stage"), str):
+        b = best_record(meta)
+        return (f"{b['stage']} unit {b['unit']} = checkpoint {step} (validation pass@1 {b['val_pass@1']:.3f}"
+                + (f"; {b['note']}" if "note" in b else "") + ")")
+    if "stage" in meta and "unit" in meta:
+        return f"stage {int(meta['stage']) + 1} unit {int(meta['unit'])} = checkpoint {step}"
+    return f"checkpoint {step}"
+
+
 def find_policy(workdir: str, which: str | int = "best") -> tuple[str, int, dict]:
     """(checkpoint directory, global unit, meta) of a run's policy: "best" = the best-by-validation policy
     (checkpoints/best_policy), "last" = the newest intact checkpoint, N = the checkpoint of global unit N.

@@ -153,6 +153,9 @@ RUN = {
     "reward_timeout": F(2.0, "seconds per reward call before it counts as an error", num(0.0, 3600.0, lo_open=True)),
     "overlap": F(True, "sample batch i+1 while the reward pool scores batch i (not with a curriculum, which waits "
                        "for batch i's pass rates)", boolean),
+    "compile_cache": F("auto", "JAX's persistent compilation cache (rl/compile_cache.py): auto = the user's cache "
+                               "directory (~/.cache/mathrl/jax, or $MATHRL_JAX_CACHE), off = none, or a directory; "
+                               "a rerun, resume or sweep point reads its compiled programs back", text),
     "distributed": F(False, "multi-host run: call jax.distributed.initialize() before building the mesh", boolean),
     "max_consecutive_skips": F(20, "stop the run after this many consecutive non-finite optimizer steps (0 = never)",
                                integer(0, 10**6)),

@@ -16,8 +16,11 @@ summary.json next to the last stage:
 {"eval": {stage: {"pass@1", "pass@1_se", "pass@1_ci95", "pass@k", "maj@k", "format_rate", "mean_length",
                   "language_consistency", and for mixed task families "pass@1/<family>", "pass@1_se/<family>",
                   "pass@1_ci95/<family>", "format_rate/<family>", "language_consistency/<family>", ...}},
- "hacking": {rl stage: rl.hacking.stage_report(...)}, "best": {"stage", "unit", "val_pass@1", "test": {...}},
- "wall_seconds", "config"}.
+ "hacking": {rl stage: rl.hacking.stage_report(...)},
+ "best": {"stage", "unit", "global_unit", "val_pass@1", "test": {...}, and "note" when every validation pass@1 was 0},
+ "numbering": rl.checkpoint.UNIT_NUMBERING (units from 1 within a stage; global_unit = the checkpoint number),
+ "wall_seconds", "compile": {"seconds", "compiles", "cache_hits", "cache_misses", "cache_dir"}, "config"}.
+`compile` counts every process of the run (rl/compile_cache.py; run.compile_cache turns the persistent cache off).
 
 Every evaluation also appends complete samples (prompt, response, extracted answer, gold, reward parts) to
 workdir/samples.jsonl and TensorBoard text; at the end of every RL stage the reward-hacking report
@@ -34,6 +37,8 @@ import time
 import jax
 import numpy as np
 
+from rl import checkpoint as ckpt_lib
+from rl import compile_cache
 from rl import config_validation as cv
 from rl import evaluation as ev
 from rl import hacking
@@ -85,12 +90,12 @@ class Loop:
         self.ctx, self.stage_cfgs = ctx, stage_cfgs
         self.summary = {"eval": {}, "wall_seconds": 0.0, "config": config_path}
         self.history: list[dict] = []  # validation / test metrics per eval point (for hacking signs)
-        self.best = None  # {"stage", "unit", "val_pass@1", "global_unit"}
+        self.best = None  # {"stage", "unit", "unit_base", "val_pass@1", "global_unit"} (rl.checkpoint.UNIT_NUMBERING)
         self.si, self.u0, self.gunit, self.wall_before = 0, 0, 0, 0.0
         self.t_start = time.time()
+        self.compile_before, self.compile_start = {}, compile_cache.stats()  # train() resets both before building
+        self.cache_dir: str | None = None
         self.clock = mlib.Clock()
-        from rl import checkpoint as ckpt_lib
-
         self.best_ck = ckpt_lib.Checkpointer(os.path.join(ctx.workdir, "checkpoints", "best_policy"), keep=1,
                                              keep_best=False) if ctx.cfg["checkpoint"]["keep_best"] else None
 
@@ -103,9 +108,19 @@ class Loop:
     def load_meta(self, meta: dict) -> None:
         self.si, self.u0, self.gunit = meta["stage"], meta["unit"], meta["global_unit"]
         config_path = self.summary["config"]  # this run's (a run started from another's prefix has its own)
-        self.summary, self.history, self.best = meta["summary"], meta["history"], meta.get("best")
+        self.summary, self.history = meta["summary"], meta["history"]
+        self.best = ckpt_lib.best_record(meta.get("best"))  # a checkpoint written before one numbering: converted
         self.summary["config"] = config_path
         self.wall_before = meta["wall_seconds"]
+        self.compile_before = self.summary.get("compile", {})  # the processes before this one
+
+    def stamp(self) -> None:
+        """Wall time and compile time so far (over every process of the run) into the summary."""
+        self.summary["wall_seconds"] = self.wall()
+        now = compile_cache.stats()
+        c = {k: self.compile_before.get(k, 0) + now[k] - self.compile_start[k] for k in now}
+        c["seconds"] = round(c.pop("compile_seconds"), 1)
+        self.summary["compile"] = {**c, "cache_dir": self.cache_dir or "off"}
 
     def wall(self) -> float:
         return self.wall_before + (time.time() - self.t_start)
@@ -151,7 +166,8 @@ class Loop:
     def offer_best(self, params, stage_name: str, unit: int, val_pass1: float) -> None:
         if self.best_ck is None or (self.best is not None and val_pass1 <= self.best["val_pass@1"]):
             return
-        self.best = {"stage": stage_name, "unit": unit, "val_pass@1": float(val_pass1), "global_unit": self.gunit}
+        self.best = {"stage": stage_name, "unit": unit + 1, "unit_base": 1, "val_pass@1": float(val_pass1),
+                     "global_unit": self.gunit}
         self.best_ck.save(self.gunit, {"policy": params}, dict(self.best))
 
     def finish(self) -> dict:
@@ -160,24 +176,29 @@ class Loop:
             step = self.best_ck.latest_step()
             template = {"policy": jax.tree.map(np.asarray, self._policy_template())}
             params = jax.tree.map(jax.numpy.asarray, self.best_ck.restore(step, template)["policy"])
-            self.clock.say(f"evaluating the best policy ({self.best['stage']} unit {self.best['unit'] + 1}) on the "
-                           "test split")
+            self.clock.say(f"evaluating the best policy ({ckpt_lib.policy_name(self.best, self.best['global_unit'])}) "
+                           "on the test split")
             res = self.evaluate(params, -2, 0, splits=("test",), stage="best")
             self.best["test"] = summary_entry(res["test"])
         if self.best is not None:
-            self.summary["best"] = self.best
-        self.summary["wall_seconds"] = self.wall()
+            self.summary["best"] = ckpt_lib.best_record(self.best)
+            self.summary["numbering"] = ckpt_lib.UNIT_NUMBERING
+        self.stamp()
         write_summary(ctx.workdir, self.summary)
         self.curves()
         rows = dict(self.summary["eval"])
         if self.best is not None and "test" in self.best:
-            rows[f"best ({self.best['stage']} unit {self.best['unit'] + 1})"] = self.best["test"]
+            b = self.summary["best"]
+            what = "earliest, every validation pass@1 0" if "note" in b else "best"
+            rows[f"{what} ({b['stage']} unit {b['unit']} = checkpoint {b['global_unit']})"] = b["test"]
         print("\nheld-out test set after each stage (pass@1 +- its standard error):")
         print(mlib.format_table(rows, list(TABLE_KEYS)))
         if family_columns(rows):
             print("\nper task family (pass@1: math verified, code all tests pass, instructions all constraints met):")
             print(mlib.format_table(rows, family_columns(rows)))
-        print(f"wall time {self.summary['wall_seconds']:.1f} s; summary in "
+        c = self.summary["compile"]
+        print(f"wall time {self.summary['wall_seconds']:.1f} s, of which compiling {c['seconds']:.1f} s ({c['compiles']} "
+              f"programs, {c['cache_hits']} read from the compilation cache {c['cache_dir']}); summary in "
               f"{os.path.join(ctx.workdir, 'summary.json')}, curves in {os.path.join(ctx.workdir, 'curves.png')}, "
               f"samples in {ctx.writer.samples_path}", flush=True)
         return self.summary
@@ -206,6 +227,8 @@ def train(config, workdir: str, config_path: str = "") -> dict:
     stage_cfgs = cv.parse_stages(cfg)
     if cfg["run"]["distributed"]:
         jax.distributed.initialize()  # coordinator / process ids from the cluster environment
+    cache_dir = compile_cache.enable(cfg["run"]["compile_cache"])  # before the first compile of this run
+    compile_start = compile_cache.stats()
     clock = mlib.Clock()
     clock.say(f"building the run: {cfg['tasks']['n_train']} / {cfg['tasks']['n_val']} / {cfg['tasks']['n_test']} "
               f"problems of {cfg['tasks']['mix']}, {cfg['run']['reward_workers']} reward worker(s)")
@@ -216,7 +239,7 @@ def train(config, workdir: str, config_path: str = "") -> dict:
                                     truncate_after_step=(meta["global_unit"] if meta else -1))
     print(preflight.compute_estimate(cfg)[0], flush=True)
     loop = Loop(ctx, stage_cfgs, config_path)
-    loop.clock = clock
+    loop.clock, loop.compile_start, loop.cache_dir = clock, compile_start, cache_dir
     try:
         return _run(loop, meta, latest)
     finally:
@@ -289,14 +312,14 @@ def _run(loop: Loop, meta, latest) -> dict:
             if last:
                 loop.stage_end(sc, first_step)
             if last or stop or (u + 1) % cfg["checkpoint"]["every"] == 0:
-                loop.summary["wall_seconds"] = loop.wall()
+                loop.stamp()
                 if last:
                     write_summary(ctx.workdir, loop.summary)  # one entry per finished stage, also while the run goes on
                 ctx.ckpt.save(loop.gunit, run.tree(), loop.meta(run, si, u + 1))
             if stop and not (last and si + 1 == len(loop.stage_cfgs)):
                 bar.close()
                 print(f"stopping after {ran} units (run.stop_after); rerun the same command to resume", flush=True)
-                loop.summary["wall_seconds"] = loop.wall()
+                loop.stamp()
                 return loop.summary
         bar.close()
         if getattr(run, "trained_units", None) == 0 and run.units > 0:

@@ -41,7 +41,7 @@ def _run_captured(workdir, *extra) -> str:
 
 
 def _without_wall(summary: dict) -> dict:
-    return {k: v for k, v in summary.items() if k != "wall_seconds"}
+    return {k: v for k, v in summary.items() if k not in ("wall_seconds", "compile")}
 
 
 def tb_events(tb_dir):
@@ -96,7 +96,8 @@ def full_run(full_output):
 
 def test_tiny_run_writes_everything(full_run, capsys):
     summary = json.loads((full_run / "summary.json").read_text())
-    assert set(summary) == {"eval", "best", "wall_seconds", "config", "hacking"}
+    assert set(summary) == {"eval", "best", "numbering", "wall_seconds", "compile", "config", "hacking"}
+    assert summary["compile"]["seconds"] > 0 and summary["compile"]["compiles"] > 0  # rl/compile_cache.py
     assert summary["hacking"]["grpo"]["iterations"] == 3  # the report of the RL stage (3 iterations: not judged)
     assert list(summary["eval"]) == ["initial", "cold_start", "rejection", "grpo"]
     for entry in summary["eval"].values():
@@ -269,6 +270,38 @@ def test_sample_and_eval_commands_on_a_finished_run(full_run, capsys):
     assert eval_cmd.main(["--workdir", str(full_run), "--ckpt", "best", "--mix", "add:1.0", "--n", "4", "--k", "0"]) == 0
     assert "n_problems" in json.loads((full_run / "evals" / "best-test-add_1.0.json").read_text())["metrics"]
     assert eval_cmd.main(["--workdir", str(full_run), "--ckpt", "99"]) == 2
+
+
+def test_one_numbering_of_units_everywhere(full_output, capsys):
+    """The best policy has one name on the console, in summary.json and in experiments.sample / eval: its unit
+    within its stage from 1, and its checkpoint number (the global unit, what --ckpt takes)."""
+    from experiments import sample as sample_cmd
+    from rl.checkpoint import UNIT_NUMBERING, find_policy
+
+    wd, out = full_output
+    summary = json.loads((wd / "summary.json").read_text())
+    b = summary["best"]
+    assert summary["numbering"] == UNIT_NUMBERING
+    name = f"{b['stage']} unit {b['unit']} = checkpoint {b['global_unit']}"
+    assert f"({name})" in out  # the row of the final table
+    assert find_policy(str(wd), "best")[1] == b["global_unit"]  # the best copy's directory is named by it
+    recs = read_jsonl(wd / "metrics.jsonl")  # the unit's validation eval was logged at that global unit
+    assert any(r["step"] == b["global_unit"] and r.get("validation/pass@1") == b["val_pass@1"] for r in recs)
+    assert sample_cmd.main(["--workdir", str(wd), "--prompt", "2+3", "--k", "0"]) == 0
+    assert name in capsys.readouterr().out
+
+
+def test_best_record_numbering_and_the_all_zero_note():
+    from rl.checkpoint import ALL_ZERO_NOTE, best_record, policy_name
+
+    old = {"stage": "grpo", "unit": 39, "val_pass@1": 0.5, "global_unit": 82}  # written before one numbering
+    new = best_record(old)
+    assert new["unit"] == 40 and new["unit_base"] == 1 and "note" not in new and best_record(new) == new
+    assert policy_name(old, 82) == "grpo unit 40 = checkpoint 82 (validation pass@1 0.500)"
+    zero = best_record({"stage": "cold_start", "unit": 2, "unit_base": 1, "val_pass@1": 0.0, "global_unit": 2})
+    assert zero["note"] == ALL_ZERO_NOTE and zero["unit"] == 2
+    assert "not a better one" in policy_name(zero, 2)
+    assert policy_name({"stage": 2, "unit": 3, "global_unit": 15}, 15) == "stage 3 unit 3 = checkpoint 15"
 
 
 def test_resume_refuses_a_different_config(tmp_path, capsys):
