@@ -227,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"config error: {e}", file=sys.stderr)
         return 2
     if args.dry_run:
+        print(preflight.compute_estimate(cfg_dict)[0])  # what the run prints as it starts
         print("config OK")
         return 0
     os.makedirs(args.workdir, exist_ok=True)

@@ -41,6 +41,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -53,6 +54,7 @@ from rl import config_validation as cv
 METRICS = ("pass@1", "pass@k", "maj@k", "format_rate", "mean_length")
 SHARED = "_shared"
 PROCESS_BYTES = 1 << 30  # a launcher process's own memory besides the model's (JAX runtime, compiles, reward pool)
+STATUS_SECONDS = 60.0  # the live status line's period when stdout is not a terminal
 
 
 # ------------------------------------------------------------------------------------------- the grid
@@ -157,6 +159,14 @@ def run_state(workdir: str, cfg: dict, ignore: tuple[str, ...] = ()) -> tuple[st
     return ("done", "finished with this exact config") if finished(workdir, cfg) else ("resume", "unfinished")
 
 
+def grid_prefix(cfgs: list[dict]) -> int:
+    """The stages a sweep runs once per seed: those every point of the whole grid shares; a grid of one point
+    shares all its stages but the last (its _shared run is then a start other sweeps' --init_from can use)."""
+    if len(cfgs) == 1:
+        return max(len(cfgs[0]["stages"]) - 1, 0)
+    return shared_prefix(cfgs)
+
+
 def shared_prefix(cfgs: list[dict]) -> int:
     """How many leading stages every config shares (rl.prefix.shared_stages against the first). Unlike a resume,
     run.* counts here: a sweep over run.overlap changes what its stages compute."""
@@ -198,9 +208,19 @@ def run_one(cmd: list[str], workdir: str) -> tuple[int, float, str]:
         f.write("+ " + " ".join(cmd) + "\n")
         f.flush()
         rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    return rc, time.time() - t0, error_of(log) if rc else ""
+
+
+_ERROR_START = re.compile(r"^(config error|sweep error|error|[\w.]*(Error|Exception|Interrupt|Exit))\b")
+
+
+def error_of(log: str, max_lines: int = 40) -> str:
+    """The whole error a failed launcher left at the end of its log: from the last line that opens an error
+    ("config error: ...", "ValueError: ...", every line of a multi-line message) to the end; else the last line."""
     with open(log, encoding="utf-8", errors="replace") as f:
-        lines = [ln.strip() for ln in f if ln.strip()]
-    return rc, time.time() - t0, lines[-1] if lines else ""
+        lines = [ln.rstrip() for ln in f if ln.strip()]
+    start = next((i for i in range(len(lines) - 1, -1, -1) if _ERROR_START.match(lines[i])), len(lines) - 1)
+    return "\n".join(lines[max(start, len(lines) - max_lines):]) if lines else "(empty log)"
 
 
 def run_all(jobs: list[dict], parallel: int) -> None:
@@ -208,14 +228,108 @@ def run_all(jobs: list[dict], parallel: int) -> None:
     if not jobs:
         return
     width = len(str(len(jobs)))
-    with cf.ThreadPoolExecutor(max_workers=parallel) as pool:
-        futs = {pool.submit(run_one, j["cmd"], j["workdir"]): j for j in jobs}
+    status = Status(jobs)
+
+    def one(j):
+        status.say(f"start {j['label']:<40} log {os.path.join(j['workdir'], 'launch.log')}")
+        status.started(j)
+        return run_one(j["cmd"], j["workdir"])
+
+    with cf.ThreadPoolExecutor(max_workers=parallel) as pool, status:
+        futs = {pool.submit(one, j): j for j in jobs}
         for i, fut in enumerate(cf.as_completed(futs), 1):
             j = futs[fut]
-            j["rc"], secs, last = fut.result()
-            extra = j.get("describe", lambda: "")() if j["rc"] == 0 else f"FAILED (exit {j['rc']}): {last[:160]}"
-            print(f"[{i:>{width}}/{len(jobs)}] {j['label']:<40} {secs:6.0f} s  {extra}  "
-                  f"({os.path.join(j['workdir'], 'launch.log')})", flush=True)
+            j["rc"], secs, j["error"] = fut.result()
+            status.ended(j)
+            extra = j.get("describe", lambda: "")() if j["rc"] == 0 else f"FAILED (exit {j['rc']}):"
+            err = "\n    " + j["error"].replace("\n", "\n    ") if j["rc"] else ""
+            status.say(f"[{i:>{width}}/{len(jobs)}] {j['label']:<40} {secs:6.0f} s  {extra}  "
+                       f"({os.path.join(j['workdir'], 'launch.log')}){err}")
+
+
+class Status:
+    """The sweep's live status while launchers run: one line, "sweep 3/8 done, 2 running: a seed0 unit 12/40,
+    ...", redrawn in place every second on a terminal and printed every STATUS_SECONDS otherwise (a log file gets
+    no carriage returns). A running job's unit is the last `step` of its metrics.jsonl (global units, of
+    job["units"] when known). `say` prints a line above the status line."""
+
+    def __init__(self, jobs: list[dict], stream=None, period: float | None = None):
+        import threading
+
+        self.jobs, self.stream = jobs, stream or sys.stdout
+        self.tty = self.stream.isatty()
+        self.period = period if period is not None else (1.0 if self.tty else STATUS_SECONDS)
+        self.running: list[dict] = []
+        self.done, self.t0, self.shown = 0, time.time(), False
+        self.lock, self.stop = threading.Lock(), threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+        with self.lock:
+            self._clear()
+
+    def started(self, j):
+        with self.lock:
+            self.running.append(j)
+
+    def ended(self, j):
+        with self.lock:
+            self.running = [r for r in self.running if r is not j]
+            self.done += 1
+
+    def line(self) -> str:
+        parts = []
+        for j in self.running:
+            u = last_step(os.path.join(j["workdir"], "metrics.jsonl"))
+            parts.append(f"{j['label']} " + ("starting" if u is None else f"unit {u}" +
+                                             (f"/{j['units']}" if j.get("units") else "")))
+        return (f"[sweep {time.time() - self.t0:6.0f} s] {self.done}/{len(self.jobs)} done, {len(self.running)} "
+                f"running" + (": " + ", ".join(parts) if parts else ""))
+
+    def say(self, msg: str) -> None:
+        with self.lock:
+            self._clear()
+            print(msg, file=self.stream, flush=True)
+
+    def _clear(self):
+        if self.tty and self.shown:
+            self.stream.write("\r\033[K")
+            self.shown = False
+
+    def _loop(self):
+        while not self.stop.wait(self.period):
+            with self.lock:
+                text = self.line()
+                if self.tty:
+                    width = shutil.get_terminal_size((120, 20)).columns - 1
+                    self.stream.write("\r\033[K" + text[:width])
+                    self.shown = True
+                else:
+                    self.stream.write(text + "\n")
+                self.stream.flush()
+
+
+def last_step(path: str) -> int | None:
+    """The `step` of the last line of a metrics.jsonl (None when there is none yet); reads only its tail."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 65536))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    for ln in reversed(lines):
+        try:
+            return int(json.loads(ln)["step"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return None
 
 
 # ------------------------------------------------------------------------------------------- results
@@ -355,7 +469,8 @@ def main(argv: list[str] | None = None) -> int:
         if not hasattr(module, "get_sweep"):
             ap.error(f"{args.config} has no get_sweep()")
         sweep = module.get_sweep(arg)
-        points = select(grid(sweep), args.only) if args.only else grid(sweep)
+        full_grid = grid(sweep)
+        points = select(full_grid, args.only) if args.only else full_grid
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()] if args.seeds else list(sweep.get("seeds", [0]))
         axes = list((sweep.get("axes") or {}).keys())
         runs = [{**p, "seed": s, "point": p, "label": f"{point_name(p)} seed{s}", "overrides": run_overrides(p, s, extra),
@@ -370,7 +485,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--stage {args.stage!r} is not a stage of this config ({', '.join(stage_names)})")
 
     # the shared stages: run once per seed, every point starts from their end
-    k = shared_prefix([r["cfg"] for r in runs if r["seed"] == runs[0]["seed"]]) if args.init_from == "shared" else 0
+    k = 0
+    if args.init_from == "shared":  # over the whole grid, so --only, or a grid of one point, still shares its stages
+        s0 = runs[0]["seed"]
+        k = grid_prefix([resolve(args.config, run_overrides(p, s0, extra)) for p in full_grid])
     shared = []
     if k:
         from rl.stages import parse_stage
@@ -408,6 +526,7 @@ def main(argv: list[str] | None = None) -> int:
           (f"; stages {', '.join(stage_names[:k])} shared per seed in {os.path.join(args.workdir, SHARED)}" if k else "")
           + f"; {n_par} at once ({why})", flush=True)
     if args.dry_run:
+        print(estimate(shared_todo, todo, k, n_par, [r for r, st, _ in states if st == "done"]), flush=True)
         return _dry_run(args.config, shared + runs)
 
     for j in shared_todo:  # resumed with the units still to go, so it stops exactly at the end of the shared stages
@@ -418,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
         print("sweep stopped: a shared run failed (see its launch.log)", file=sys.stderr)
         return 1
     for r in todo:
-        r.update(describe=lambda r=r: _describe(r, args),
+        r.update(describe=lambda r=r: _describe(r, args), units=total_units(r["cfg"]),
                  cmd=launch_cmd(args.config, r["workdir"], r["overrides"], r.get("init_from", "")))
     run_all(todo, n_par)
     failed = sum(1 for r in todo if r["rc"])
@@ -431,7 +550,10 @@ def main(argv: list[str] | None = None) -> int:
     with open(os.path.join(args.workdir, "results.md"), "w", encoding="utf-8") as f:
         f.write(f"held-out test {args.metric} after each stage: mean ± sample std (ddof=1) over n seeds, then each "
                 f"seed's value\n\n{text}\n")
-    print(f"\nheld-out test {args.metric}: mean ± sample std over n seeds (each seed's value)\n{text}")
+    if stages:
+        print(f"\nheld-out test {args.metric}: mean ± sample std over n seeds (each seed's value)\n{text}")
+    else:
+        print(f"\nno run finished a stage: no table (each failed run's error is above, its log in launch.log)")
     if stages:
         plot(os.path.join(args.workdir, f"{args.metric}.png"), rows, axes, shown, args.metric)
         curves(os.path.join(args.workdir, "curves.png"), out_rows, axes)
@@ -462,6 +584,12 @@ def _shared_state(j: dict) -> tuple[str, str]:
     return ("resume", "") if exact else (st, why)  # a resume runs under the new config: it must be the same
 
 
+def total_units(cfg: dict) -> int:
+    from rl.stages import parse_stage
+
+    return sum(parse_stage(st).units for st in cfg["stages"])
+
+
 def _units_done(workdir: str) -> int:
     """Global units the newest intact checkpoint of workdir holds (0 without one)."""
     from rl.checkpoint import CheckpointError, find_policy
@@ -482,6 +610,45 @@ def _describe(r: dict, args) -> str:
     flags = [f"{k}: {','.join(v['flagged'])}" for k, v in (s.get("hacking") or {}).items() if v.get("flagged")]
     return f"{st} {args.metric} {s['eval'].get(st, {}).get(args.metric, float('nan')):.3f}" + (
         f"  hacking signs {'; '.join(flags)}" if flags else "")
+
+
+def estimate(shared_todo: list[dict], todo: list[dict], k: int, n_par: int, finished: list[dict]) -> str:
+    """The compute of the runs still to go (rl.preflight.compute_estimate, the launcher's, summed; a point that
+    starts from the shared stages counts only its own) and their time: scaled from the finished runs of this sweep
+    (seconds per generated + trained token of their compute estimate), divided over `n_par` launchers."""
+    from rl.preflight import compute_estimate
+
+    def work(cfg, skip=0):
+        return compute_estimate({**cfg, "stages": cfg["stages"][skip:]} if skip else cfg)[1]
+
+    keys = ("gen_tokens", "verifier_calls", "train_tokens")
+    tot = dict.fromkeys(keys, 0)
+    jobs = [(j["cfg"], 0) for j in shared_todo] + [(r["cfg"], k if r.get("init_from") and k else 0) for r in todo]
+    for cfg, skip in jobs:
+        for key, v in work(cfg, skip).items():
+            tot[key] += v
+    lines = [f"compute estimate for the {len(jobs)} run(s) to go (upper bounds, the launcher's estimate summed; "
+             f"points count only their stages after the shared ones): {tot['gen_tokens']:,} generated tokens, "
+             f"{tot['verifier_calls']:,} verifier calls, {tot['train_tokens']:,} train tokens"]
+    rates = []
+    for r in finished:
+        try:
+            with open(os.path.join(r["workdir"], "summary.json"), encoding="utf-8") as f:
+                wall = float(json.load(f)["wall_seconds"])
+        except (OSError, ValueError, KeyError):
+            continue
+        w = work(r["cfg"])
+        rates.append(wall / max(w["gen_tokens"] + w["train_tokens"], 1))
+    if not jobs:
+        lines.append("time estimate: nothing to run")
+    elif rates:
+        secs = float(np.median(rates)) * (tot["gen_tokens"] + tot["train_tokens"]) / max(n_par, 1)
+        lines.append(f"time estimate: about {secs / 60:.0f} min with {n_par} at once (scaled from the wall time of "
+                     f"{len(rates)} finished run(s) here; compiles and a busy machine shift it)")
+    else:
+        lines.append("time estimate: none yet (no finished run of this sweep to scale from: run one point first, "
+                     "e.g. --only AXIS=VALUE --seeds 0, and the next dry run scales from its wall time)")
+    return "\n".join(lines)
 
 
 def _dry_run(config_spec: str, runs: list[dict]) -> int:

@@ -32,7 +32,7 @@ def default_dir(env=None) -> str | None:
     own = env.get("MATHRL_JAX_CACHE", "")
     if own:
         return None if own.lower() == "off" else own
-    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    base = env.get("XDG_CACHE_HOME") or os.path.join(env.get("HOME") or os.path.expanduser("~"), ".cache")
     return os.path.join(base, "mathrl", "jax")
 
 

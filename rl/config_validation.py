@@ -143,7 +143,9 @@ CHECKPOINT = {
 LOG = {
     "every": F(1, "write step metrics every N units", integer(1, 10**6)),
     "tensorboard": F(True, "also write TensorBoard event files in workdir/tb", boolean),
-    "progress": F(True, "tqdm progress bars", boolean),
+    "progress": F(True, "tqdm progress bars on a terminal; where stdout is not one (tee, nohup, a scheduler's log) "
+                        "a plain unit line every 30 s instead, no '\\r' updates; False = a plain line per unit",
+                  boolean),
 }
 
 RUN = {

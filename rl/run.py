@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 
 import jax
@@ -51,6 +52,17 @@ SUMMARY_KEYS = ("pass@1", "pass@1_se", "pass@1_ci95", "pass@k", "maj@k", "format
 TABLE_KEYS = ("pass@1", "pass@1_se", "pass@k", "maj@k", "format_rate", "mean_length")
 FAMILY_TABLE_KEYS = ("pass@1", "language_consistency")  # per task family, for mixed runs (a second table)
 PROGRESS_KEYS = ("loss", "reward/mean", "accuracy", "kept_share", "kl")  # shown on progress bars and lines
+PLAIN_LINE_SECONDS = 30.0  # a progress line at most this often when stdout is not a terminal (tee, nohup, a scheduler)
+
+
+def progress_mode(log_progress: bool, stdout_tty: bool, stderr_tty: bool) -> tuple[bool, float | None]:
+    """(draw tqdm bars, seconds between plain unit lines or None for none besides the first unit's).
+    log.progress off: a plain line per unit. On: bars where they can be drawn (tqdm writes to stderr, a terminal),
+    and where stdout is not a terminal (a log file) a plain line every PLAIN_LINE_SECONDS instead of `\r` updates."""
+    if not log_progress:
+        return False, 0.0
+    bars = stderr_tty
+    return bars, (None if bars and stdout_tty else PLAIN_LINE_SECONDS)
 
 
 def wilson_interval(p: float, n: int, z: float = 1.96) -> list[float]:
@@ -254,6 +266,7 @@ def _run(loop: Loop, meta, latest) -> dict:
 
     ctx, cfg = loop.ctx, loop.ctx.cfg
     e, stop_after, ran = cfg["eval"], cfg["run"]["stop_after"], 0
+    bars, line_every = progress_mode(cfg["log"]["progress"], sys.stdout.isatty(), sys.stderr.isatty())
     run = None
     if meta is None:
         params = ctx.init_params()  # model.hf_path's weights, else a random init
@@ -280,15 +293,18 @@ def _run(loop: Loop, meta, latest) -> dict:
         if loop.u0 < run.units:
             loop.clock.say(f"stage {si + 1}/{len(loop.stage_cfgs)} {sc.name} ({sc.kind}): units {loop.u0 + 1}-"
                            f"{run.units} (the first unit compiles its step functions)")
-        bar = tqdm(total=run.units, initial=loop.u0, desc=f"{sc.name} ({sc.kind})", disable=not cfg["log"]["progress"],
+        bar = tqdm(total=run.units, initial=loop.u0, desc=f"{sc.name} ({sc.kind})", disable=not bars,
                    dynamic_ncols=True)
+        t_line = time.time()
         for u in range(loop.u0, run.units):
             t0 = time.time()
             m = run.run_unit(u)
             m["time/unit"] = time.time() - t0
             loop.gunit += 1
             last = u == run.units - 1
-            if u == loop.u0 or not cfg["log"]["progress"]:
+            stop = bool(stop_after) and ran + 1 >= stop_after
+            if u == loop.u0 or (line_every is not None and (last or stop or time.time() - t_line >= line_every)):
+                t_line = time.time()
                 loop.clock.say(f"{sc.name} unit {u + 1}/{run.units} done in {m['time/unit']:.1f} s" + "".join(
                     f", {k} {v:.3f}" for k, v in m.items() if k in PROGRESS_KEYS and isinstance(v, (float, np.floating))))
             val = None
@@ -308,7 +324,6 @@ def _run(loop: Loop, meta, latest) -> dict:
             bar.update(1)
             bar.set_postfix({k: f"{v:.3f}" for k, v in m.items() if k in PROGRESS_KEYS and isinstance(v, (float, np.floating))})
             ran += 1
-            stop = bool(stop_after) and ran >= stop_after
             if last:
                 loop.stage_end(sc, first_step)
             if last or stop or (u + 1) % cfg["checkpoint"]["every"] == 0:

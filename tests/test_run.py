@@ -165,6 +165,23 @@ def test_no_phase_is_silent(full_output):
     assert "reward-hacking check, stage 'grpo'" in out
 
 
+def test_progress_in_a_log_file_is_plain_lines(tmp_path):
+    """log.progress on with stdout and stderr not terminals (a log file): no tqdm bar, no carriage returns; plain
+    unit lines (the first unit, then at most every PLAIN_LINE_SECONDS, and the last one before stopping)."""
+    from rl.run import PLAIN_LINE_SECONDS, progress_mode
+
+    assert progress_mode(True, True, True) == (True, None)  # a terminal: bars only
+    assert progress_mode(True, False, True) == (True, PLAIN_LINE_SECONDS)  # `| tee`: the bar on screen, lines in the log
+    assert progress_mode(True, False, False) == (False, PLAIN_LINE_SECONDS)  # nohup, `> log 2>&1`
+    assert progress_mode(False, True, True) == (False, 0.0)  # log.progress off: a line per unit
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        _run(tmp_path / "wd", "--config.log.progress=True", "--config.run.stop_after=4")
+    text = out.getvalue() + err.getvalue()
+    assert "\r" not in text and "it/s" not in text
+    assert "cold_start unit 1/10 done in" in text and "cold_start unit 4/10 done in" in text
+
+
 def test_rl_iterations_train_and_match_the_sampler(full_run):
     """The tiny run really updates in RL; the sampler's logprobs are the trainer's for the same params and
     temperature; optimizer steps are even; the lr of each stage's last step is its end fraction."""

@@ -140,8 +140,12 @@ def test_dry_run_validates_every_run_and_the_shared_one(tmp_path, capsys):
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "1 point(s) x 2 seed(s) = 2 runs" in out
-    # one point: nothing to share (the shared stages pay off from two points)
-    assert "_shared" not in out and "2 runs validated" in out
+    # one point of a grid whose axes touch only GRPO: its cold start and rejection still run in _shared, once per
+    # seed, so another point run later (or another sweep's --init_from) starts from them
+    assert "stages cold_start, rejection shared per seed" in out and "_shared seed1: config OK" in out
+    assert "4 runs validated" in out
+    # the compute of what is to run (the launcher's estimate summed) and a time estimate
+    assert "compute estimate for the 4 run(s) to go" in out and "time estimate: none yet" in out
     with pytest.raises(SystemExit):  # --stage must name a stage of the config
         sweep.main(["--config", QS, "--workdir", str(tmp_path / "sw"), "--seeds", "0", "--stage", "nope", "--dry_run"])
 
@@ -164,3 +168,56 @@ def test_sweep_end_to_end_shares_the_cold_start_and_reuses(tmp_path, capsys):
     assert "resolved config" not in out and len(out.splitlines()) < 20  # progress lines, not configs
     assert sweep.main(argv) == 0  # a rerun reuses every finished run
     assert "2 finished with the same config (reused), 0 to run" in capsys.readouterr().out
+
+
+def test_a_grid_of_one_point_shares_all_its_stages_but_the_last(tmp_path, capsys):
+    qs_seeds = os.path.join(ROOT, "experiments/configs/quickstart.py") + ":variant=tiny,sweep=seeds"
+    assert sweep.main(["--config", qs_seeds, "--workdir", str(tmp_path / "sw"), "--seeds", "0", "--dry_run"]) == 0
+    out = capsys.readouterr().out
+    assert "stages cold_start, rejection shared per seed" in out and "2 runs validated" in out
+
+
+def test_the_time_estimate_scales_from_finished_runs(tmp_path):
+    cfg = _cfg(seed=0)
+    wd = str(tmp_path / "p" / "seed0")
+    _finish(wd, cfg, {"eval": {}, "wall_seconds": 120.0})
+    text = sweep.estimate([], [{"cfg": cfg}, {"cfg": cfg}], 0, 2, [{"cfg": cfg, "workdir": wd}])
+    assert "about 2 min with 2 at once" in text  # two runs like the finished one (2 min each), two at once
+
+
+def test_run_all_prints_each_log_a_live_status_and_the_whole_error(tmp_path, monkeypatch, capsys):
+    import sys
+
+    monkeypatch.setattr(sweep, "STATUS_SECONDS", 0.05)
+    ok = ("import json, os, sys, time; p = os.path.join(sys.argv[1], 'metrics.jsonl')\n"
+          "for s in (1, 2, 3):\n    open(p, 'a').write(json.dumps({'step': s}) + '\\n'); time.sleep(0.3)")
+    bad = ("import sys; print('building the run'); print('config error: 2 problems:\\n  tasks.n_test: asked for 9, "
+           "the mix supplies 4' + 'x' * 200 + '\\n  eval.n_val: 64 > tasks.n_val = 8', file=sys.stderr); sys.exit(2)")
+    jobs = [{"label": "good seed0", "workdir": str(tmp_path / "good"), "units": 5},
+            {"label": "bad seed0", "workdir": str(tmp_path / "bad"), "units": 5}]
+    jobs[0]["cmd"] = [sys.executable, "-c", ok, jobs[0]["workdir"]]
+    jobs[1]["cmd"] = [sys.executable, "-c", bad]
+    sweep.run_all(jobs, 2)
+    out = capsys.readouterr().out
+    for j in jobs:  # each run's log path as it starts
+        assert f"start {j['label']}" in out and os.path.join(j["workdir"], "launch.log") in out
+    assert "running: " in out and "good seed0 unit " in out and "/5" in out  # the live status, plain lines here
+    assert "\r" not in out  # not a terminal: no carriage returns
+    assert jobs[1]["rc"] == 2 and "FAILED (exit 2)" in out
+    assert "x" * 200 in out and "eval.n_val: 64 > tasks.n_val = 8" in out  # the whole error, every line
+    assert jobs[0]["rc"] == 0
+
+
+def test_a_sweep_whose_runs_all_fail_prints_their_errors_not_an_empty_table(tmp_path, monkeypatch, capsys):
+    def fail(cmd, workdir):
+        os.makedirs(workdir, exist_ok=True)
+        with open(os.path.join(workdir, "launch.log"), "w") as f:
+            f.write("+ launch\nTraceback (most recent call last):\n  File x\nRuntimeError: out of memory in step\n")
+        return 1, 0.1, sweep.error_of(os.path.join(workdir, "launch.log"))
+
+    monkeypatch.setattr(sweep, "run_one", fail)
+    rc = sweep.main(["--config", QS, "--workdir", str(tmp_path / "sw"), "--seeds", "0", "--only", "lr=0.0001",
+                     "--only", "clip_high=0.2", "--init_from", "none"])
+    out = capsys.readouterr().out
+    assert rc == 1 and "RuntimeError: out of memory in step" in out
+    assert "no run finished a stage: no table" in out and "| clip_high" not in out
