@@ -3,10 +3,12 @@
     run_curves(read_jsonl(workdir + "/metrics.jsonl"), workdir + "/curves.png", hacking=summary.get("hacking"))
     sweep_curves({"clip_high=0.2": [records_seed0, records_seed1], ...}, sweep_dir + "/curves.png")
 
-One panel each, over global units (the `step` of metrics.jsonl): reward, sampled accuracy (RL `accuracy`,
-rejection `sample_accuracy`), validation pass@1, KL, entropy, response length. Stage boundaries are dashed
-vertical lines labelled with the stage name; a reward-hacking sign (rl/hacking.py) shades the units that
-triggered it in red on the panel of its metric. A sweep draws one line per point: the mean over seeds, and a
+One panel each, over global units (the `step` of metrics.jsonl): the supervised loss of the SFT stages (cold start,
+rejection rounds: their own panel, since the RL panels have nothing to show there), validation pass@1 (every
+stage), and for the RL stages reward, sampled accuracy (RL `accuracy`, rejection `sample_accuracy`), KL, entropy,
+response length. Each panel spans the units its metric was logged in. Stage boundaries are dashed vertical lines
+labelled with the stage name, a label moved down a row where it would overlap the one before (`stage_labels`); a
+reward-hacking sign (rl/hacking.py) shades the units that triggered it in red on the panel of its metric. A sweep draws one line per point: the mean over seeds, and a
 band of +- one sample standard deviation (ddof=1) where there are two or more seeds.
 The run loop calls run_curves at every stage end (so a running run has an up-to-date figure) and at the end.
 """
@@ -17,9 +19,11 @@ import math
 import numpy as np
 
 # (panel title, metric keys: the first one a record holds is used)
-PANELS = (("reward", ("reward/mean",)), ("sampled accuracy", ("accuracy", "sample_accuracy")),
-          ("validation pass@1", ("validation/pass@1",)), ("KL", ("kl",)), ("entropy", ("entropy",)),
+SFT_LOSS = "SFT loss (cold start, rejection rounds)"
+PANELS = ((SFT_LOSS, ("loss",)), ("validation pass@1", ("validation/pass@1",)), ("reward", ("reward/mean",)),
+          ("sampled accuracy", ("accuracy", "sample_accuracy")), ("KL", ("kl",)), ("entropy", ("entropy",)),
           ("response length", ("response_length",)))
+STAGE_LABEL = "stage-label"  # the gid of the stage-name texts (the tests check that they do not overlap)
 SIGN_PANEL = {"length_growth": "response length", "repetition_rise": "response length",
               "process_over_outcome": "reward", "format_alone": "reward", "language_mixing": "reward"}
 
@@ -32,9 +36,21 @@ def _value(r: dict, keys) -> float | None:
     return None
 
 
+def supervised_stages(records: list[dict]) -> set[str]:
+    """Stages whose training is supervised: SFT (train records without a reward) and rejection rounds (they keep a
+    share of their samples)."""
+    train = [r for r in records if r.get("phase") == "train" and r.get("stage")]
+    rewarded = {r["stage"] for r in train if "reward/mean" in r and "kept_share" not in r}
+    return {r["stage"] for r in train} - rewarded
+
+
 def panel_series(records: list[dict], keys) -> tuple[list[int], list[float]]:
-    """(steps, values) of one panel's metric, in record order."""
+    """(steps, values) of one panel's metric, in record order (the SFT loss panel: supervised stages' train
+    records only; an RL stage's `loss` is its policy loss)."""
     xs, ys = [], []
+    if keys == PANELS[0][1]:
+        sup = supervised_stages(records)
+        records = [r for r in records if r.get("stage") in sup and r.get("phase") == "train"]
     for r in records:
         v = _value(r, keys)
         if v is not None:
@@ -55,23 +71,65 @@ def stage_starts(records: list[dict]) -> list[tuple[int, str]]:
 
 
 def _figure():
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure  # no pyplot: no global backend state, safe inside notebooks and threads
 
-    fig = Figure(figsize=(15, 7))
-    return fig, list(fig.subplots(2, 3).reshape(-1))
+    fig = Figure(figsize=(18, 7))
+    FigureCanvasAgg(fig)  # a renderer, to measure the stage labels
+    axes = list(fig.subplots(2, 4).reshape(-1))
+    fig.delaxes(axes[-1])
+    return fig, axes[: len(PANELS)]
 
 
-def _decorate(ax, title, starts):
-    for x, name in starts:
+def _decorate(ax, title, starts, span=None):
+    """Title, grid, the x range `span` (lo, hi: the units the panel's metric covers) and the stage lines in it."""
+    from matplotlib.ticker import MaxNLocator
+
+    if span is not None:
+        ax.set_xlim(span[0] - 0.7, span[1] + 0.7)
+        starts = [(x, name) for x, name in starts if span[0] - 0.5 <= x - 0.5 and x <= span[1]]  # its stages only
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.stage_starts = starts
+    for x, _ in ax.stage_starts:
         ax.axvline(x - 0.5, color="0.5", ls="--", lw=0.8)
-        ax.text(x - 0.5, 1.0, f" {name}", transform=ax.get_xaxis_transform(), fontsize=7, va="top", color="0.35")
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("unit")
     ax.grid(alpha=0.3)
 
 
+def stage_labels(fig, axes) -> None:
+    """Name each panel's stage lines at its top, a label one row lower when it would overlap the label before it
+    (measured with the figure's renderer, after the layout is final)."""
+    renderer = fig.canvas.get_renderer()
+    for ax in axes:
+        placed = []  # (row, right edge in pixels)
+        for x, name in getattr(ax, "stage_starts", []):
+            row = 0
+            while True:
+                t = ax.text(x - 0.5, 1.0 - 0.07 * row, f" {name}", transform=ax.get_xaxis_transform(), fontsize=7,
+                            va="top", color="0.35", gid=STAGE_LABEL)
+                box = t.get_window_extent(renderer)
+                if all(r != row or box.x0 >= right + 2 for r, right in placed):
+                    placed.append((row, box.x1))
+                    break
+                t.remove()
+                row += 1
+
+
+def _span(*series) -> tuple[int, int] | None:
+    xs = [x for s in series for x in s]
+    return (min(xs), max(xs)) if xs else None
+
+
 def run_curves(records: list[dict], path: str, hacking: dict | None = None, title: str = "") -> str:
     """Draw one run's curves.png from its metrics.jsonl records; `hacking` maps stage -> stage_report."""
+    fig = run_figure(records, hacking, title)
+    fig.savefig(path, dpi=100)
+    return path
+
+
+def run_figure(records: list[dict], hacking: dict | None = None, title: str = ""):
+    """The matplotlib Figure run_curves saves."""
     fig, axes = _figure()
     starts = stage_starts(records)
     by_title = {}
@@ -81,7 +139,7 @@ def run_curves(records: list[dict], path: str, hacking: dict | None = None, titl
             ax.plot(xs, ys, marker="." if len(xs) < 40 else None, lw=1.2)
         else:
             ax.text(0.5, 0.5, "not logged", transform=ax.transAxes, ha="center", color="0.5")
-        _decorate(ax, name, starts)
+        _decorate(ax, name, starts, _span(xs))
         by_title[name] = ax
     for stage, rep in (hacking or {}).items():
         for sign in rep.get("flagged", []):
@@ -92,8 +150,8 @@ def run_curves(records: list[dict], path: str, hacking: dict | None = None, titl
     if title:
         fig.suptitle(title, fontsize=11)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    return path
+    stage_labels(fig, axes)
+    return fig
 
 
 def mean_band(runs: list[tuple[list[int], list[float]]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -110,6 +168,7 @@ def sweep_curves(groups: dict[str, list[list[dict]]], path: str, title: str = ""
     first = next((rs[0] for rs in groups.values() if rs), [])
     starts = stage_starts(first)
     for ax, (name, keys) in zip(axes, PANELS):
+        drawn = []
         for label, runs in groups.items():
             series = [panel_series(r, keys) for r in runs if r]
             series = [s for s in series if s[0]]
@@ -118,10 +177,11 @@ def sweep_curves(groups: dict[str, list[list[dict]]], path: str, title: str = ""
             xs, mu, sd = mean_band(series)
             if not len(xs):
                 continue
+            drawn.append(xs)
             (line,) = ax.plot(xs, mu, lw=1.2, label=f"{label} (n={len(series)})")
             if len(series) > 1:
                 ax.fill_between(xs, mu - sd, mu + sd, color=line.get_color(), alpha=0.2)
-        _decorate(ax, name, starts)
+        _decorate(ax, name, starts, _span(*drawn))
     handles, labels = axes[0].get_legend_handles_labels()
     if not handles:
         handles, labels = next((a.get_legend_handles_labels() for a in axes if a.get_legend_handles_labels()[0]),
@@ -131,5 +191,6 @@ def sweep_curves(groups: dict[str, list[list[dict]]], path: str, title: str = ""
     if title:
         fig.suptitle(title, fontsize=11)
     fig.tight_layout(rect=(0, 0.08 if handles else 0, 1, 1))
+    stage_labels(fig, axes)
     fig.savefig(path, dpi=100)
     return path
