@@ -201,10 +201,12 @@ class Loop:
         rows = dict(self.summary["eval"])
         if self.best is not None and "test" in self.best:
             b = self.summary["best"]
-            what = "earliest, every validation pass@1 0" if "note" in b else "best"
+            what = "earliest" if "note" in b else "best"
             rows[f"{what} ({b['stage']} unit {b['unit']} = checkpoint {b['global_unit']})"] = b["test"]
         print("\nheld-out test set after each stage (pass@1 +- its standard error):")
         print(mlib.format_table(rows, list(TABLE_KEYS)))
+        if "note" in self.summary.get("best", {}):
+            print(f"earliest: {self.summary['best']['note']}")
         if family_columns(rows):
             print("\nper task family (pass@1: math verified, code all tests pass, instructions all constraints met):")
             print(mlib.format_table(rows, family_columns(rows)))

@@ -301,6 +301,10 @@ def test_one_numbering_of_units_everywhere(full_output, capsys):
     assert summary["numbering"] == UNIT_NUMBERING
     name = f"{b['stage']} unit {b['unit']} = checkpoint {b['global_unit']}"
     assert f"({name})" in out  # the row of the final table
+    if b["val_pass@1"] == 0:  # no checkpoint was better than another: the row says which one it is
+        assert f"earliest ({name})" in out and "earliest: every validation pass@1 was 0" in out and "note" in b
+    else:
+        assert f"best ({name})" in out and "note" not in b
     assert find_policy(str(wd), "best")[1] == b["global_unit"]  # the best copy's directory is named by it
     recs = read_jsonl(wd / "metrics.jsonl")  # the unit's validation eval was logged at that global unit
     assert any(r["step"] == b["global_unit"] and r.get("validation/pass@1") == b["val_pass@1"] for r in recs)
