@@ -11,6 +11,7 @@
     claims.stage_curve(arms["w=0"], "grpo", "validation/pass@1")  # x = the stage's own iterations
     claims.samples_curve(arms["w=0"], "grpo")    # x = sampled answers spent in the stage
     claims.plot_band(ax, *claims.stage_curve(...), label="w=0"); claims.plot_finals(ax, claims.final(arms, "grpo"))
+    if not claims.found("runs/claims"): print(claims.no_runs("runs/claims"))   # a fresh clone: a notebook stops there
 
 A sweep directory is what experiments/sweep.py writes: <point>/seed<k>/ with summary.json and metrics.jsonl
 (plus _shared/, the shared cold start, skipped here). Everything is plain Python over those files, so the
@@ -202,6 +203,17 @@ def plot_finals(ax, values: dict[str, list[float]], ylabel: str = "held-out pass
         ax.plot([i] * len(vals), vals, "k.", markersize=6)
     ax.set_xticks(range(len(values)), list(values), rotation=20, ha="right", fontsize=8)
     ax.set_ylabel(ylabel)
+
+
+def found(root) -> bool:
+    """Whether `root` holds any finished run (a summary.json anywhere below it)."""
+    return any("summary.json" in files for _, _, files in os.walk(root))
+
+
+def no_runs(root) -> str:
+    """What a claim notebook prints, and all it does, where the claim sweeps have not been run (a fresh clone)."""
+    return (f"no runs found in {root}: see REPRODUCING.md (its commands write the claim sweeps there); "
+            "nothing is drawn or checked")
 
 
 def collect(root: str, spec: dict[str, str | tuple[str, ...]]) -> dict[str, list[Run]]:

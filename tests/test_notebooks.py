@@ -46,6 +46,21 @@ def test_notebook_runs_shows_and_concludes(path, tmp_path, monkeypatch):
         assert text.count(": not run") == 0, text
 
 
+@pytest.mark.parametrize("path", CLAIM_NOTEBOOKS, ids=lambda p: p.name)
+def test_claim_notebook_in_a_fresh_clone_says_no_runs_and_checks_nothing(path, tmp_path, monkeypatch):
+    """No claim sweeps (a fresh clone): the notebook runs to its end, says where the runs would come from, and
+    neither draws nor prints "ok" over empty data."""
+    monkeypatch.setenv("NOTEBOOK_OUT", str(tmp_path / "out"))
+    monkeypatch.setenv("CLAIMS_DIR", str(tmp_path / "claims"))  # does not exist
+    nb = nbformat.read(path, as_version=4)
+    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    text = "".join(o.get("text", "") for o in outputs)
+    assert f"no runs found in {tmp_path / 'claims'}: see REPRODUCING.md" in text
+    assert not any(o.get("text", "").strip().endswith("ok") for o in outputs), text
+    assert not any("image/png" in o.get("data", {}) for o in outputs) and "not run" not in text
+
+
 SHARED = ["--init_from", "{root}/process_reward/_shared/seed{seed}"]  # one cold start per seed, as REPRODUCING.md does
 TINY_SWEEPS = [  # (config, workdir, extra sweep args): at least two arms of one claim per notebook
     ("claim_process_reward.py:variant=tiny", "process_reward", ["--only", "process_weight=0.0", "--only", "process_weight=0.2"]),
