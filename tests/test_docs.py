@@ -160,3 +160,87 @@ def test_help_config_documents_every_field_itself():
         assert "documented there" not in doc and "see there" not in doc, ln
         if "step" in field:
             assert "sympy" not in doc.lower(), ln
+
+
+DOC_PAGES = PAGES + ["REPRODUCING.md", "BENCHMARKS.md"]
+INLINE = re.compile(r"`(python3? -m experiments\.[^`]+)`")
+
+
+def documented_commands(text: str) -> list[str]:
+    """Every `python -m experiments.X ...` a page shows: in fenced blocks of any kind (continuations joined, a
+    leading `$ ` dropped) and in inline code."""
+    out, in_fence, block = [], False, []
+    for line in text.splitlines():
+        if FENCE.match(line.strip()):
+            if in_fence:
+                out += commands("\n".join(block))
+            in_fence, block = not in_fence, []
+        elif in_fence:
+            block.append(re.sub(r"^\s*\$ ", "", line))
+    out += [m.group(1) for m in INLINE.finditer(text)]
+    cmd = re.compile(r"^(\S*/)?python3? -m (experiments(\.[a-z0-9_]+)+)(\s.*)?$")  # .venv/bin/python too; not NAME
+    out = [re.sub(r"^(\w+=\S* )+", "", c) for c in out]
+    return [f"python -m {m.group(2)}{m.group(4) or ''}" for m in map(cmd.match, out) if m]
+
+
+class _Parsed(Exception):
+    pass
+
+
+def parser_of(module_name: str, monkeypatch):
+    """The argparse parser a module's main() builds, captured as main() starts parsing (nothing runs)."""
+    import argparse
+
+    seen = {}
+
+    def capture(self, *a, **k):
+        seen["parser"] = self
+        raise _Parsed
+
+    module = importlib.import_module(module_name)
+    with monkeypatch.context() as m:
+        m.setattr(argparse.ArgumentParser, "parse_known_args", capture)
+        m.setattr(argparse.ArgumentParser, "parse_args", capture)
+        m.setattr("sys.argv", [module_name])
+        with contextlib.redirect_stdout(io.StringIO()):
+            try:
+                module.main([])
+            except _Parsed:
+                pass
+    assert "parser" in seen, f"{module_name}.main() builds no argparse parser"
+    return seen["parser"]
+
+
+def flags_of(cmd: str) -> tuple[str, list[str]]:
+    """(module, the --flags of a documented command), placeholders such as `[--seeds 0,1,2]` unwrapped."""
+    words = [w[1:] if w.startswith("[--") else w for w in shlex.split(cmd, comments=True)]
+    return words[2], [w.split("=", 1)[0].rstrip("]") for w in words[3:] if w.startswith("--") and len(w) > 2]
+
+
+def test_documented_commands_use_flags_that_exist(monkeypatch):
+    """A documented command whose flag was renamed or removed fails here (README.md, docs/*.md, REPRODUCING.md,
+    BENCHMARKS.md; every code block and inline command, not only the doctest ones): each --flag must be one the
+    module's argument parser knows (--config.* overrides for the launcher and the sweep)."""
+    monkeypatch.chdir(ROOT)
+    parsers, bad, n = {}, [], 0
+    for page in DOC_PAGES:
+        for cmd in documented_commands(open(os.path.join(ROOT, page), encoding="utf-8").read()):
+            module, flags = flags_of(cmd)
+            if module not in parsers:
+                parsers[module] = set(parser_of(module, monkeypatch)._option_string_actions)
+            for f in flags:
+                n += 1
+                if f not in parsers[module] and not (f.startswith("--config.") and module in (
+                        "experiments.launch", "experiments.sweep")):
+                    bad.append(f"{page}: {module} has no {f} ({cmd[:120]})")
+    assert n > 100 and not bad, "\n".join(bad)
+
+
+def test_the_flag_check_catches_a_removed_flag(monkeypatch):
+    text = "```bash\n$ python -m experiments.sample --workdir runs/x \\\n    --no_such_flag 3\n```\nor `python -m " \
+           "experiments.eval --ckpt best`"
+    cmds = documented_commands(text)
+    assert cmds == ["python -m experiments.sample --workdir runs/x --no_such_flag 3",
+                    "python -m experiments.eval --ckpt best"]
+    known = set(parser_of("experiments.sample", monkeypatch)._option_string_actions)
+    assert "--workdir" in known and flags_of(cmds[0])[1][1] not in known
