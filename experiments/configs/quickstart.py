@@ -15,8 +15,8 @@ the steps are what makes them correct: held-out pass@1 rises by 20+ points over 
 seeds are in README.md / BENCHMARKS.md; the table a run prints gives every stage's pass@1 with its standard error
 and 95% interval.
 
-Variants (config arg): variant=full (default, ~6 min on 2 cores) | tiny (seconds; the tests use it); seed=N;
-sweep=grpo (get_sweep: GRPO clip-higher x learning rate, 3 seeds) | seeds (no axes: seeds 0, 1, 2).
+Variants (config arg): variant=full (default; its run time on 2 cores: README.md) | tiny (seconds; the tests use it);
+seed=N; sweep=grpo (get_sweep: GRPO clip-higher x learning rate, 3 seeds) | seeds (no axes: seeds 0, 1, 2).
     python -m experiments.launch --config experiments/configs/quickstart.py:variant=tiny,seed=1 --workdir runs/qs_tiny
 """
 from experiments.configs.common import (MIXED_COLD_START, MIXED_N_TRAIN, SMALL_MOE, TWO_DIGIT_ADDITION, ConfigError,

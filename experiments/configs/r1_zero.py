@@ -5,8 +5,8 @@
 The same policy, task, reward and GRPO stage as quickstart (sampling hotter: a random model needs it), minus the
 cold-start SFT and rejection rounds. A random byte model never writes "Answer: <the right number>": measured, 0 of
 38,400 sampled answers verified in 150 iterations, so every group had all-zero rewards, the zero-variance filter
-dropped them all, and held-out pass@1 stayed 0.000 where quickstart's reaches 0.383 (README). That is why the
-recipe insists on a cold start. Variants: variant=full | tiny; seed=N.
+dropped them all, and held-out pass@1 stayed 0.000, where quickstart, with its cold start, reaches the accuracy
+in README.md's seed table. That is why the recipe insists on a cold start. Variants: variant=full | tiny; seed=N.
 """
 from experiments.configs.common import SMALL_MOE, TWO_DIGIT_ADDITION, base_config, check_variant, parse_arg, stage, tiny_variant
 
