@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"config: {args.config} -> {os.path.join(args.workdir, 'config.json')} (--verbose prints it)", flush=True)
     if seed:
         info = prefix.seed_from(args.workdir, args.init_from, cfg_dict)
-        print(f"init_from: starting from {info['source']} checkpoint {info['step']} (stage {info['stage']}, unit "
+        print(f"init_from: starting from {info['source']} checkpoint {info['step']} (after {info['stage']} unit "
               f"{info['unit']})", flush=True)
     from rl import run  # imported after validation: nothing heavy runs for a bad config
 

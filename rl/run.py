@@ -285,7 +285,8 @@ def _run(loop: Loop, meta, latest) -> dict:
         sc = loop.stage_cfgs[loop.si]
         run = stage_lib.RUNS[sc.kind](ctx, loop.si, sc, params)
         run.load(ctx.ckpt.restore(latest, run.template(meta["stage_meta"])), meta["stage_meta"])
-        print(f"resuming from checkpoint {latest}: stage {loop.si} ({sc.name}), unit {loop.u0}", flush=True)
+        print(f"resuming from checkpoint {latest}: stage {loop.si + 1}/{len(loop.stage_cfgs)} {sc.name}, after unit "
+              f"{loop.u0} (units from 1 within a stage; the checkpoint number is the global unit)", flush=True)
 
     while loop.si < len(loop.stage_cfgs):
         si, sc = loop.si, loop.stage_cfgs[loop.si]
