@@ -1,7 +1,7 @@
 """JAX's persistent compilation cache, and the seconds a process spends compiling.
 
     path = compile_cache.enable(cfg["run"]["compile_cache"])   # "auto" | "off" | a directory; returns the dir or None
-    compile_cache.stats()   # {"compile_seconds": 12.3, "compiles": 41, "cache_hits": 38, "cache_misses": 3}
+    compile_cache.stats()   # {"seconds": 12.3, "compiles": 41, "cache_hits": 38, "cache_misses": 3}
 
 A tiny run spends most of its wall time compiling the same programs every time it starts; with the cache on, a
 second run (or a resumed one, or a sweep's next point) reads them back from disk. "auto" is the user's cache
@@ -11,7 +11,7 @@ by default) to compile; here every program is cached (threshold 0 s, no minimum 
 small programs. The cache key covers the program, the devices, the compile options and jax / jaxlib versions, so a
 stale entry is never used. tests/conftest.py turns the same cache on for the test suite.
 
-`stats()` sums JAX's own monitoring events from the first `enable` or `stats` call on: `compile_seconds` is the
+`stats()` sums JAX's own monitoring events from the first `enable` or `stats` call on: `seconds` is the
 XLA backend time (a cache hit costs the time to read the entry back), plus tracing and lowering.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ import threading
 COMPILE_EVENTS = ("/jax/core/compile/backend_compile_duration", "/jax/core/compile/jaxpr_trace_duration",
                   "/jax/core/compile/jaxpr_to_mlir_module_duration")
 _lock = threading.Lock()
-_totals = {"compile_seconds": 0.0, "compiles": 0, "cache_hits": 0, "cache_misses": 0}
+_totals = {"seconds": 0.0, "compiles": 0, "cache_hits": 0, "cache_misses": 0}
 _listening = False
 
 
@@ -72,7 +72,7 @@ def _listen() -> None:
     def on_duration(name, duration, **_):
         if name in COMPILE_EVENTS:
             with _lock:
-                _totals["compile_seconds"] += float(duration)
+                _totals["seconds"] += float(duration)
                 _totals["compiles"] += name == COMPILE_EVENTS[0]
 
     def on_event(name, **_):

@@ -131,8 +131,7 @@ class Loop:
         self.summary["wall_seconds"] = self.wall()
         now = compile_cache.stats()
         c = {k: self.compile_before.get(k, 0) + now[k] - self.compile_start[k] for k in now}
-        c["seconds"] = round(c.pop("compile_seconds"), 1)
-        self.summary["compile"] = {**c, "cache_dir": self.cache_dir or "off"}
+        self.summary["compile"] = {**c, "seconds": round(c["seconds"], 1), "cache_dir": self.cache_dir or "off"}
 
     def wall(self) -> float:
         return self.wall_before + (time.time() - self.t_start)

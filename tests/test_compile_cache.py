@@ -38,7 +38,7 @@ def _stats(setting: str) -> dict:
 def test_a_tiny_program_is_cached_and_read_back_by_the_next_process(tmp_path):
     cache = tmp_path / "jax"
     cold = _stats(str(cache))
-    assert cold["cache_misses"] >= 1 and cold["cache_hits"] == 0 and cold["compile_seconds"] > 0
+    assert cold["cache_misses"] >= 1 and cold["cache_hits"] == 0 and cold["seconds"] > 0
     assert any(n.startswith("jit__lambda") for n in os.listdir(cache))  # cached although it compiled in ms
     warm = _stats(str(cache))
     assert warm["cache_hits"] >= 1 and warm["cache_misses"] == 0
