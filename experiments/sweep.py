@@ -7,7 +7,11 @@
 The config file's `get_sweep(arg=None)` returns {"axes": {"<field path>": [values...], ...}, "seeds": [0, 1, ...]};
 the grid is the product of the axes, each point run once per seed in workdir/<point name>/seed<k> by
 `python -m experiments.launch` (a separate process each, so a crash costs one run), its output in that
-directory's launch.log; the sweep prints one line per run as it ends. Extra --config.* overrides apply to every
+directory's launch.log. The sweep prints a `start` line with that log's path as each run starts, a live status
+line while runs go (experiments/sweep_log.py: units done per running run; redrawn in place on a terminal, a plain
+line every minute in a log file) and one line per run as it ends, with a failed run's whole error. --dry_run
+checks every run through the launcher and estimates the compute of what is to run (the launcher's estimate
+summed) and its time (scaled from the sweep's finished runs). Extra --config.* overrides apply to every
 point; --seeds replaces the file's seeds; --only keeps the points whose AXIS (its full path or last part, e.g.
 `clip_high`) has VALUE (repeat it: different axes must all match, values of one axis are alternatives).
 
@@ -16,8 +20,9 @@ config.json in its directory. Equal and finished (summary.json holds every stage
 Equal and unfinished: resumed. Different, or a directory that holds something else: the sweep refuses, naming the
 fields that differ, and runs nothing (use a new --workdir or remove that directory).
 
-Shared stages (--init_from shared, the default): when every point has the same first k stages (the axes only touch
-later stages: e.g. GRPO settings after one cold start), those stages run once per seed in workdir/_shared/seed<k>
+Shared stages (--init_from shared, the default): when every point of the whole grid (before --only) has the same
+first k stages (the axes only touch later stages: e.g. GRPO settings after one cold start; a grid of one point
+shares all its stages but the last), those stages run once per seed in workdir/_shared/seed<k>
 and every point starts from their end (launch --init_from, rl/prefix.py): the same numbers as running them in every
 point, in a fraction of the time. `none` runs every point from scratch; a PATH (may hold `{seed}`) is a run every
 point starts from. --parallel N runs N launchers at once (default: what this machine holds: one per CPU core, as many
@@ -41,20 +46,18 @@ import itertools
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
 
 import numpy as np
 
-from experiments import launch
+from experiments import launch, sweep_log
 from rl import config_validation as cv
 
 METRICS = ("pass@1", "pass@k", "maj@k", "format_rate", "mean_length")
 SHARED = "_shared"
 PROCESS_BYTES = 1 << 30  # a launcher process's own memory besides the model's (JAX runtime, compiles, reward pool)
-STATUS_SECONDS = 60.0  # the live status line's period when stdout is not a terminal
 
 
 # ------------------------------------------------------------------------------------------- the grid
@@ -200,7 +203,8 @@ def launch_cmd(config_spec: str, workdir: str, overrides: list[tuple[str, str]],
 
 
 def run_one(cmd: list[str], workdir: str) -> tuple[int, float, str]:
-    """(exit status, seconds, last line of the log): one launcher, its output in workdir/launch.log."""
+    """(exit status, seconds, the whole error its log ends with if it failed): one launcher, its output in
+    workdir/launch.log."""
     os.makedirs(workdir, exist_ok=True)
     log = os.path.join(workdir, "launch.log")
     t0 = time.time()
@@ -208,19 +212,7 @@ def run_one(cmd: list[str], workdir: str) -> tuple[int, float, str]:
         f.write("+ " + " ".join(cmd) + "\n")
         f.flush()
         rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    return rc, time.time() - t0, error_of(log) if rc else ""
-
-
-_ERROR_START = re.compile(r"^(config error|sweep error|error|[\w.]*(Error|Exception|Interrupt|Exit))\b")
-
-
-def error_of(log: str, max_lines: int = 40) -> str:
-    """The whole error a failed launcher left at the end of its log: from the last line that opens an error
-    ("config error: ...", "ValueError: ...", every line of a multi-line message) to the end; else the last line."""
-    with open(log, encoding="utf-8", errors="replace") as f:
-        lines = [ln.rstrip() for ln in f if ln.strip()]
-    start = next((i for i in range(len(lines) - 1, -1, -1) if _ERROR_START.match(lines[i])), len(lines) - 1)
-    return "\n".join(lines[max(start, len(lines) - max_lines):]) if lines else "(empty log)"
+    return rc, time.time() - t0, sweep_log.error_of(log) if rc else ""
 
 
 def run_all(jobs: list[dict], parallel: int) -> None:
@@ -228,7 +220,7 @@ def run_all(jobs: list[dict], parallel: int) -> None:
     if not jobs:
         return
     width = len(str(len(jobs)))
-    status = Status(jobs)
+    status = sweep_log.Status(jobs)
 
     def one(j):
         status.say(f"start {j['label']:<40} log {os.path.join(j['workdir'], 'launch.log')}")
@@ -245,91 +237,6 @@ def run_all(jobs: list[dict], parallel: int) -> None:
             err = "\n    " + j["error"].replace("\n", "\n    ") if j["rc"] else ""
             status.say(f"[{i:>{width}}/{len(jobs)}] {j['label']:<40} {secs:6.0f} s  {extra}  "
                        f"({os.path.join(j['workdir'], 'launch.log')}){err}")
-
-
-class Status:
-    """The sweep's live status while launchers run: one line, "sweep 3/8 done, 2 running: a seed0 unit 12/40,
-    ...", redrawn in place every second on a terminal and printed every STATUS_SECONDS otherwise (a log file gets
-    no carriage returns). A running job's unit is the last `step` of its metrics.jsonl (global units, of
-    job["units"] when known). `say` prints a line above the status line."""
-
-    def __init__(self, jobs: list[dict], stream=None, period: float | None = None):
-        import threading
-
-        self.jobs, self.stream = jobs, stream or sys.stdout
-        self.tty = self.stream.isatty()
-        self.period = period if period is not None else (1.0 if self.tty else STATUS_SECONDS)
-        self.running: list[dict] = []
-        self.done, self.t0, self.shown = 0, time.time(), False
-        self.lock, self.stop = threading.Lock(), threading.Event()
-        self.thread = threading.Thread(target=self._loop, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.thread.join()
-        with self.lock:
-            self._clear()
-
-    def started(self, j):
-        with self.lock:
-            self.running.append(j)
-
-    def ended(self, j):
-        with self.lock:
-            self.running = [r for r in self.running if r is not j]
-            self.done += 1
-
-    def line(self) -> str:
-        parts = []
-        for j in self.running:
-            u = last_step(os.path.join(j["workdir"], "metrics.jsonl"))
-            parts.append(f"{j['label']} " + ("starting" if u is None else f"unit {u}" +
-                                             (f"/{j['units']}" if j.get("units") else "")))
-        return (f"[sweep {time.time() - self.t0:6.0f} s] {self.done}/{len(self.jobs)} done, {len(self.running)} "
-                f"running" + (": " + ", ".join(parts) if parts else ""))
-
-    def say(self, msg: str) -> None:
-        with self.lock:
-            self._clear()
-            print(msg, file=self.stream, flush=True)
-
-    def _clear(self):
-        if self.tty and self.shown:
-            self.stream.write("\r\033[K")
-            self.shown = False
-
-    def _loop(self):
-        while not self.stop.wait(self.period):
-            with self.lock:
-                text = self.line()
-                if self.tty:
-                    width = shutil.get_terminal_size((120, 20)).columns - 1
-                    self.stream.write("\r\033[K" + text[:width])
-                    self.shown = True
-                else:
-                    self.stream.write(text + "\n")
-                self.stream.flush()
-
-
-def last_step(path: str) -> int | None:
-    """The `step` of the last line of a metrics.jsonl (None when there is none yet); reads only its tail."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 65536))
-            lines = f.read().decode("utf-8", "replace").splitlines()
-    except OSError:
-        return None
-    for ln in reversed(lines):
-        try:
-            return int(json.loads(ln)["step"])
-        except (ValueError, KeyError, TypeError):
-            continue
-    return None
 
 
 # ------------------------------------------------------------------------------------------- results

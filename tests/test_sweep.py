@@ -188,7 +188,7 @@ def test_the_time_estimate_scales_from_finished_runs(tmp_path):
 def test_run_all_prints_each_log_a_live_status_and_the_whole_error(tmp_path, monkeypatch, capsys):
     import sys
 
-    monkeypatch.setattr(sweep, "STATUS_SECONDS", 0.05)
+    monkeypatch.setattr(sweep.sweep_log, "STATUS_SECONDS", 0.05)
     ok = ("import json, os, sys, time; p = os.path.join(sys.argv[1], 'metrics.jsonl')\n"
           "for s in (1, 2, 3):\n    open(p, 'a').write(json.dumps({'step': s}) + '\\n'); time.sleep(0.3)")
     bad = ("import sys; print('building the run'); print('config error: 2 problems:\\n  tasks.n_test: asked for 9, "
@@ -213,7 +213,7 @@ def test_a_sweep_whose_runs_all_fail_prints_their_errors_not_an_empty_table(tmp_
         os.makedirs(workdir, exist_ok=True)
         with open(os.path.join(workdir, "launch.log"), "w") as f:
             f.write("+ launch\nTraceback (most recent call last):\n  File x\nRuntimeError: out of memory in step\n")
-        return 1, 0.1, sweep.error_of(os.path.join(workdir, "launch.log"))
+        return 1, 0.1, sweep.sweep_log.error_of(os.path.join(workdir, "launch.log"))
 
     monkeypatch.setattr(sweep, "run_one", fail)
     rc = sweep.main(["--config", QS, "--workdir", str(tmp_path / "sw"), "--seeds", "0", "--only", "lr=0.0001",
