@@ -112,10 +112,10 @@ class RLConfig(StageConfig):
     mis_high: float = field(0.0, "MIS: mask sequences whose ratio is above this (0 = no upper bound)", num(0.0, 1e6))
     mis_kind: str = field("product", "MIS sequence ratio: product of the token ratios | geometric (their geometric "
                                      "mean)", choice("product", "geometric"))
-    icepop_low: float = field(0.0, "IcePop: mask tokens whose ratio rho is below this (0 = no lower bound)",
-                              num(0.0, 1e6))
-    icepop_high: float = field(0.0, "IcePop: mask tokens whose ratio rho is above this (0 = no upper bound)",
-                               num(0.0, 1e6))
+    icepop_low: float = field(0.0, "IcePop: each token weighted by its ratio rho, and by 0 when rho is below this "
+                                    "(0 = no lower bound; not with tis_cap)", num(0.0, 1e6))
+    icepop_high: float = field(0.0, "IcePop: each token weighted by its ratio rho, and by 0 when rho is above this "
+                                     "(0 = no upper bound; not with tis_cap)", num(0.0, 1e6))
     max_staleness: int = field(1, "bounded staleness: the sampler runs up to k updates ahead (k batches sampled "
                                   "ahead, while rewards are computed; needs run.overlap and no curriculum); 0 = each "
                                   "batch sampled right before its update", integer(0, 64))
@@ -173,6 +173,9 @@ class RLConfig(StageConfig):
                 yield f"{name}_low", f"must be < 1 (0 = no lower bound), got {lo}"
             if 0 < hi <= 1:
                 yield f"{name}_high", f"must be > 1 (0 = no upper bound), got {hi}"
+        if self.tis_cap and (self.icepop_low or self.icepop_high):
+            yield "icepop_high" if self.icepop_high else "icepop_low", \
+                "IcePop weights each token by its ratio rho already; set it or tis_cap, not both"
         try:
             self.components(max_new_tokens=1)
         except ValueError as e:  # the loss's own rules (e.g. k1 in the loss), named by the stage field
