@@ -89,7 +89,7 @@ class LossConfig:
 
     mode: str  # "sft" | "grpo" | "ppo" | "prm"
     policy_loss: str = "ppo"  # name in rl.losses.POLICY_LOSSES
-    clip_low: float = 0.2  # ratio lower bound 1 - clip_low
+    clip_low: float | None = 0.2  # ratio lower bound 1 - clip_low (None: no lower bound, policy_loss "cispo" only)
     clip_high: float = 0.2  # ratio upper bound 1 + clip_high (DAPO clip-higher: 0.28)
     dual_clip: float | None = None  # c > 1 bounds the loss of negative-advantage tokens
     agg: str = "token-mean"  # one of rl.losses.AGG_MODES
@@ -106,10 +106,13 @@ class LossConfig:
             raise ValueError(f"LossConfig.mode must be one of {MODES}, got {self.mode!r}")
         if self.policy_loss not in losses.POLICY_LOSSES:
             raise ValueError(f"LossConfig.policy_loss must be one of {sorted(losses.POLICY_LOSSES)}, got {self.policy_loss!r}")
+        if self.clip_low is None and self.policy_loss != "cispo":
+            raise ValueError(f"LossConfig.clip_low None (no lower bound) is for policy_loss 'cispo' only, got "
+                             f"{self.policy_loss!r}")
         for name in ("clip_low", "clip_high"):
-            if not 0.0 <= getattr(self, name) < 10.0:
+            if getattr(self, name) is not None and not 0.0 <= getattr(self, name) < 10.0:
                 raise ValueError(f"LossConfig.{name} must be in [0, 10), got {getattr(self, name)}")
-        if self.clip_low >= 1.0:
+        if self.clip_low is not None and self.clip_low >= 1.0:
             raise ValueError(f"LossConfig.clip_low must be < 1 (ratio floor 1 - clip_low > 0), got {self.clip_low}")
         if self.dual_clip is not None and not self.dual_clip > 1.0:
             raise ValueError(f"LossConfig.dual_clip must be None or > 1, got {self.dual_clip}")

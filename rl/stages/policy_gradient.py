@@ -58,7 +58,7 @@ class RLConfig(StageConfig):
                                     "near-equal minibatches of at most this many rows", integer(1, 10**9))
     advantage: str = field("grpo", "grpo (group mean/std) | rloo (leave-one-out); GRPO kind only", choice("grpo", "rloo"))
     scale_by_std: bool = field(True, "GRPO: divide by the group std (False = Dr. GRPO)", boolean)
-    clip_low: float = field(0.2, "PPO ratio clip below 1 - clip_low", num(0.0, 0.99))
+    clip_low: float = field(0.2, "PPO ratio clip below 1 - clip_low (cispo: only with cispo_floor)", num(0.0, 0.99))
     clip_high: float = field(0.2, "PPO ratio clip above 1 + clip_high (clip-higher: > clip_low)", num(0.0, 9.99))
     dual_clip: float = field(0.0, "dual-clip constant c > 1 for negative advantages (0 = off)", num(0.0, 100.0))
     agg: str = field("token-mean", "loss aggregation: token-mean | seq-mean-token-mean | seq-mean-token-sum | "
@@ -97,7 +97,10 @@ class RLConfig(StageConfig):
     value_clip: float = field(0.2, "PPO: value clip range (0 = off)", num(0.0, 1e6))
     policy_loss: str = field("ppo", "policy loss (rl.losses.POLICY_LOSSES): ppo (clipped token ratio) | reinforce | "
                                     "gspo (clipped sequence ratio; needs agg seq-mean-token-mean) | cispo (clipped "
-                                    "stop-gradient weight x logprob)", choice("ppo", "reinforce", "gspo", "cispo"))
+                                    "stop-gradient weight min(ratio, 1 + clip_high) x logprob)",
+                        choice("ppo", "reinforce", "gspo", "cispo"))
+    cispo_floor: bool = field(False, "cispo: also floor the importance weight at 1 - clip_low (False = clipped from "
+                                     "above only, as in MiniMax-M1)", boolean)
     # Sampler / trainer mismatch (docs/training.md): routes, precision, off-policy correction, staleness.
     routing_replay: bool = field(False, "routing replay (R3, MoE models): the train step uses the experts the sampler "
                                         "chose for every token, gate weights from the current router", boolean)
@@ -165,6 +168,11 @@ class RLConfig(StageConfig):
             yield "agg", f"must be seq-mean-token-mean for policy_loss gspo (its mean over sequences), got {self.agg!r}"
         if self.policy_loss in ("gspo", "cispo") and self.dual_clip:
             yield "dual_clip", f"applies to policy_loss ppo only, got {self.dual_clip} with {self.policy_loss}"
+        if self.cispo_floor and self.policy_loss != "cispo":
+            yield "cispo_floor", f"applies to policy_loss cispo only, got {self.policy_loss!r}"
+        if self.policy_loss == "cispo" and not self.cispo_floor and self.clip_low != _default(self, "clip_low"):
+            yield "clip_low", (f"has no effect with policy_loss cispo (its weight is clipped from above only), got "
+                               f"{self.clip_low}; set cispo_floor=True to floor the weight at 1 - clip_low")
         if 0 < self.tis_cap < 1:
             yield "tis_cap", f"must be 0 (off) or >= 1, got {self.tis_cap}"
         for name in ("mis", "icepop"):
@@ -189,7 +197,8 @@ class RLConfig(StageConfig):
         from rl.train_step import LossConfig
 
         loss = LossConfig(
-            mode=self.kind, clip_low=float(self.clip_low), clip_high=float(self.clip_high),
+            mode=self.kind, clip_high=float(self.clip_high),
+            clip_low=None if self.policy_loss == "cispo" and not self.cispo_floor else float(self.clip_low),
             dual_clip=float(self.dual_clip) if self.dual_clip else None, agg=self.agg,
             max_len_norm=int(max_new_tokens) if self.agg == "seq-mean-token-sum-norm" else None,
             kl_kind=self.kl_kind, kl_in_loss=self.kl_place == "loss" and self.uses_reference,
@@ -203,6 +212,11 @@ class RLConfig(StageConfig):
         elif self.kl_coef > 0:
             ctl = FixedKL(float(self.kl_coef), ramp_steps=int(self.kl_ramp_steps))
         return loss, self.optim_config(), ctl
+
+
+def _default(cfg, name: str):
+    """The declared default of a config field (a field left at it was not asked for)."""
+    return type(cfg).__dataclass_fields__[name].default
 
 
 class PolicyGradientRun(StageRun):
