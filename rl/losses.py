@@ -160,11 +160,16 @@ def reinforce_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, 
     """Unclipped importance-weighted policy gradient `-A * ratio` (on-policy: plain REINFORCE).
 
     Same signature and metrics as `policy_loss` so the registry can swap them; the clip arguments
-    only feed the clip-fraction metrics.
+    only feed the clip-fraction metrics (the share of tokens a PPO clip would have clipped); dual_clip must
+    be None (dual_clip_frac is 0: nothing is clipped).
     """
-    _, metrics = policy_loss(logp, old_logp, advantages, mask, clip_low, clip_high, dual_clip, agg, max_len, denom)
-    ratio = jnp.exp(jnp.clip(logp - old_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-    return aggregate(-jnp.asarray(advantages, jnp.float32) * ratio, mask, agg, max_len, denom), metrics
+    _no_dual_clip("reinforce", dual_clip)
+    m = jnp.asarray(mask, jnp.float32)
+    adv = jnp.asarray(advantages, jnp.float32)
+    log_ratio = jnp.clip(logp.astype(jnp.float32) - old_logp.astype(jnp.float32), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    ratio = jnp.exp(log_ratio)
+    loss = aggregate(-adv * ratio, m, agg, max_len, denom)
+    return loss, _ratio_metrics(ratio, log_ratio, adv, m, clip_low, clip_high)
 
 
 def _no_dual_clip(name: str, dual_clip) -> None:

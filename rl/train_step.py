@@ -451,6 +451,8 @@ def make_loss_fn(model_cfg, loss_cfg: LossConfig, mesh, rules):
             kl_seq = losses.aggregate(kl_tok, mask, "seq-mean-token-mean") * row_w
             if loss_cfg.kl_in_loss:
                 total = total + kl_coef * kl_loss
+            else:  # only measured (`kl`): the KL is in the rewards, so the loss has no KL term to report
+                kl_loss = jnp.zeros((), jnp.float32)
 
         vloss = jnp.zeros((), jnp.float32)
         if is_ppo:

@@ -311,7 +311,7 @@ def test_sequence_and_cispo_losses_share_the_registry_signature():
     import inspect
 
     want = list(inspect.signature(L.policy_loss).parameters)
-    for name in ("gspo", "cispo"):
+    for name in ("reinforce", "gspo", "cispo"):  # dual_clip is PPO's; the others refuse it (no silent 0.5 fraction)
         fn = L.get_policy_loss(name)
         assert list(inspect.signature(fn).parameters) == want
         with pytest.raises(ValueError, match="dual_clip"):
@@ -329,5 +329,6 @@ def test_policy_loss_is_selected_from_the_stage_config():
     assert cfg(policy_loss="gspo", agg="seq-mean-token-mean").components(32)[0].policy_loss == "gspo"
     with pytest.raises(FieldErrors, match="agg must be seq-mean-token-mean"):
         cfg(policy_loss="gspo")
-    with pytest.raises(FieldErrors, match="dual_clip"):
-        cfg(policy_loss="cispo", dual_clip=3.0)
+    for loss in ("cispo", "reinforce", "gspo"):
+        with pytest.raises(FieldErrors, match="dual_clip applies to policy_loss ppo only"):
+            cfg(policy_loss=loss, dual_clip=3.0, agg="seq-mean-token-mean")

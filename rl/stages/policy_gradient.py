@@ -57,7 +57,8 @@ class RLConfig(StageConfig):
     token_budget: int = field(4096, "tokens (rows x padded length) per minibatch; an epoch's rows are split into "
                                     "near-equal minibatches of at most this many rows", integer(1, 10**9))
     advantage: str = field("grpo", "grpo (group mean/std) | rloo (leave-one-out); GRPO kind only", choice("grpo", "rloo"))
-    scale_by_std: bool = field(True, "GRPO: divide by the group std (False = Dr. GRPO)", boolean)
+    scale_by_std: bool = field(True, "GRPO: divide by the group std (False = Dr. GRPO); advantage grpo only (set "
+                                     "False with rloo)", boolean)
     clip_low: float = field(0.2, "PPO ratio clip below 1 - clip_low (cispo: only with cispo_floor)", num(0.0, 0.99))
     clip_high: float = field(0.2, "PPO ratio clip above 1 + clip_high (clip-higher: > clip_low)", num(0.0, 9.99))
     dual_clip: float = field(0.0, "dual-clip constant c > 1 for negative advantages (0 = off)", num(0.0, 100.0))
@@ -166,7 +167,7 @@ class RLConfig(StageConfig):
             yield "process_grpo", "and step_rewards are alternatives; set only one"
         if self.policy_loss == "gspo" and self.agg != "seq-mean-token-mean":
             yield "agg", f"must be seq-mean-token-mean for policy_loss gspo (its mean over sequences), got {self.agg!r}"
-        if self.policy_loss in ("gspo", "cispo") and self.dual_clip:
+        if self.policy_loss != "ppo" and self.dual_clip:
             yield "dual_clip", f"applies to policy_loss ppo only, got {self.dual_clip} with {self.policy_loss}"
         if self.cispo_floor and self.policy_loss != "cispo":
             yield "cispo_floor", f"applies to policy_loss cispo only, got {self.policy_loss!r}"
@@ -400,7 +401,7 @@ class PolicyGradientRun(StageRun):
         extra, keep_rows = self.advantages(a, texts, scores, rewards, coef, kl_tok)
         batch = {k: a[k] for k in ("tokens", "attn_mask", "loss_mask", "temperature", "routes") if k in a}
         batch["old_logp"] = a["sample_logp"]  # the behaviour policy is the sampler's distribution
-        if "ref_logp" in a and s.kl_place == "loss":
+        if "ref_logp" in a:  # in the loss (kl_place "loss"), or only measured for kl/train (LossConfig.kl_in_loss)
             batch["ref_logp"] = a["ref_logp"]
         batch.update(extra)
         starts = np.concatenate([[0], np.cumsum(ks)[:-1]]).astype(np.int64)
@@ -494,13 +495,18 @@ def step_arrays(rows: list[list[tuple[float, int]]]):
 
 def stage_reward_terms(s, scores: list[dict]) -> np.ndarray:
     """The stage's own reward terms per answer: + process_weight x process + format_weight x format
-    - language_weight x language (each a component rewards.combine.score always returns)."""
+    - language_weight x language (each a component rewards.combine.score always returns). The format term skips
+    the families whose format is their outcome (rewards.task_score.FORMAT_IS_OUTCOME: an instruction row's `format`
+    is its share of constraints met, already in the total), as reward.w_format does."""
+    from rewards.task_score import format_counts
+
     col = lambda k: np.array([float(sc[k]) for sc in scores], np.float64)  # noqa: E731
     out = np.zeros((len(scores),), np.float64)
     for weight, key, sign in ((s.process_weight, "process", 1.0), (s.format_weight, "format", 1.0),
                               (s.language_weight, "language", -1.0)):
         if weight:
-            out += sign * weight * col(key)
+            own = np.array([format_counts(sc) for sc in scores], np.float64) if key == "format" else 1.0
+            out += sign * weight * col(key) * own
     return out
 
 
