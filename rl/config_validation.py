@@ -115,8 +115,8 @@ TASKS = {
 
 SAMPLING = {
     "max_new_tokens": F(32, "tokens generated per answer (training rollouts and eval)", integer(1, 10**6)),
-    "top_p": F(1.0, "nucleus sampling (1.0 = off)", num(0.0, 1.0, lo_open=True)),
-    "top_k": F(0, "top-k sampling (0 = off)", integer(0, 10**7)),
+    "top_p": F(1.0, "nucleus sampling (1.0 = off; must be off with a grpo/ppo stage)", num(0.0, 1.0, lo_open=True)),
+    "top_k": F(0, "top-k sampling (0 = off; must be off with a grpo/ppo stage)", integer(0, 10**7)),
     "batch_rows": F(128, "rows (answers) per sampler call; every call has this shape, so the sampler compiles once",
                     integer(1, 10**6)),
 }
