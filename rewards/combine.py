@@ -65,7 +65,7 @@ class RewardConfig:
 
     w_outcome: float = 1.0  # weight of the verified final answer (0/1)
     w_process: float = 0.0  # weight of the mean step score (rule-checked arithmetic); 0 = off
-    w_format: float = 0.0  # weight of the format reward in [0, 1]; 0 = off (under std-normalised GRPO it inflates all-wrong groups)
+    w_format: float = 0.0  # weight of the format reward in [0, 1]; 0 = off (std-normalised GRPO inflates it)
     lang: str = "zh"  # expected solution language: "zh" (步骤一：/答案：) or "en" (Step 1:/Answer:)
     format_mode: str = "steps"  # format layout: "steps" (markers + answer line) or "think_answer" (<think>/<answer>)
     accept_boxed: bool = True  # a \boxed{} answer satisfies the format's final-answer marker

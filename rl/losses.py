@@ -238,7 +238,10 @@ def cispo_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, mask
     lp = logp.astype(jnp.float32)
     log_ratio = jnp.clip(lp - old_logp.astype(jnp.float32), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = jnp.exp(log_ratio)
-    weight = jnp.minimum(ratio, 1.0 + clip_high) if clip_low is None else jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    if clip_low is None:
+        weight = jnp.minimum(ratio, 1.0 + clip_high)
+    else:
+        weight = jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
     loss = aggregate(-jax.lax.stop_gradient(weight) * adv * lp, m, agg, max_len, denom)
     # no lower bound: a floor of 1 - 1 = 0, which no ratio falls below (clip_frac_low 0)
     low = 1.0 if clip_low is None else clip_low

@@ -99,7 +99,8 @@ def correction(prox_logp, behav_logp, mask, *, tis_cap: float = 0.0, mis_low: fl
         keep = in_band(lr, icepop_low, icepop_high).astype(jnp.float32)
         ice = jnp.exp(lr) * keep * m  # Ring-1T's weight: rho inside the band, 0 outside
         w = w * ice
-        met.update({"offpolicy/icepop_masked_frac": _mean(1.0 - keep, m), "offpolicy/icepop_weight_mean": _mean(ice, m)})
+        met["offpolicy/icepop_masked_frac"] = _mean(1.0 - keep, m)
+        met["offpolicy/icepop_weight_mean"] = _mean(ice, m)
     met["offpolicy/weight_mean"] = _mean(w, m)
     return w, met
 
