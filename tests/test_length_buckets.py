@@ -132,6 +132,32 @@ def test_bucketed_steps_add_up_to_the_epochs_token_mean_gradient():
     assert np.linalg.norm(per_step_mean - want) > 0.05 * np.linalg.norm(want)
 
 
+def test_train_on_passes_the_epoch_denominator_only_with_buckets():
+    """StageRun.train_on with length_buckets gives every step hparams["loss_denom"] = the epoch's loss tokens / its
+    steps (the same for every epoch); without buckets the step keeps its own token count (no loss_denom)."""
+    from types import SimpleNamespace
+
+    from rl.stages.base import StageRun
+    from rl.stages.sft import SFTConfig
+
+    seen = []
+
+    def fake_step(state, mb, hp):
+        seen.append({k: float(v) for k, v in hp.items()})
+        return state, {"skipped": np.int32(0), "lr": hp["lr"], "loss/total": np.float32(0.0)}
+
+    run = object.__new__(StageRun)
+    run.cfg, run.loss_cfg = SFTConfig(name="s"), LossConfig(mode="sft")
+    run.units, run.opt_steps, run.consecutive_skips = 1, 0, 0
+    run.ctx, run.state, run.step_fn = SimpleNamespace(cfg={"run": {"max_consecutive_skips": 0}}), {}, fake_step
+    batch = _mixed_lengths_batch()
+    run.train_on(batch, epochs=2, rng=np.random.default_rng(0), max_rows=4, unit=0, length_buckets=4)
+    assert len(seen) == 8 and all(h["loss_denom"] == pytest.approx(batch["loss_mask"].sum() / 4) for h in seen)
+    seen.clear()
+    run.train_on(batch, epochs=1, rng=np.random.default_rng(0), max_rows=4, unit=0)
+    assert len(seen) == 4 and not any("loss_denom" in h for h in seen)
+
+
 def test_step_divides_by_the_loss_denom_it_is_given():
     """hparams["loss_denom"] replaces the step's own token count: loss/policy = summed token NLL / loss_denom
     (float64 reference from the model's logprobs), not / the batch's loss tokens."""
