@@ -58,11 +58,14 @@ MAX_ANSWER_LOG_CHARS = 200  # the answer is returned for logging only; hostile a
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RewardConfig:
-    """Weights and switches of the combined reward (seed practice: w_process 0.1-0.3 when on, w_format 0.05-0.1)."""
+    """Weights and switches of the combined reward (seed practice: w_process 0.1-0.3 when on, w_format 0.05-0.1).
+
+    w_format defaults to 0: under std-normalised GRPO (scale_by_std) a format term's small differences inside a
+    group whose answers are all wrong become advantages as large as a right answer's (docs/rewards.md)."""
 
     w_outcome: float = 1.0  # weight of the verified final answer (0/1)
     w_process: float = 0.0  # weight of the mean step score (rule-checked arithmetic); 0 = off
-    w_format: float = 0.1  # weight of the format reward in [0, 1]
+    w_format: float = 0.0  # weight of the format reward in [0, 1]; 0 = off (std-normalised GRPO inflates it)
     lang: str = "zh"  # expected solution language: "zh" (步骤一：/答案：) or "en" (Step 1:/Answer:)
     format_mode: str = "steps"  # format layout: "steps" (markers + answer line) or "think_answer" (<think>/<answer>)
     accept_boxed: bool = True  # a \boxed{} answer satisfies the format's final-answer marker

@@ -33,10 +33,11 @@ from rewards.combine import RewardConfig, error_result, score
 from rewards.parse import as_text
 from rewards.penalties import text_length
 
-__all__ = ["SEP", "FAMILIES", "target_of", "split_target", "score_task"]
+__all__ = ["SEP", "FAMILIES", "FORMAT_IS_OUTCOME", "target_of", "split_target", "score_task", "format_counts"]
 
 SEP = "\x1f"
 FAMILIES = ("math", "code", "instructions")
+FORMAT_IS_OUTCOME = ("instructions",)  # families whose `format` reports their outcome: no format weight applies
 _FENCED = re.compile(r"^[ \t]{0,3}(`{3,}|~{3,})[^\n]*\n.*?(?:^[ \t]{0,3}\1[ \t]*$|\Z)", re.MULTILINE | re.DOTALL)
 _DEFAULT = RewardConfig()
 
@@ -58,6 +59,12 @@ def split_target(target) -> tuple[str, str]:
         if family in FAMILIES[1:]:
             return family, check
     return "math", target
+
+
+def format_counts(result: dict) -> bool:
+    """Whether a format weight applies to this scored result: not for the families whose format is their outcome
+    (w_format adds nothing there, and a stage's format_weight must not add the outcome a second time)."""
+    return result.get("family") not in FORMAT_IS_OUTCOME
 
 
 def _strip_code(text: str) -> str:

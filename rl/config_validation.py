@@ -115,11 +115,22 @@ TASKS = {
 
 SAMPLING = {
     "max_new_tokens": F(32, "tokens generated per answer (training rollouts and eval)", integer(1, 10**6)),
-    "top_p": F(1.0, "nucleus sampling (1.0 = off)", num(0.0, 1.0, lo_open=True)),
-    "top_k": F(0, "top-k sampling (0 = off)", integer(0, 10**7)),
+    "top_p": F(1.0, "nucleus sampling (1.0 = off; must be off with a grpo/ppo stage)", num(0.0, 1.0, lo_open=True)),
+    "top_k": F(0, "top-k sampling (0 = off; must be off with a grpo/ppo stage)", integer(0, 10**7)),
     "batch_rows": F(128, "rows (answers) per sampler call; every call has this shape, so the sampler compiles once",
                     integer(1, 10**6)),
 }
+
+
+def rl_sampling_errors(smp: dict, where: str):
+    """sampling.top_p / top_k with a grpo / ppo stage (`where`): refused, because the sampler would draw from the
+    truncated, renormalised distribution while the behaviour, reference and trained logprobs are the full one's."""
+    why = (f"with a grpo/ppo stage ({where}): the sampler draws from the truncated distribution but the behaviour, "
+           "reference and trained logprobs are the full distribution's")
+    if isinstance(smp.get("top_p"), (int, float)) and smp["top_p"] < 1.0:
+        yield f"sampling.top_p must be 1.0 (off) {why}, got {smp['top_p']}"
+    if isinstance(smp.get("top_k"), int) and smp["top_k"] > 0:
+        yield f"sampling.top_k must be 0 (off) {why}, got {smp['top_k']}"
 
 EVAL = {
     "every": F(10, "evaluate on the validation split every N units of any stage (SFT epochs, rejection rounds, RL "
@@ -406,7 +417,7 @@ def validate(config) -> None:
     if not isinstance(stages, list) or not stages:
         errors.append("stages must be a non-empty list of stage sections")
         stages = []
-    names = set()
+    names, rl_stage = set(), ""
     n_train = tasks.get("n_train") if isinstance(tasks.get("n_train"), int) else None
     for i, s in enumerate(stages):
         p = f"stages[{i}]"
@@ -427,6 +438,9 @@ def validate(config) -> None:
             errors += [f"{p}.{fld} {msg}" for fld, msg in sc.model_checks(model)]
         if isinstance(rew, dict) and hasattr(sc, "reward_checks"):  # stage rules that need the reward section
             errors += [f"{p}.{fld} {msg}" for fld, msg in sc.reward_checks(rew)]
+        if sc.kind in ("grpo", "ppo") and not rl_stage:  # once, for the first RL stage
+            rl_stage = p
+            errors += list(rl_sampling_errors(smp, p))
     if errors:
         raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
 

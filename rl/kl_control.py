@@ -15,7 +15,10 @@ loss aggregation (rl.train_step reports it as `kl`; the RL stages measure it on 
 
 AdaptiveKL is the proportional controller of Ziegler et al. (2019):
 `err = clip(kl / target - 1, -0.2, 0.2)`, `coef <- max(coef, min_coef) * (1 + err * n_steps / horizon)`;
-the floor `min_coef` lets a controller started at 0 grow. A non-finite `kl` leaves the state unchanged
+the floor `min_coef` (default 1e-4) lets a controller started at 0 grow. The paper's controller (and verl's
+AdaptiveKLController) has no floor, `coef <- coef * (1 + err * n_steps / horizon)`: a coefficient below 1e-4 moves
+differently here (it first jumps to the floor); `min_coef=0` gives the paper's update exactly, under which a
+coefficient at 0 stays 0. A non-finite `kl` leaves the state unchanged
 (one bad batch cannot poison the coefficient). `ramp_steps > 0` scales the coefficient linearly from
 1/ramp_steps to 1 over the first `ramp_steps` iterations (both kinds).
 """
@@ -84,8 +87,8 @@ class AdaptiveKL:
             raise ValueError(f"horizon must be a finite number > 0, got {self.horizon}")
         if self.ramp_steps < 0:
             raise ValueError(f"ramp_steps must be >= 0, got {self.ramp_steps}")
-        if not 0 < self.min_coef < float("inf"):
-            raise ValueError(f"min_coef must be a finite number > 0, got {self.min_coef}")
+        if not 0 <= self.min_coef < float("inf"):
+            raise ValueError(f"min_coef must be a finite number >= 0, got {self.min_coef}")
 
     def init(self) -> dict:
         return {"coef": jnp.asarray(self.init_coef, jnp.float32)}

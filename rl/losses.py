@@ -6,7 +6,7 @@ that is 1 on the tokens that count (response tokens). Per-token terms are reduce
 constant-length-normalised (Dr. GRPO) choices. `POLICY_LOSSES` maps a config name to a policy
 loss with the `policy_loss` signature, so a variant is a new entry rather than a new trainer:
 "ppo" (clipped token ratio), "reinforce" (unclipped), "gspo" (clipped sequence ratio, GSPO-token form) and
-"cispo" (clipped, stop-gradient importance weight times the logprob).
+"cispo" (stop-gradient importance weight, clipped from above, times the logprob).
 
 Alignment: `token_logprobs(logits, tokens)[:, t]` is log p(tokens[:, t] | tokens[:, :t]) computed
 from `logits[:, t - 1]`; position 0 has no prediction and gets 0 (its loss mask must be 0).
@@ -160,11 +160,16 @@ def reinforce_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, 
     """Unclipped importance-weighted policy gradient `-A * ratio` (on-policy: plain REINFORCE).
 
     Same signature and metrics as `policy_loss` so the registry can swap them; the clip arguments
-    only feed the clip-fraction metrics.
+    only feed the clip-fraction metrics (the share of tokens a PPO clip would have clipped); dual_clip must
+    be None (dual_clip_frac is 0: nothing is clipped).
     """
-    _, metrics = policy_loss(logp, old_logp, advantages, mask, clip_low, clip_high, dual_clip, agg, max_len, denom)
-    ratio = jnp.exp(jnp.clip(logp - old_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-    return aggregate(-jnp.asarray(advantages, jnp.float32) * ratio, mask, agg, max_len, denom), metrics
+    _no_dual_clip("reinforce", dual_clip)
+    m = jnp.asarray(mask, jnp.float32)
+    adv = jnp.asarray(advantages, jnp.float32)
+    log_ratio = jnp.clip(logp.astype(jnp.float32) - old_logp.astype(jnp.float32), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    ratio = jnp.exp(log_ratio)
+    loss = aggregate(-adv * ratio, m, agg, max_len, denom)
+    return loss, _ratio_metrics(ratio, log_ratio, adv, m, clip_low, clip_high)
 
 
 def _no_dual_clip(name: str, dual_clip) -> None:
@@ -215,14 +220,16 @@ def gspo_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, mask:
 
 
 def cispo_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, mask: jax.Array,
-               clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: float | None = None,
+               clip_low: float | None = None, clip_high: float = 0.2, dual_clip: float | None = None,
                agg: str = "token-mean", max_len: int | None = None, denom: jax.Array | None = None):
     """CISPO (MiniMax-M1, 2025): the importance weight is clipped and stop-gradiented, never the token dropped.
 
-    Per token l_t = -sg(clip(ratio_t, 1 - clip_low, 1 + clip_high)) * A_t * logp_t, ratio_t = exp(logp_t -
-    old_logp_t) (log clamped to +-20), aggregated with `agg`: token-mean (the default) is the paper's sum over
-    masked tokens divided by their number. Every token keeps a gradient -clip(ratio) * A * grad logp. Metrics as
-    `policy_loss` (clip fractions: tokens whose weight was clipped below / above, whatever their advantage;
+    Per token l_t = -sg(w_t) * A_t * logp_t with w_t = min(ratio_t, 1 + clip_high), ratio_t = exp(logp_t -
+    old_logp_t) (log clamped to +-20): the paper's weight, clipped from above only (it sets eps_low large enough
+    never to bind). A lower bound only when asked: clip_low = c gives w_t = clip(ratio_t, 1 - c, 1 + clip_high).
+    Aggregated with `agg`: token-mean (the default) is the paper's sum over masked tokens divided by their number.
+    Every token keeps a gradient -w_t * A_t * grad logp_t. Metrics as `policy_loss` (clip fractions: tokens whose
+    weight was clipped below / above, whatever their advantage; clip_frac_low is 0 without a lower bound;
     dual_clip must be None).
     """
     _no_dual_clip("cispo", dual_clip)
@@ -231,9 +238,14 @@ def cispo_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, mask
     lp = logp.astype(jnp.float32)
     log_ratio = jnp.clip(lp - old_logp.astype(jnp.float32), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = jnp.exp(log_ratio)
-    weight = jax.lax.stop_gradient(jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high))
-    loss = aggregate(-weight * adv * lp, m, agg, max_len, denom)
-    return loss, _ratio_metrics(ratio, log_ratio, adv, m, clip_low, clip_high, any_sign=True)
+    if clip_low is None:
+        weight = jnp.minimum(ratio, 1.0 + clip_high)
+    else:
+        weight = jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    loss = aggregate(-jax.lax.stop_gradient(weight) * adv * lp, m, agg, max_len, denom)
+    # no lower bound: a floor of 1 - 1 = 0, which no ratio falls below (clip_frac_low 0)
+    low = 1.0 if clip_low is None else clip_low
+    return loss, _ratio_metrics(ratio, log_ratio, adv, m, low, clip_high, any_sign=True)
 
 
 def kl_penalty(logp: jax.Array, ref_logp: jax.Array, kind: str = "k3") -> jax.Array:

@@ -8,10 +8,12 @@ the sampler's, the per-token ratio is rho_t = exp(prox_t - behav_t). Three corre
   TIS     w_t = min(rho_t, C): truncated importance sampling; the weight of each token's policy-loss term.
   MIS     a sequence is masked (weight 0) when its ratio leaves [lo, hi]; the sequence ratio is prod_t rho_t
           ("product", the true sequence importance ratio) or its geometric mean ("geometric", length-free).
-  IcePop  a token is masked when rho_t leaves [lo, hi] (tokens whose two policies disagree too much carry no
-          gradient).
+  IcePop  w_t = rho_t * 1[lo <= rho_t <= hi] (Ring-1T): the importance ratio inside the band, 0 outside it (tokens
+          whose two policies disagree too much carry no gradient). The 0/1 band alone is `in_band`. IcePop already
+          weights by rho_t, so it is not combined with TIS (a ValueError; the stage config refuses it too).
 
-    w, metrics = correction(prox, behav, mask, tis_cap=2.0, icepop_low=0.5, icepop_high=5.0)
+    w, metrics = correction(prox, behav, mask, tis_cap=2.0, mis_low=0.5, mis_high=2.0)
+    w, metrics = correction(prox, behav, mask, icepop_low=0.5, icepop_high=5.0)
     batch, metrics = corrected_batch(batch, prox, stage_cfg)     # what an RL stage does with it
 
 `w` [B, T] is the product of the active corrections (1 where none applies, 0 off the mask); the stage multiplies
@@ -73,7 +75,10 @@ def correction(prox_logp, behav_logp, mask, *, tis_cap: float = 0.0, mis_low: fl
     """Token weights [B, T] of the active corrections (tis_cap 0 = no TIS; MIS / IcePop off when both of their
     bounds are 0) and metrics: offpolicy/log_ratio_abs_mean and _max, kl (k3 estimate of KL(behaviour || prox) per
     token), weight_mean (the final weight's token mean), and per correction tis_truncated_frac / tis_weight_mean,
-    mis_masked_frac (share of sequences), icepop_masked_frac (share of tokens)."""
+    mis_masked_frac (share of sequences), icepop_masked_frac (share of tokens) / icepop_weight_mean."""
+    icepop = icepop_low > 0 or icepop_high > 0
+    if tis_cap > 0 and icepop:
+        raise ValueError("tis_cap and icepop_low / icepop_high both weight each token by its ratio rho; use one")
     m = jnp.asarray(mask, jnp.float32)
     lr = token_log_ratio(prox_logp, behav_logp, m)
     real = m > 0
@@ -90,10 +95,12 @@ def correction(prox_logp, behav_logp, mask, *, tis_cap: float = 0.0, mis_low: fl
         keep_B = in_band(sequence_log_ratio(lr, m, mis_kind), mis_low, mis_high).astype(jnp.float32)
         w = w * keep_B[:, None]
         met["offpolicy/mis_masked_frac"] = _mean(1.0 - keep_B, has_B)
-    if icepop_low > 0 or icepop_high > 0:
+    if icepop:
         keep = in_band(lr, icepop_low, icepop_high).astype(jnp.float32)
-        w = w * keep
+        ice = jnp.exp(lr) * keep * m  # Ring-1T's weight: rho inside the band, 0 outside
+        w = w * ice
         met["offpolicy/icepop_masked_frac"] = _mean(1.0 - keep, m)
+        met["offpolicy/icepop_weight_mean"] = _mean(ice, m)
     met["offpolicy/weight_mean"] = _mean(w, m)
     return w, met
 

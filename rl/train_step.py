@@ -11,7 +11,10 @@ many positions at a time, models/vocab.py, never holding [B, T, vocab] logits), 
   + router_aux_coef * sum(load-balancing) + router_z_coef * sum(z-loss)   (MoE layers)
 and reports every term separately. `hparams = {"lr": scalar, "kl_coef": scalar}` comes from the
 host each step: the learning-rate schedule (rl.schedules.lr_at) and the KL controller
-(rl.kl_control) each have one owner outside the step, and a traced scalar never recompiles.
+(rl.kl_control) each have one owner outside the step, and a traced scalar never recompiles. An optional
+`hparams["loss_denom"]` replaces the batch's own aggregation denominator (its loss-token count for token-mean):
+length-bucketed SFT passes the epoch's denominator over its step count, so each step weighs by its share of the
+epoch's loss tokens (rl.stages.base.StageRun.train_on).
 
 A step whose loss, gradient or parameter update is not finite, or whose batch holds a non-finite
 value at a position that counts (masks 1), leaves params, optimizer state and step untouched and
@@ -89,7 +92,7 @@ class LossConfig:
 
     mode: str  # "sft" | "grpo" | "ppo" | "prm"
     policy_loss: str = "ppo"  # name in rl.losses.POLICY_LOSSES
-    clip_low: float = 0.2  # ratio lower bound 1 - clip_low
+    clip_low: float | None = 0.2  # ratio lower bound 1 - clip_low (None: no lower bound, policy_loss "cispo" only)
     clip_high: float = 0.2  # ratio upper bound 1 + clip_high (DAPO clip-higher: 0.28)
     dual_clip: float | None = None  # c > 1 bounds the loss of negative-advantage tokens
     agg: str = "token-mean"  # one of rl.losses.AGG_MODES
@@ -106,10 +109,13 @@ class LossConfig:
             raise ValueError(f"LossConfig.mode must be one of {MODES}, got {self.mode!r}")
         if self.policy_loss not in losses.POLICY_LOSSES:
             raise ValueError(f"LossConfig.policy_loss must be one of {sorted(losses.POLICY_LOSSES)}, got {self.policy_loss!r}")
+        if self.clip_low is None and self.policy_loss != "cispo":
+            raise ValueError(f"LossConfig.clip_low None (no lower bound) is for policy_loss 'cispo' only, got "
+                             f"{self.policy_loss!r}")
         for name in ("clip_low", "clip_high"):
-            if not 0.0 <= getattr(self, name) < 10.0:
+            if getattr(self, name) is not None and not 0.0 <= getattr(self, name) < 10.0:
                 raise ValueError(f"LossConfig.{name} must be in [0, 10), got {getattr(self, name)}")
-        if self.clip_low >= 1.0:
+        if self.clip_low is not None and self.clip_low >= 1.0:
             raise ValueError(f"LossConfig.clip_low must be < 1 (ratio floor 1 - clip_low > 0), got {self.clip_low}")
         if self.dual_clip is not None and not self.dual_clip > 1.0:
             raise ValueError(f"LossConfig.dual_clip must be None or > 1, got {self.dual_clip}")
@@ -448,6 +454,8 @@ def make_loss_fn(model_cfg, loss_cfg: LossConfig, mesh, rules):
             kl_seq = losses.aggregate(kl_tok, mask, "seq-mean-token-mean") * row_w
             if loss_cfg.kl_in_loss:
                 total = total + kl_coef * kl_loss
+            else:  # only measured (`kl`): the KL is in the rewards, so the loss has no KL term to report
+                kl_loss = jnp.zeros((), jnp.float32)
 
         vloss = jnp.zeros((), jnp.float32)
         if is_ppo:
@@ -499,15 +507,22 @@ def _prm_terms(z, labels, mask, aux, n_bad, model_cfg, agg, max_len, denom, tok_
     return total, metrics
 
 
-def _accumulated_value_and_grad(loss_fn, params, batch, kl_coef, n_micro: int, agg: str, max_len):
-    """Sum of loss and gradients over `n_micro` row-strided microbatches, equal to the whole batch's.
+def denom_share(denom) -> dict:
+    """The `share` of loss_fn that only replaces the aggregation denominator by `denom` (metrics unscaled)."""
+    return {"denom": jnp.asarray(denom, jnp.float32), "tok_w": 1.0, "real_w": 1.0, "row_w": 1.0}
+
+
+def _accumulated_value_and_grad(loss_fn, params, batch, kl_coef, n_micro: int, agg: str, max_len, denom=None):
+    """Sum of loss and gradients over `n_micro` row-strided microbatches, equal to the whole batch's (with `denom`
+    given: the whole batch's numerators over `denom`).
 
     Row r goes to microbatch r % n_micro (grouped layout: prompt g and its answers go to g % n_micro; see
     _split_microbatches), so with rows sharded in contiguous blocks over the mesh every microbatch still spans
     all batch shards. Peak activation memory drops about n_micro-fold.
     """
     mask = batch["loss_mask"].astype(jnp.float32)
-    _, denom = losses.aggregate_parts(mask, mask, agg, max_len)
+    if denom is None:
+        _, denom = losses.aggregate_parts(mask, mask, agg, max_len)
     n_tok = jnp.maximum(mask.sum(), 1.0)
     n_real = jnp.maximum(_real_tokens(batch), 1.0)
     n_seq = jnp.maximum((mask.sum(-1) > 0).sum().astype(jnp.float32), 1.0)
@@ -552,7 +567,8 @@ def make_train_step(model_cfg, loss_cfg: LossConfig, optim_cfg: OptimConfig, mes
                     microbatches: int = 1):
     """The jitted `(state, batch, hparams) -> (state, metrics)`; the state argument is donated.
 
-    hparams = {"lr": scalar, "kl_coef": scalar} (traced: a new value never recompiles). With a
+    hparams = {"lr": scalar, "kl_coef": scalar} and optionally "loss_denom" (the aggregation denominator
+    replacing the batch's own; see the module doc) (traced: a new value never recompiles). With a
     mesh, in/out shardings are explicit: the state as in `state_shardings`, batch rows over the
     mesh's batch axes, hparams and metrics replicated. `microbatches > 1` accumulates the gradient
     over that many row-strided slices of the batch in a `lax.scan` (one optimizer update, same
@@ -567,11 +583,13 @@ def make_train_step(model_cfg, loss_cfg: LossConfig, optim_cfg: OptimConfig, mes
         params = state["params"]
         lr = jnp.asarray(hparams["lr"], jnp.float32)
         kl_coef = jnp.asarray(hparams.get("kl_coef", 0.0), jnp.float32)
+        denom = hparams.get("loss_denom")  # None: the batch's own denominator
         if microbatches == 1:
-            (total, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, kl_coef)
+            share = None if denom is None else denom_share(denom)
+            (total, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, kl_coef, share)
         else:
             (total, metrics), grads = _accumulated_value_and_grad(loss_fn, params, batch, kl_coef, microbatches,
-                                                                  loss_cfg.agg, loss_cfg.max_len_norm)
+                                                                  loss_cfg.agg, loss_cfg.max_len_norm, denom)
         # float32 like every other metric, also for bf16 gradients (the cast fuses into the reduction)
         grad_norm = jnp.sqrt(sum(jnp.sum(jnp.square(g.astype(jnp.float32))) for g in jax.tree.leaves(grads)))
         direction, new_opt = opt.update(grads, state["opt_state"], params)

@@ -40,7 +40,7 @@ def test_total_matches_formula(cfg, text, gold):
 
 
 def test_components_on_known_cases():
-    r = score(ZH_OK, "14", RewardConfig(w_process=0.2))
+    r = score(ZH_OK, "14", RewardConfig(w_process=0.2, w_format=0.1))
     assert (r["outcome"], r["process"], r["format"], r["n_steps"], r["n_checked"]) == (1.0, 1.0, 1.0, 2, 2)
     assert r["total"] == pytest.approx(1.0 + 0.2 + 0.1)
     assert r["answer"] == "14" and r["step_scores"] == [1.0, 1.0]
@@ -48,8 +48,9 @@ def test_components_on_known_cases():
     r = score(ZH_BAD_STEP, "14", RewardConfig(w_process=0.2))
     assert r["outcome"] == 1.0 and r["process"] == 0.5 and r["step_scores"] == [0.0, 1.0]
 
-    r = score(ZH_OK, "15")
-    assert r["outcome"] == 0.0 and r["correct"] == 0.0 and r["total"] == pytest.approx(0.1)
+    r = score(ZH_OK, "15")  # the default reward is the outcome alone (w_format 0)
+    assert r["outcome"] == 0.0 and r["correct"] == 0.0 and r["format"] == 1.0 and r["total"] == 0.0
+    assert score(ZH_OK, "15", RewardConfig(w_format=0.1))["total"] == pytest.approx(0.1)
 
     r = score(EN_OK, "14", RewardConfig(lang="en"))
     assert r["format"] == 1.0 and r["outcome"] == 1.0
@@ -70,7 +71,7 @@ def test_requires_reasoning():
 
 
 def test_overlong_uses_n_tokens_when_given():
-    cfg = RewardConfig(overlong_max_len=100, overlong_buffer=50)
+    cfg = RewardConfig(overlong_max_len=100, overlong_buffer=50, w_format=0.1)
     assert score(ZH_OK, "14", cfg)["overlong"] == 0.0
     r = score(ZH_OK, "14", cfg, n_tokens=75)
     assert r["overlong"] == pytest.approx(0.5) and r["length"] == 75
@@ -111,7 +112,7 @@ def test_buffer_larger_than_max_len_rejected():
 
 def test_config_defaults_and_frozen():
     cfg = RewardConfig()
-    assert (cfg.w_outcome, cfg.w_process, cfg.w_format) == (1.0, 0.0, 0.1)
+    assert (cfg.w_outcome, cfg.w_process, cfg.w_format) == (1.0, 0.0, 0.0)
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.w_outcome = 2.0
 

@@ -87,6 +87,21 @@ def test_bad_field_is_named(path, value, message):
     assert message in str(e.value)
 
 
+def test_truncated_sampling_is_refused_with_an_rl_stage():
+    """The sampler draws from the top_p / top_k-truncated distribution but stores, and the trainer trains on, the full
+    distribution's logprobs: refused with a grpo / ppo stage, naming the field; fine without one (SFT, rejection)."""
+    for path, value, message in (("sampling.top_p", "0.9", "sampling.top_p must be 1.0 (off) with a grpo/ppo stage "
+                                                           "(stages[2])"),
+                                 ("sampling.top_k", "5", "sampling.top_k must be 0 (off) with a grpo/ppo stage")):
+        cfg = _tiny()
+        launch.apply_override(cfg, path, value)
+        with pytest.raises(cv.ConfigError) as e:
+            cv.validate(cfg)
+        assert message in str(e.value) and f"got {value}" in str(e.value)
+        cfg.stages = cfg.stages[:2]  # cold start + rejection only: truncated sampling is allowed
+        cv.validate(cfg)
+
+
 def test_unknown_and_missing_fields_and_duplicate_names():
     cfg = _tiny()
     with cfg.stages[0].unlocked():

@@ -72,6 +72,21 @@ def test_adaptive_started_at_zero_can_grow():
     np.testing.assert_allclose(float(s["coef"]), coef, rtol=1e-6)
 
 
+def test_min_coef_zero_is_the_papers_controller_and_the_default_floors():
+    """Ziegler et al.'s update has no floor: with min_coef=0 a small coefficient follows it exactly (float64
+    reference) and 0 stays 0; the default floor 1e-4 lifts a coefficient below it before the update."""
+    ctl = AdaptiveKL(init_coef=2e-5, target=0.01, horizon=100.0, min_coef=0.0)
+    s, coef = ctl.init(), 2e-5
+    for kl in (0.02, 0.005, 0.03):
+        s = ctl.update(s, kl, 50)
+        coef = ref_adaptive(coef, kl, 0.01, 100.0, 50)
+        np.testing.assert_allclose(float(s["coef"]), coef, rtol=1e-6)
+    zero = AdaptiveKL(init_coef=0.0, target=0.01, horizon=100.0, min_coef=0.0)
+    assert float(zero.update(zero.init(), 1.0, 50)["coef"]) == 0.0
+    floored = AdaptiveKL(init_coef=2e-5, target=0.01, horizon=100.0)
+    np.testing.assert_allclose(float(floored.update(floored.init(), 0.02, 50)["coef"]), 1e-4 * 1.1, rtol=1e-6)
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
 def test_non_finite_kl_leaves_the_coefficient(bad):
     ctl = AdaptiveKL(init_coef=0.05, target=0.01, horizon=100.0)

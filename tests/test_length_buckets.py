@@ -1,13 +1,16 @@
 """Length-grouped SFT minibatches (stage field length_buckets): the row plan covers every row once with
-even_minibatches' sizes, groups similar lengths, and cutting a minibatch's padding columns leaves the SFT step's
-loss, metrics and update unchanged (dropless MoE)."""
+even_minibatches' sizes, groups similar lengths, cutting a minibatch's padding columns leaves the SFT step's
+loss, metrics and update unchanged (dropless MoE), and weighting each step by its share of the epoch's loss tokens
+makes the bucketed epoch's gradients add up to the epoch's token-mean gradient."""
 import jax
 import numpy as np
 import pytest
 
 from models.config import ModelConfig
 from rl import rollout
-from rl.train_step import LossConfig, OptimConfig, init_train_state, make_loss_fn, make_train_step
+from rl.stages.base import bucketed_denominator
+from rl.train_step import (LossConfig, OptimConfig, compute_logprobs, denom_share, init_train_state, make_loss_fn,
+                           make_train_step)
 
 TINY = dict(vocab_size=16, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=32, n_experts=4,
             experts_per_token=2, moe_every=1, n_shared_experts=0, capacity_factor=None, max_seq_len=32)
@@ -86,6 +89,88 @@ def test_trimmed_sft_step_equals_padded_step():
     g_full, g_cut = grad(params, batch), grad(params, rollout.trim_columns(batch, cols))
     jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-7),
                  g_cut, g_full)
+
+
+def _mixed_lengths_batch(rows=16, t=32, seed=5):
+    """Half short rows (5-8 tokens), half long ones (20-30), shuffled: length sorting separates them."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.permutation(np.concatenate([rng.integers(5, 9, rows // 2), rng.integers(20, 31, rows // 2)]))
+    attn = (np.arange(t)[None] < lengths[:, None]).astype(np.int32)
+    tokens = rng.integers(3, 16, size=(rows, t)).astype(np.int32) * attn
+    loss = attn.copy()
+    loss[:, :2] = 0
+    return {"tokens": tokens, "attn_mask": attn, "loss_mask": loss}
+
+
+def _flat64(tree):
+    return np.concatenate([np.asarray(x, np.float64).ravel() for x in jax.tree.leaves(tree)])
+
+
+def test_bucketed_steps_add_up_to_the_epochs_token_mean_gradient():
+    """With length buckets a step's loss is its summed token losses over bucketed_denominator (the epoch's loss
+    tokens / its steps), so the steps' gradients add up (float64 sum) to steps x the gradient of the token mean over
+    the whole epoch, computed in one pass over all rows: the unbucketed objective. Each step's own token mean, which
+    length-sorted steps used before, weights every sequence about equally and misses it by far on this batch."""
+    cfg = ModelConfig(**TINY, router_aux_coef=0.0, router_z_coef=0.0)  # the router terms stay per step
+    loss_cfg = LossConfig(mode="sft")
+    loss_fn = make_loss_fn(cfg, loss_cfg, None, None)
+    params = init_train_state(cfg, loss_cfg, OptimConfig(), jax.random.key(1))["params"]
+    batch = _mixed_lengths_batch()
+    lengths = rollout.row_lengths(batch["attn_mask"])
+    plan = rollout.epoch_minibatches(16, 4, np.random.default_rng(0), lengths)
+    denom = bucketed_denominator(batch["loss_mask"], len(plan))
+    assert denom == batch["loss_mask"].astype(np.float64).sum() / len(plan)
+    weighted = jax.jit(jax.grad(lambda p, b, d: loss_fn(p, b, 0.0, denom_share(d))[0]))
+    own = jax.jit(jax.grad(lambda p, b: loss_fn(p, b, 0.0)[0]))
+    total, per_step_mean = 0.0, 0.0
+    for idx in plan:
+        mb = rollout.take_minibatch(batch, idx, 4)  # full width: one compile (cutting columns is exact, above)
+        total = total + _flat64(weighted(params, mb, denom))
+        per_step_mean = per_step_mean + _flat64(own(params, mb))
+    want = len(plan) * _flat64(own(params, batch))
+    np.testing.assert_allclose(total, want, rtol=2e-4, atol=1e-6 * np.abs(want).max())
+    assert np.linalg.norm(per_step_mean - want) > 0.05 * np.linalg.norm(want)
+
+
+def test_train_on_passes_the_epoch_denominator_only_with_buckets():
+    """StageRun.train_on with length_buckets gives every step hparams["loss_denom"] = the epoch's loss tokens / its
+    steps (the same for every epoch); without buckets the step keeps its own token count (no loss_denom)."""
+    from types import SimpleNamespace
+
+    from rl.stages.base import StageRun
+    from rl.stages.sft import SFTConfig
+
+    seen = []
+
+    def fake_step(state, mb, hp):
+        seen.append({k: float(v) for k, v in hp.items()})
+        return state, {"skipped": np.int32(0), "lr": hp["lr"], "loss/total": np.float32(0.0)}
+
+    run = object.__new__(StageRun)
+    run.cfg, run.loss_cfg = SFTConfig(name="s"), LossConfig(mode="sft")
+    run.units, run.opt_steps, run.consecutive_skips = 1, 0, 0
+    run.ctx, run.state, run.step_fn = SimpleNamespace(cfg={"run": {"max_consecutive_skips": 0}}), {}, fake_step
+    batch = _mixed_lengths_batch()
+    run.train_on(batch, epochs=2, rng=np.random.default_rng(0), max_rows=4, unit=0, length_buckets=4)
+    assert len(seen) == 8 and all(h["loss_denom"] == pytest.approx(batch["loss_mask"].sum() / 4) for h in seen)
+    seen.clear()
+    run.train_on(batch, epochs=1, rng=np.random.default_rng(0), max_rows=4, unit=0)
+    assert len(seen) == 4 and not any("loss_denom" in h for h in seen)
+
+
+def test_step_divides_by_the_loss_denom_it_is_given():
+    """hparams["loss_denom"] replaces the step's own token count: loss/policy = summed token NLL / loss_denom
+    (float64 reference from the model's logprobs), not / the batch's loss tokens."""
+    cfg = ModelConfig(**TINY)
+    loss_cfg, optim = LossConfig(mode="sft"), OptimConfig()
+    state = init_train_state(cfg, loss_cfg, optim, jax.random.key(2))
+    batch = _sft_batch(rows=4)
+    lp = np.asarray(compute_logprobs(state["params"], batch["tokens"], batch["attn_mask"], cfg), np.float64)
+    nll = -(lp * batch["loss_mask"]).sum()
+    assert batch["loss_mask"].sum() != 50
+    step = make_train_step(cfg, loss_cfg, optim)
+    _, m = step(state, batch, {"lr": 1e-3, "loss_denom": 50.0})
+    np.testing.assert_allclose(float(m["loss/policy"]), nll / 50.0, rtol=1e-5)
 
 
 @pytest.mark.parametrize("bad", [-1, 65, 1.5])

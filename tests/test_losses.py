@@ -264,26 +264,54 @@ def test_gspo_token_form_with_per_token_advantages(mode):
 
 
 def test_cispo_value_and_gradient_match_reference():
-    """-sum_t sg(clip(ratio_t)) A_t logp_t / n over masked tokens; the gradient keeps every token (weight clipped, not
-    the token dropped): -clip(ratio) A / n."""
+    """MiniMax-M1's CISPO: -sum_t sg(min(ratio_t, 1 + eps_high)) A_t logp_t / n over masked tokens, the weight
+    clipped from above only when no lower bound is given (a token with ratio 0.3 keeps weight 0.3); the gradient
+    keeps every token: -w A / n. A lower bound only when asked (clip_low = c: clip(ratio, 1 - c, 1 + eps_high))."""
     lp, old, adv, m = _batch(11)
-    cl, ch = 0.2, 0.28
-    w = np.clip(np.exp(lp - old), 1 - cl, 1 + ch)
+    ch = 0.28
+    r = np.exp(lp - old)
+    w = np.minimum(r, 1 + ch)
+    loss, met = L.POLICY_LOSSES["cispo"](lp, old, adv, m, clip_high=ch)
+    np.testing.assert_allclose(float(loss), -(w * adv * lp * m).sum() / m.sum(), rtol=1e-5)
+    grad = np.asarray(jax.grad(lambda x: L.cispo_loss(x, old, adv, m, clip_high=ch)[0])(jnp.asarray(lp, jnp.float32)))
+    np.testing.assert_allclose(grad, -w * adv * m / m.sum(), rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(float(met["clip_frac_high"]), ((r > 1 + ch) * m).sum() / m.sum(), rtol=1e-6)
+    assert float(met["clip_frac_low"]) == 0
+    assert ((r < 0.8) * m).sum() > 0 and 0 < float(met["clip_frac_high"])  # the batch has tokens a floor would move
+    cl = 0.2  # asked for: the floor 1 - clip_low
+    w = np.clip(r, 1 - cl, 1 + ch)
     loss, met = L.cispo_loss(lp, old, adv, m, cl, ch)
     np.testing.assert_allclose(float(loss), -(w * adv * lp * m).sum() / m.sum(), rtol=1e-5)
     grad = np.asarray(jax.grad(lambda x: L.cispo_loss(x, old, adv, m, cl, ch)[0])(jnp.asarray(lp, jnp.float32)))
     np.testing.assert_allclose(grad, -w * adv * m / m.sum(), rtol=1e-4, atol=1e-7)
-    r = np.exp(lp - old)
-    np.testing.assert_allclose(float(met["clip_frac_high"]), ((r > 1 + ch) * m).sum() / m.sum(), rtol=1e-6)
     np.testing.assert_allclose(float(met["clip_frac_low"]), ((r < 1 - cl) * m).sum() / m.sum(), rtol=1e-6)
-    assert 0 < float(met["clip_frac_high"]) and 0 < float(met["clip_frac_low"])  # the batch exercises both clips
+
+
+def test_cispo_stage_has_no_floor_unless_asked():
+    from rl import stages
+    from rl.config_fields import FieldErrors
+
+    def cfg(**kw):
+        return stages.parse_stage({**stages.defaults("grpo"), **kw})
+
+    assert cfg(policy_loss="cispo").components(32)[0].clip_low is None
+    assert cfg(policy_loss="cispo", cispo_floor=True, clip_low=0.5).components(32)[0].clip_low == 0.5
+    assert cfg().components(32)[0].clip_low == 0.2
+    with pytest.raises(FieldErrors, match="clip_low has no effect with policy_loss cispo"):
+        cfg(policy_loss="cispo", clip_low=0.5)
+    with pytest.raises(FieldErrors, match="cispo_floor applies to policy_loss cispo only"):
+        cfg(cispo_floor=True)
+    from rl.train_step import LossConfig
+
+    with pytest.raises(ValueError, match="clip_low None"):
+        LossConfig(mode="grpo", clip_low=None)
 
 
 def test_sequence_and_cispo_losses_share_the_registry_signature():
     import inspect
 
     want = list(inspect.signature(L.policy_loss).parameters)
-    for name in ("gspo", "cispo"):
+    for name in ("reinforce", "gspo", "cispo"):  # dual_clip is PPO's; the others refuse it (no silent 0.5 fraction)
         fn = L.get_policy_loss(name)
         assert list(inspect.signature(fn).parameters) == want
         with pytest.raises(ValueError, match="dual_clip"):
@@ -301,5 +329,6 @@ def test_policy_loss_is_selected_from_the_stage_config():
     assert cfg(policy_loss="gspo", agg="seq-mean-token-mean").components(32)[0].policy_loss == "gspo"
     with pytest.raises(FieldErrors, match="agg must be seq-mean-token-mean"):
         cfg(policy_loss="gspo")
-    with pytest.raises(FieldErrors, match="dual_clip"):
-        cfg(policy_loss="cispo", dual_clip=3.0)
+    for loss in ("cispo", "reinforce", "gspo"):
+        with pytest.raises(FieldErrors, match="dual_clip applies to policy_loss ppo only"):
+            cfg(policy_loss=loss, dual_clip=3.0, agg="seq-mean-token-mean")

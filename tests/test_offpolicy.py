@@ -41,14 +41,16 @@ def ref_correction(prox, behav, m, tis_cap=0.0, mis=(0.0, 0.0), mis_kind="produc
             if out:
                 w[b] = 0
         met["offpolicy/mis_masked_frac"] = np.mean(masked)
-    if any(icepop):
+    if any(icepop):  # Ring-1T: the token's weight is rho itself inside [low, high], 0 outside
         out = np.zeros((B, T), bool)
         if icepop[0] > 0:
             out |= rho < icepop[0]
         if icepop[1] > 0:
             out |= rho > icepop[1]
-        w = np.where(out, 0.0, w)
+        ice = np.where(out, 0.0, rho) * m
+        w = w * ice
         met["offpolicy/icepop_masked_frac"] = out[tok].mean()
+        met["offpolicy/icepop_weight_mean"] = ice[tok].mean()
     met["offpolicy/weight_mean"] = w[tok].mean()
     return w, met
 
@@ -60,7 +62,9 @@ CASES = [
     dict(mis=(0.0, 1.5), mis_kind="geometric"),
     dict(mis=(0.9, 0.0), mis_kind="geometric"),
     dict(icepop=(0.8, 1.25)),
-    dict(tis_cap=2.0, mis=(0.2, 5.0), icepop=(0.5, 1.5)),
+    dict(icepop=(0.0, 1.3)),
+    dict(tis_cap=2.0, mis=(0.2, 5.0)),
+    dict(mis=(0.2, 5.0), icepop=(0.5, 1.5)),
 ]
 
 
@@ -78,21 +82,41 @@ def test_correction_matches_reference(case):
         np.testing.assert_allclose(float(met[k]), v, rtol=1e-5, atol=1e-6, err_msg=k)
 
 
+def test_icepop_alone_weights_each_token_by_its_ratio_inside_the_band():
+    """correction(..., icepop_low=a, icepop_high=b) alone is rho * 1[a <= rho <= b] token by token (Ring-1T's IcePop),
+    not a 0/1 mask: in-band tokens keep their ratio. IcePop and TIS both weight by rho, so together they are refused."""
+    prox, behav, m = _batch(3, spread=0.5)
+    a, b = 0.7, 1.4
+    w, _ = op.correction(prox, behav, m, icepop_low=a, icepop_high=b)
+    rho = np.exp(prox - behav)
+    for i, j in np.ndindex(m.shape):
+        want = rho[i, j] if (m[i, j] and a <= rho[i, j] <= b) else 0.0
+        np.testing.assert_allclose(float(w[i, j]), want, rtol=1e-5, atol=1e-7)
+    inside = (m > 0) & (rho >= a) & (rho <= b)
+    assert inside.any() and np.abs(rho[inside] - 1).max() > 0.1  # in-band weights differ from 1 on this batch
+    assert ((m > 0) & ~inside).any()  # and some tokens fall outside the band
+    with pytest.raises(ValueError, match="tis_cap"):
+        op.correction(prox, behav, m, tis_cap=2.0, icepop_high=b)
+
+
 def test_each_correction_really_acts_on_this_batch():
     """The reference cases are not vacuous: every correction changes some weight at the bounds used above."""
     prox, behav, m = _batch(1)
-    _, met = op.correction(prox, behav, m, tis_cap=1.2, mis_low=0.5, mis_high=2.0, icepop_low=0.8, icepop_high=1.25)
+    _, met = op.correction(prox, behav, m, tis_cap=1.2, mis_low=0.5, mis_high=2.0)
     assert 0 < float(met["offpolicy/tis_truncated_frac"]) < 1
     assert 0 < float(met["offpolicy/mis_masked_frac"]) < 1
+    _, met = op.correction(prox, behav, m, icepop_low=0.8, icepop_high=1.25)
     assert 0 < float(met["offpolicy/icepop_masked_frac"]) < 1
 
 
 def test_on_policy_batch_is_left_alone():
     """prox == behaviour: every weight is 1 on the mask, 0 off it, nothing truncated or masked."""
     _, behav, m = _batch(2)
-    w, met = op.correction(behav, behav, m, tis_cap=2.0, mis_low=0.5, mis_high=2.0, icepop_low=0.5, icepop_high=2.0)
-    np.testing.assert_array_equal(np.asarray(w), m)
-    assert float(met["offpolicy/kl"]) == 0 and float(met["offpolicy/mis_masked_frac"]) == 0
+    for kw in (dict(tis_cap=2.0, mis_low=0.5, mis_high=2.0), dict(mis_low=0.5, mis_high=2.0, icepop_low=0.5,
+                                                                     icepop_high=2.0)):
+        w, met = op.correction(behav, behav, m, **kw)
+        np.testing.assert_array_equal(np.asarray(w), m)
+        assert float(met["offpolicy/kl"]) == 0 and float(met["offpolicy/mis_masked_frac"]) == 0
 
 
 def test_extreme_log_ratios_stay_finite():
@@ -115,6 +139,6 @@ def test_stage_fields_switch_the_corrections_and_name_bad_bounds():
     assert cfg(tis_cap=2.0).corrects_off_policy and cfg(icepop_high=5.0).corrects_off_policy
     assert cfg(mis_low=0.5).corrects_off_policy
     for kw, fld in ((dict(tis_cap=0.5), "tis_cap"), (dict(mis_high=0.9), "mis_high"), (dict(icepop_low=1.5), "icepop_low"),
-                    (dict(mis_kind="harmonic"), "mis_kind")):
+                    (dict(mis_kind="harmonic"), "mis_kind"), (dict(tis_cap=2.0, icepop_high=5.0), "icepop_high")):
         with pytest.raises(FieldErrors, match=fld):
             cfg(**kw)

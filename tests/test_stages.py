@@ -84,6 +84,8 @@ def test_tiny_variant_trains_every_stage(name, tmp_path):
     trained = [r for r in rl_recs if r.get("optimizer_steps")]
     assert trained and all(r["grad_norm"] > 0 for r in trained), rl_recs
     assert all(r["mismatch/logp_max_abs"] <= 1e-4 for r in rl_recs)
+    if name == "ppo_arith":  # the KL is in the reward, and still reported as measured by the train step
+        assert any(abs(r["kl/train"]) > 0 for r in trained), rl_recs
     if name == "grpo_arith":  # curriculum: no sample-ahead, the next pick sees this iteration's pass rates
         assert all(r["time/overlap_sample"] == 0 for r in rl_recs)
 
@@ -96,3 +98,35 @@ def test_stage_reward_terms_add_process_and_format_and_subtract_language():
     np.testing.assert_array_equal(stage_reward_terms(off, scores), [0.0, 0.0])
     on = grpo_cfg(name="g", process_weight=0.2, format_weight=0.1, language_weight=1.0)
     np.testing.assert_allclose(stage_reward_terms(on, scores), [0.2 + 0.05, 0.05 + 0.1 - 0.5])
+
+
+def test_stage_format_weight_does_not_add_an_instruction_rows_outcome_again():
+    """An instruction row's `format` is its share of constraints met, already its outcome in the total: the stage's
+    format_weight skips it, as reward.w_format does (rewards/task_score.py), and still weights the other families."""
+    import json
+
+    from rewards.combine import RewardConfig
+    from rewards.task_score import score_task, target_of
+    from rl.stages.policy_gradient import stage_reward_terms
+
+    check = json.dumps({"lang": "en", "constraints": [{"type": "max_chars", "k": 100}]})
+    text = "Step 1: 2+2=4\nAnswer: 4"
+    cfg = RewardConfig(lang="en", w_format=0.3)
+    inst, math = score_task(text, target_of("instructions", "", check), cfg), score_task(text, "4", cfg)
+    assert inst["family"] == "instructions" and inst["format"] == inst["outcome"] == 1.0
+    assert inst["total"] == pytest.approx(1.0)  # w_format adds nothing to an instruction row
+    assert math["family"] == "math" and math["format"] > 0
+    on = grpo_cfg(name="g", format_weight=0.5)
+    np.testing.assert_allclose(stage_reward_terms(on, [inst, math]), [0.0, 0.5 * math["format"]])
+
+
+def test_rl_fields_that_would_be_ignored_are_refused():
+    """Nothing silently ignored: each of these names its field at validation."""
+    from rl.config_fields import FieldErrors
+
+    for kind, kw, fld in (("ppo", dict(filter_zero_variance=True), "filter_zero_variance"),
+                          ("grpo", dict(advantage="rloo"), "scale_by_std"),
+                          ("grpo", dict(policy_loss="reinforce", dual_clip=3.0), "dual_clip")):
+        with pytest.raises(FieldErrors, match=fld):
+            stages.parse_stage({**stages.defaults(kind), **kw})
+    stages.parse_stage({**stages.defaults("grpo"), "advantage": "rloo", "scale_by_std": False})  # RLOO itself is fine

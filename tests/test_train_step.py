@@ -295,6 +295,28 @@ def test_ppo_step_trains_value_head():
     assert float(np.abs(np.asarray(state["params"]["value_head"]["w"])).sum()) > 0
 
 
+def test_kl_in_the_reward_is_measured_not_trained():
+    """PPO with the KL in the reward (kl_in_loss False) and ref_logp in the batch: `kl` is the sequence mean of the
+    per-token k1 (float64 reference), loss/kl is 0 and the loss and gradient are those of the batch without it."""
+    cfg = tiny_cfg(router_aux_coef=0.0)
+    from models import transformer
+
+    params = transformer.init(cfg, jax.random.key(5))
+    batch = toy_batch()
+    lp = np.asarray(make_logprob_fn(cfg)(params, batch["tokens"], batch["attn_mask"]), np.float64)
+    ref = lp - np.random.default_rng(2).uniform(0.0, 0.5, lp.shape) * batch["loss_mask"]
+    batch = {**batch, "old_logp": lp.astype(np.float32), "advantages": np.array([1.0, -0.5, 0.25, -0.75], np.float32)}
+    loss_fn = make_loss_fn(cfg, LossConfig(mode="grpo", kl_kind="k1", kl_in_loss=False), None, None)
+    grad = jax.jit(jax.value_and_grad(lambda p, b: loss_fn(p, b, 0.1), has_aux=True))
+    (tot, met), g = grad(params, {**batch, "ref_logp": ref.astype(np.float32)})
+    (tot0, _), g0 = grad(params, batch)
+    m = batch["loss_mask"].astype(np.float64)
+    want = np.mean(((lp - ref) * m).sum(1) / m.sum(1))
+    assert float(met["kl"]) == pytest.approx(want, rel=1e-4) and want > 0.1
+    assert float(met["loss/kl"]) == 0 and float(tot) == float(tot0)
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), g, g0)
+
+
 # ------------------------------------------------------------------------------------- robustness
 def _assert_unchanged(before, state):
     after = host({k: state[k] for k in ("params", "opt_state", "step")})

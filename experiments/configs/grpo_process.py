@@ -19,6 +19,9 @@ def get_config(arg=None):
     c.tasks.update(dict(mix="add:1.0", lang="en", difficulty=3, n_train=3000, n_val=64, n_test=128, max_prompt_len=32))
     c.sampling.update(dict(max_new_tokens=96))
     c.eval.update(dict(every=20, k=8, n_val=64, n_test=128))
+    # the verified answer only (w_format 0, the default): format differences inside an all-wrong group would become
+    # full-size advantages once GRPO divides by the group std (docs/rewards.md)
+    c.reward.update(dict(w_outcome=1.0, w_process=0.0, w_format=0.0))
     grpo = dict(iterations=120, n_prompts=16, samples=8, lr=5e-4, kl_coef=0.02, clip_high=0.28, token_budget=6144)
     if variant == "step_rewards":
         grpo.update(step_rewards=True, step_reward_weight=0.2)

@@ -18,6 +18,9 @@ def get_config(arg=None):
     c.tasks.update(TWO_DIGIT_ADDITION)
     c.sampling.update(dict(max_new_tokens=64))
     c.eval.update(dict(every=10, k=8, n_val=64, n_test=128))
+    # a small format term, as this config has always run: PPO whitens its GAE advantages over the whole batch, not
+    # per group, so format differences in an all-wrong group stay small next to a right answer's
+    c.reward.update(dict(w_format=0.1))
     c.stages = [
         stage("sft", "cold_start", epochs=1, batch_size=32, n_problems=600, lr=3e-3, warmup_steps=5),
         stage("ppo", "ppo", iterations=60, n_prompts=16, samples=4, lr=1e-3, epochs=2, token_budget=4096,

@@ -11,9 +11,12 @@ policy imitates both styles, and greedy decoding takes the majority one, bare an
 gets right about 1 time in 12. Rejection sampling (2 rounds of 512 problems x 8 samples at T 1.0, verified
 answers kept, 2 epochs at lr 1e-3) then GRPO (60 iterations of 32 problems x 8 samples, outcome reward only, KL
 0.02 to the policy GRPO starts from) learn to write the steps because the verifier pays for correct answers and
-the steps are what makes them correct: held-out pass@1 rises by 20+ points over the cold start. The measured
-seeds are in README.md / BENCHMARKS.md; the table a run prints gives every stage's pass@1 with its standard error
-and 95% interval.
+the steps are what makes them correct: held-out pass@1 rises by 20+ points over the cold start. The GRPO stage is
+one update off-policy, as every default GRPO / PPO run: with run.overlap on and max_staleness 1 (both defaults)
+batch u + 1 is sampled while batch u is scored, before update u, and the clipped ratio against the sampler's
+logprobs corrects for it; `--config.run.overlap=false` samples each batch right before its update (exactly
+on-policy, slower). The measured seeds are in README.md / BENCHMARKS.md; the table a run prints gives every
+stage's pass@1 with its standard error and 95% interval.
 
 Variants (config arg): variant=full (default; its run time on 2 cores: README.md) | tiny (seconds; the tests use it);
 seed=N; sweep=grpo (get_sweep: GRPO clip-higher x learning rate, 3 seeds) | seeds (no axes: seeds 0, 1, 2).

@@ -30,8 +30,9 @@ def get_config(arg=None):
     c.sampling.update(dict(max_new_tokens=224))
     # greedy evals at stage ends only (the per-family table); the random initial policy scores 0 everywhere
     c.eval.update(dict(every=0, k=0, n_val=64, n_test=192, initial=False))
-    # outcome (per family), a small format term; the language term is the all-scenario stage's own
-    c.reward.update(dict(w_outcome=1.0, w_process=0.0, w_format=0.1))
+    # outcome (per family) only: a format term's small differences inside an all-wrong group would become full-size
+    # advantages under GRPO's std normalisation (docs/rewards.md); the language term is the all-scenario stage's own
+    c.reward.update(dict(w_outcome=1.0, w_process=0.0, w_format=0.0))
     c.checkpoint.update(dict(keep=2, every=5))
     c.run.update(dict(reward_workers=1))
     rl = dict(n_prompts=16, samples=8, temperature_start=0.8, temperature_end=0.6, lr=2e-4, warmup_steps=3,

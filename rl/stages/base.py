@@ -9,7 +9,8 @@
 LossConfig / OptimConfig and the KL controller; validation and the run both call it.
 
 `StageRun.train_on(batch, ...)` is the one optimizer loop: each epoch splits the rows into
-near-equal minibatches (rl.rollout.even_minibatches), every optimizer step gets its learning rate
+near-equal minibatches (rl.rollout.even_minibatches; length-grouped ones with length_buckets, each step then
+weighted by its share of the epoch's loss tokens, `bucketed_denominator`), every optimizer step gets its learning rate
 from rl.schedules.lr_at at the stage's true progress (units done, steps of this unit), so the last
 step of a stage runs at exactly `end_lr_fraction * lr` however many rows filtering kept.
 """
@@ -126,6 +127,19 @@ def step_stats(m: dict) -> dict:
     return {k: m[k] for k in STEP_STATS if k in m}
 
 
+def bucketed_denominator(loss_mask: np.ndarray, steps: int, agg: str = "token-mean", max_len: int | None = None):
+    """The aggregation denominator of every step of a length-bucketed epoch: the whole epoch's (its loss tokens for
+    token-mean) over its number of steps. A step's loss is then its numerator (summed token losses) over this, i.e.
+    its token mean weighted by (its tokens) / (the epoch's mean tokens per step), and the steps' gradients add up to
+    `steps` x the gradient of the epoch's token mean, whichever rows share a step. Length-sorted steps with their own
+    token means would instead weight each sequence about equally (long rows share a step with many tokens)."""
+    from rl import losses
+
+    m = np.asarray(loss_mask, np.float64)
+    _, den = losses.aggregate_parts(m, m, agg, max_len)
+    return float(den) / max(int(steps), 1)
+
+
 def _is_key(x) -> bool:
     return isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
 
@@ -184,7 +198,9 @@ class StageRun:
         """`epochs` passes over `batch` in near-equal minibatches of at most `max_rows` rows (each padded to
         `max_rows`: one compiled shape); returns the averaged step metrics plus the unit's step statistics.
         `length_buckets` > 0 groups rows of similar length into the minibatches and cuts each one's columns to
-        the narrowest of that many widths holding its longest row (one compiled shape per width used).
+        the narrowest of that many widths holding its longest row (one compiled shape per width used); every step's
+        loss is then divided by `bucketed_denominator` instead of its own token count, so the epoch optimises the
+        token mean over all its rows, as unbucketed (random) minibatches do on average.
         `grouped` (an rl.grouped_batch.GroupedLayout, with each row's `resp_start`): minibatches of whole groups
         (at most grouped.groups), each in the grouped layout, every prompt computed once for its K answers."""
         cfg = self.cfg
@@ -198,6 +214,10 @@ class StageRun:
         else:
             plan = [rollout.epoch_minibatches(n, max_rows, rng, lengths) for _ in range(epochs)]
         steps_in_unit = sum(len(p) for p in plan)
+        denom = None
+        if length_buckets and grouped is None:  # each epoch has the same rows, so one denominator serves them all
+            denom = jnp.float32(bucketed_denominator(batch["loss_mask"], len(plan[0]), self.loss_cfg.agg,
+                                                     self.loss_cfg.max_len_norm))
         j = 0
         for parts in plan:
             for idx in parts:
@@ -209,6 +229,8 @@ class StageRun:
                 lr = schedules.lr_at(self.opt_steps, schedules.unit_progress(unit, j, steps_in_unit, self.units),
                                      peak=cfg.lr, warmup_steps=cfg.warmup_steps, end_fraction=cfg.end_lr_fraction)
                 hp = {"lr": jnp.float32(lr), "kl_coef": jnp.float32(kl_coef)}
+                if denom is not None:
+                    hp["loss_denom"] = denom
                 self.state, m = self.step_fn(self.state, {k: jnp.asarray(v) for k, v in mb.items()}, hp)
                 ms.append(m)
                 sizes.append(len(idx))

@@ -29,6 +29,9 @@ class GRPOConfig(RLConfig):
         yield from super().cross_checks()
         if any(k < 2 for k in self.group_sizes()):
             yield "samples", f"must be >= 2 for GRPO (group-relative advantages need a group), got {self.group_sizes()}"
+        if self.advantage == "rloo" and self.scale_by_std:
+            yield "scale_by_std", "divides GRPO's advantages by the group std; RLOO's leave-one-out baseline has no " \
+                                  "std scaling: set scale_by_std=False with advantage rloo"
         if self.kl_place == "reward":
             yield "kl_place", "'reward' needs kind ppo (GRPO's sequence advantages have no per-token reward)"
 

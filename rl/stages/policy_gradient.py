@@ -57,8 +57,9 @@ class RLConfig(StageConfig):
     token_budget: int = field(4096, "tokens (rows x padded length) per minibatch; an epoch's rows are split into "
                                     "near-equal minibatches of at most this many rows", integer(1, 10**9))
     advantage: str = field("grpo", "grpo (group mean/std) | rloo (leave-one-out); GRPO kind only", choice("grpo", "rloo"))
-    scale_by_std: bool = field(True, "GRPO: divide by the group std (False = Dr. GRPO)", boolean)
-    clip_low: float = field(0.2, "PPO ratio clip below 1 - clip_low", num(0.0, 0.99))
+    scale_by_std: bool = field(True, "GRPO: divide by the group std (False = Dr. GRPO); advantage grpo only (set "
+                                     "False with rloo)", boolean)
+    clip_low: float = field(0.2, "PPO ratio clip below 1 - clip_low (cispo: only with cispo_floor)", num(0.0, 0.99))
     clip_high: float = field(0.2, "PPO ratio clip above 1 + clip_high (clip-higher: > clip_low)", num(0.0, 9.99))
     dual_clip: float = field(0.0, "dual-clip constant c > 1 for negative advantages (0 = off)", num(0.0, 100.0))
     agg: str = field("token-mean", "loss aggregation: token-mean | seq-mean-token-mean | seq-mean-token-sum | "
@@ -97,7 +98,10 @@ class RLConfig(StageConfig):
     value_clip: float = field(0.2, "PPO: value clip range (0 = off)", num(0.0, 1e6))
     policy_loss: str = field("ppo", "policy loss (rl.losses.POLICY_LOSSES): ppo (clipped token ratio) | reinforce | "
                                     "gspo (clipped sequence ratio; needs agg seq-mean-token-mean) | cispo (clipped "
-                                    "stop-gradient weight x logprob)", choice("ppo", "reinforce", "gspo", "cispo"))
+                                    "stop-gradient weight min(ratio, 1 + clip_high) x logprob)",
+                        choice("ppo", "reinforce", "gspo", "cispo"))
+    cispo_floor: bool = field(False, "cispo: also floor the importance weight at 1 - clip_low (False = clipped from "
+                                     "above only, as in MiniMax-M1)", boolean)
     # Sampler / trainer mismatch (docs/training.md): routes, precision, off-policy correction, staleness.
     routing_replay: bool = field(False, "routing replay (R3, MoE models): the train step uses the experts the sampler "
                                         "chose for every token, gate weights from the current router", boolean)
@@ -112,10 +116,10 @@ class RLConfig(StageConfig):
     mis_high: float = field(0.0, "MIS: mask sequences whose ratio is above this (0 = no upper bound)", num(0.0, 1e6))
     mis_kind: str = field("product", "MIS sequence ratio: product of the token ratios | geometric (their geometric "
                                      "mean)", choice("product", "geometric"))
-    icepop_low: float = field(0.0, "IcePop: mask tokens whose ratio rho is below this (0 = no lower bound)",
-                              num(0.0, 1e6))
-    icepop_high: float = field(0.0, "IcePop: mask tokens whose ratio rho is above this (0 = no upper bound)",
-                               num(0.0, 1e6))
+    icepop_low: float = field(0.0, "IcePop: each token weighted by its ratio rho, and by 0 when rho is below this "
+                                    "(0 = no lower bound; not with tis_cap)", num(0.0, 1e6))
+    icepop_high: float = field(0.0, "IcePop: each token weighted by its ratio rho, and by 0 when rho is above this "
+                                     "(0 = no upper bound; not with tis_cap)", num(0.0, 1e6))
     max_staleness: int = field(1, "bounded staleness: the sampler runs up to k updates ahead (k batches sampled "
                                   "ahead, while rewards are computed; needs run.overlap and no curriculum); 0 = each "
                                   "batch sampled right before its update", integer(0, 64))
@@ -163,8 +167,13 @@ class RLConfig(StageConfig):
             yield "process_grpo", "and step_rewards are alternatives; set only one"
         if self.policy_loss == "gspo" and self.agg != "seq-mean-token-mean":
             yield "agg", f"must be seq-mean-token-mean for policy_loss gspo (its mean over sequences), got {self.agg!r}"
-        if self.policy_loss in ("gspo", "cispo") and self.dual_clip:
+        if self.policy_loss != "ppo" and self.dual_clip:
             yield "dual_clip", f"applies to policy_loss ppo only, got {self.dual_clip} with {self.policy_loss}"
+        if self.cispo_floor and self.policy_loss != "cispo":
+            yield "cispo_floor", f"applies to policy_loss cispo only, got {self.policy_loss!r}"
+        if self.policy_loss == "cispo" and not self.cispo_floor and self.clip_low != _default(self, "clip_low"):
+            yield "clip_low", (f"has no effect with policy_loss cispo (its weight is clipped from above only), got "
+                               f"{self.clip_low}; set cispo_floor=True to floor the weight at 1 - clip_low")
         if 0 < self.tis_cap < 1:
             yield "tis_cap", f"must be 0 (off) or >= 1, got {self.tis_cap}"
         for name in ("mis", "icepop"):
@@ -173,6 +182,9 @@ class RLConfig(StageConfig):
                 yield f"{name}_low", f"must be < 1 (0 = no lower bound), got {lo}"
             if 0 < hi <= 1:
                 yield f"{name}_high", f"must be > 1 (0 = no upper bound), got {hi}"
+        if self.tis_cap and (self.icepop_low or self.icepop_high):
+            yield "icepop_high" if self.icepop_high else "icepop_low", \
+                "IcePop weights each token by its ratio rho already; set it or tis_cap, not both"
         try:
             self.components(max_new_tokens=1)
         except ValueError as e:  # the loss's own rules (e.g. k1 in the loss), named by the stage field
@@ -186,7 +198,8 @@ class RLConfig(StageConfig):
         from rl.train_step import LossConfig
 
         loss = LossConfig(
-            mode=self.kind, clip_low=float(self.clip_low), clip_high=float(self.clip_high),
+            mode=self.kind, clip_high=float(self.clip_high),
+            clip_low=None if self.policy_loss == "cispo" and not self.cispo_floor else float(self.clip_low),
             dual_clip=float(self.dual_clip) if self.dual_clip else None, agg=self.agg,
             max_len_norm=int(max_new_tokens) if self.agg == "seq-mean-token-sum-norm" else None,
             kl_kind=self.kl_kind, kl_in_loss=self.kl_place == "loss" and self.uses_reference,
@@ -200,6 +213,11 @@ class RLConfig(StageConfig):
         elif self.kl_coef > 0:
             ctl = FixedKL(float(self.kl_coef), ramp_steps=int(self.kl_ramp_steps))
         return loss, self.optim_config(), ctl
+
+
+def _default(cfg, name: str):
+    """The declared default of a config field (a field left at it was not asked for)."""
+    return type(cfg).__dataclass_fields__[name].default
 
 
 class PolicyGradientRun(StageRun):
@@ -383,7 +401,7 @@ class PolicyGradientRun(StageRun):
         extra, keep_rows = self.advantages(a, texts, scores, rewards, coef, kl_tok)
         batch = {k: a[k] for k in ("tokens", "attn_mask", "loss_mask", "temperature", "routes") if k in a}
         batch["old_logp"] = a["sample_logp"]  # the behaviour policy is the sampler's distribution
-        if "ref_logp" in a and s.kl_place == "loss":
+        if "ref_logp" in a:  # in the loss (kl_place "loss"), or only measured for kl/train (LossConfig.kl_in_loss)
             batch["ref_logp"] = a["ref_logp"]
         batch.update(extra)
         starts = np.concatenate([[0], np.cumsum(ks)[:-1]]).astype(np.int64)
@@ -477,13 +495,18 @@ def step_arrays(rows: list[list[tuple[float, int]]]):
 
 def stage_reward_terms(s, scores: list[dict]) -> np.ndarray:
     """The stage's own reward terms per answer: + process_weight x process + format_weight x format
-    - language_weight x language (each a component rewards.combine.score always returns)."""
+    - language_weight x language (each a component rewards.combine.score always returns). The format term skips
+    the families whose format is their outcome (rewards.task_score.FORMAT_IS_OUTCOME: an instruction row's `format`
+    is its share of constraints met, already in the total), as reward.w_format does."""
+    from rewards.task_score import format_counts
+
     col = lambda k: np.array([float(sc[k]) for sc in scores], np.float64)  # noqa: E731
     out = np.zeros((len(scores),), np.float64)
     for weight, key, sign in ((s.process_weight, "process", 1.0), (s.format_weight, "format", 1.0),
                               (s.language_weight, "language", -1.0)):
         if weight:
-            out += sign * weight * col(key)
+            own = np.array([format_counts(sc) for sc in scores], np.float64) if key == "format" else 1.0
+            out += sign * weight * col(key) * own
     return out
 
 

@@ -28,12 +28,16 @@ class PPOConfig(RLConfig):
     kl_kind: str = field("k1", "KL estimator: k1 | k2 | k3 (k1 only in the reward)", choice("k1", "k2", "k3"))
     kl_place: str = field("reward", "where the KL goes: loss (GRPO style) | reward (PPO style, per-token penalty)",
                           choice("loss", "reward"))
-    filter_zero_variance: bool = field(False, "drop groups whose rewards are all equal", boolean)
+    filter_zero_variance: bool = field(False, "GRPO only (PPO's GAE advantages are not zero when a group's rewards "
+                                              "are equal): must stay False", boolean)
 
     def cross_checks(self):
         yield from super().cross_checks()
         if self.process_grpo:
             yield "process_grpo", "needs kind grpo"
+        if self.filter_zero_variance:
+            yield "filter_zero_variance", ("is a GRPO setting: PPO trains every row (its GAE advantages against the "
+                                           "value head are not zero when a group's rewards are equal)")
         if self.advantage != "grpo":
             yield "advantage", f"is a GRPO setting; PPO uses GAE, got {self.advantage!r}"
 
