@@ -98,6 +98,8 @@ def parse_value(text: str, current):
         v = ast.literal_eval(text)  # user-supplied config text, a literal only (never model output)
     except (ValueError, SyntaxError):
         return text  # the validator will say what the field expects
+    if isinstance(v, bool) and isinstance(current, (int, float)):  # ConfigDict would store True as 1.0
+        raise cv.ConfigError(f"expected a number, got {text!r} (a boolean is not a number)")
     if isinstance(current, float) and isinstance(v, int) and not isinstance(v, bool):
         v = float(v)
     if isinstance(current, tuple) and isinstance(v, list):
