@@ -122,7 +122,11 @@ def apply_override(config, path: str, text: str) -> None:
     try:
         current = node[last]
     except (KeyError, IndexError, TypeError, AttributeError):
-        raise cv.ConfigError(f"--config.{path}: no field {last!r} there") from None
+        from rl.config_fields import suggest
+
+        known = list(node.keys()) if hasattr(node, "keys") else []
+        raise cv.ConfigError(f"--config.{path}: no field {last!r} there" + (f"; {suggest(last, known)}" if known
+                                                                            else "")) from None
     try:
         value = parse_value(text, current)
     except cv.ConfigError as e:
@@ -135,8 +139,15 @@ def apply_override(config, path: str, text: str) -> None:
 
 
 def apply_overrides(config, overrides: list[tuple[str, str]]) -> None:
+    """Apply every override; ConfigError listing all that failed (the others are applied)."""
+    errors = []
     for path, text in overrides:
-        apply_override(config, path, text)
+        try:
+            apply_override(config, path, text)
+        except cv.ConfigError as e:
+            errors.append(str(e))
+    if errors:
+        raise cv.ConfigError("\n  ".join(errors))
 
 
 def parse_args(argv: list[str]):
@@ -185,8 +196,9 @@ def check_resume_compatible(workdir: str, cfg_dict: dict) -> None:
     except (OSError, ValueError) as e:
         raise cv.ConfigError(f"{path} is unreadable ({e}); it records the config of the run in that workdir - "
                              "restore it or use a new --workdir") from None
-    if not os.path.isdir(os.path.join(workdir, "checkpoints")):
-        return  # a run that stopped before its first checkpoint: nothing to resume, the new config may differ
+    if not _has_checkpoint(workdir):
+        return  # a run that stopped before its first checkpoint (e.g. a bad model.hf_path): nothing to resume, the
+        # new config may differ
     from rl.prefix import with_added_defaults
 
     strip = lambda d: {k: v for k, v in d.items() if k not in ("run", "log")}  # noqa: E731
@@ -203,28 +215,58 @@ def _has_checkpoint(workdir: str | None) -> bool:
     return bool(workdir) and os.path.isdir(last) and any(n.isdigit() for n in os.listdir(last))
 
 
+def checked_config(args, overrides) -> tuple[dict, bool]:
+    """(the config the run uses, whether it starts from --init_from): every check before any compute. The
+    override and field errors are reported together; once the config is valid, the workdir, the machine and the
+    data are checked and their problems reported together (rl/preflight.py)."""
+    config = get_config(args.config)
+    recipe_hf = bool(config.model.get("hf_path"))
+    errors = []
+    try:
+        apply_overrides(config, overrides)
+    except cv.ConfigError as e:
+        errors.append(str(e))
+    try:
+        cv.validate(config)
+    except cv.ConfigError as e:
+        errors.append(str(e))
+    if errors:
+        raise cv.ConfigError("\n  ".join(errors))
+    cfg_dict = cv.to_dict(config)
+    from rl import preflight  # data- and machine-dependent checks, still before any compute
+
+    if cfg_dict["model"]["hf_path"] and not recipe_hf:  # a byte-tokenizer recipe on a checkpoint (rl/pretrained.py)
+        cfg_dict, notes = preflight.port_to_checkpoint(cfg_dict)
+        if notes:  # lengths only: the pre-run checks below hold them against the checkpoint's context
+            print("lengths in the checkpoint's tokens:\n  " + "\n  ".join(notes), flush=True)
+    if args.verbose:
+        print("resolved config:\n" + json.dumps(cfg_dict, indent=2, default=str))
+    if args.workdir:
+        try:
+            check_resume_compatible(args.workdir, cfg_dict)
+        except cv.ConfigError as e:
+            errors.append(str(e))
+    try:
+        preflight.check_environment(cfg_dict)
+    except cv.ConfigError as e:
+        errors.append(str(e))
+    seed = bool(args.init_from) and not _has_checkpoint(args.workdir)  # a workdir with its own run resumes it
+    if seed and not errors:
+        from rl import prefix
+
+        prefix.plan(args.init_from, cfg_dict)
+    if errors:
+        raise cv.ConfigError("\n  ".join(errors))
+    return cfg_dict, seed
+
+
 def main(argv: list[str] | None = None) -> int:
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     if args.help_config:
         print(cv.describe())
         return 0
     try:
-        config = get_config(args.config)
-        apply_overrides(config, overrides)
-        cfg_dict = cv.to_dict(config)
-        if args.verbose:
-            print("resolved config:\n" + json.dumps(cfg_dict, indent=2, default=str))
-        cv.validate(config)
-        if args.workdir:
-            check_resume_compatible(args.workdir, cfg_dict)
-        from rl import preflight  # data- and machine-dependent checks, still before any compute
-
-        preflight.check_environment(cfg_dict)
-        seed = bool(args.init_from) and not _has_checkpoint(args.workdir)  # a workdir with its own run resumes it
-        if seed:
-            from rl import prefix
-
-            prefix.plan(args.init_from, cfg_dict)
+        cfg_dict, seed = checked_config(args, overrides)
     except cv.ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
@@ -242,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     from rl import run  # imported after validation: nothing heavy runs for a bad config
 
     try:
-        run.train(config, args.workdir, config_path=args.config)
+        run.train(cfg_dict, args.workdir, config_path=args.config)
     except cv.ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
