@@ -146,8 +146,10 @@ def apply_overrides(config, overrides: list[tuple[str, str]]) -> None:
             apply_override(config, path, text)
         except cv.ConfigError as e:
             errors.append(str(e))
+    if len(errors) == 1:
+        raise cv.ConfigError(errors[0])
     if errors:
-        raise cv.ConfigError("\n  ".join(errors))
+        raise cv.problems_error("overrides that cannot be applied", errors)
 
 
 def parse_args(argv: list[str]):
@@ -222,17 +224,19 @@ def checked_config(args, overrides) -> tuple[dict, bool]:
     config = get_config(args.config)
     recipe_hf = bool(config.model.get("hf_path"))
     errors = []
-    try:
-        apply_overrides(config, overrides)
-    except cv.ConfigError as e:
-        errors.append(str(e))
+
+    def note(fn):
+        try:
+            return fn()
+        except cv.ConfigError as e:
+            errors.extend(e.problems or [str(e)])
+
+    note(lambda: apply_overrides(config, overrides))
     try:
         cv.validate(config)
-    except cv.ConfigError as e:
-        errors.append(str(e))
-    if errors:
-        raise cv.ConfigError("\n  ".join(errors))
-    cfg_dict = cv.to_dict(config)
+    except cv.ConfigError as e:  # the checks below need a valid config
+        raise cv.problems_error("invalid config", errors + (e.problems or [str(e)])) from None
+    cfg_dict = cv.to_dict(config)  # a misspelled override is reported with the machine's and the data's problems
     from rl import preflight  # data- and machine-dependent checks, still before any compute
 
     if cfg_dict["model"]["hf_path"] and not recipe_hf:  # a byte-tokenizer recipe on a checkpoint (rl/pretrained.py)
@@ -242,21 +246,16 @@ def checked_config(args, overrides) -> tuple[dict, bool]:
     if args.verbose:
         print("resolved config:\n" + json.dumps(cfg_dict, indent=2, default=str))
     if args.workdir:
-        try:
-            check_resume_compatible(args.workdir, cfg_dict)
-        except cv.ConfigError as e:
-            errors.append(str(e))
-    try:
-        preflight.check_environment(cfg_dict)
-    except cv.ConfigError as e:
-        errors.append(str(e))
+        note(lambda: check_resume_compatible(args.workdir, cfg_dict))
+    note(lambda: preflight.check_environment(cfg_dict))
     seed = bool(args.init_from) and not _has_checkpoint(args.workdir)  # a workdir with its own run resumes it
     if seed and not errors:
         from rl import prefix
 
         prefix.plan(args.init_from, cfg_dict)
     if errors:
-        raise cv.ConfigError("\n  ".join(errors))
+        raise (cv.problems_error(f"{len(errors)} problems, each with the field to change", errors) if len(errors) > 1
+               else cv.ConfigError(errors[0]))
     return cfg_dict, seed
 
 

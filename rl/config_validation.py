@@ -32,7 +32,18 @@ from rl.config_fields import FieldErrors, boolean, choice, integer, num, suggest
 
 
 class ConfigError(ValueError):
-    """A config field is missing, misspelled, of the wrong type or out of range."""
+    """A config field is missing, misspelled, of the wrong type or out of range; `problems` lists them one by one
+    when there are several (the launcher prints every problem of a config in one pass)."""
+
+    problems: list[str] | None = None
+
+
+def problems_error(title: str, problems: list[str]) -> ConfigError:
+    """One ConfigError listing every problem under a title ('invalid config:\\n  a\\n  b')."""
+    problems = list(dict.fromkeys(problems))
+    err = ConfigError(f"{title}:\n  " + "\n  ".join(problems))
+    err.problems = problems
+    return err
 
 
 @dataclass(frozen=True)
@@ -429,7 +440,7 @@ def validate(config) -> None:
         if isinstance(rew, dict) and hasattr(sc, "reward_checks"):  # stage rules that need the reward section
             errors += [f"{p}.{fld} {msg}" for fld, msg in sc.reward_checks(rew)]
     if errors:
-        raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
+        raise problems_error("invalid config", errors)
 
 
 def parse_rules(text: str) -> dict[str, Any]:

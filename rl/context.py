@@ -311,8 +311,8 @@ def fit_errors(cfg: dict, tok, problems, sft_problems: int = 0, render=None, len
     errors = []
     if prompts and max(prompts) > P:
         n_over = sum(n > P for n in prompts)
-        errors.append(f"tasks.max_prompt_len = {P} is too small: {n_over} of {len(prompts)} prompts are longer, the "
-                      f"longest has {max(prompts)} tokens; set tasks.max_prompt_len={max(prompts)}")
+        errors.append(f"tasks.max_prompt_len = {P} is too small: {n_over} of {len(prompts)} distinct prompts are "
+                      f"longer, the longest has {max(prompts)} tokens; set tasks.max_prompt_len={max(prompts)}")
     if answers and max(answers) > N:
         n_over = sum(n > N for n in answers)
         errors.append(f"sampling.max_new_tokens = {N} is too small for the worked solutions the SFT stages train on: "
@@ -322,10 +322,12 @@ def fit_errors(cfg: dict, tok, problems, sft_problems: int = 0, render=None, len
 
 
 def prompt_lengths(cfg: dict, tok, problems, render=None) -> list[int]:
-    """Tokens (with BOS) of each problem's prompt in the run's tokenizer and prompt format; `render(fn)` runs each
-    rendering (models.hf_checks.bounded in the pre-run checks: a chat template that loops is stopped)."""
+    """Tokens (with BOS) of each distinct problem's prompt (training draws repeat problems) in the run's tokenizer
+    and prompt format; `render(fn)` runs each rendering (models.hf_checks.bounded in the pre-run checks: a chat
+    template that loops is stopped)."""
     render = render or (lambda fn: fn())
-    return [len(tok.encode(render(lambda p=p: prompt_text(cfg, tok, p)), add_bos=True)) for p in problems]
+    distinct = {p.id: p for p in problems}.values()
+    return [len(tok.encode(render(lambda p=p: prompt_text(cfg, tok, p)), add_bos=True)) for p in distinct]
 
 
 def check_fit(cfg: dict, tok, problems, sft_problems: int = 0) -> None:

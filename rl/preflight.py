@@ -31,8 +31,13 @@ def resolved_mesh(cfg: dict, n_dev: int) -> dict:
     if fixed > n_dev:
         import jax
 
+        fit = dict(sizes)
+        while int(np.prod(list(fit.values()))) > n_dev:  # halve the largest axis until the mesh fits
+            k = max(fit, key=fit.get)
+            fit[k] = max(1, fit[k] // 2)
+        change = ", ".join(f"mesh.{k}={v}" for k, v in fit.items() if v != sizes[k])
         raise cv.ConfigError(f"mesh {sizes} needs {fixed} devices, this machine has {n_dev} "
-                             f"({jax.devices()[0].platform}); set mesh.* so their product is at most {n_dev}")
+                             f"({jax.devices()[0].platform}); set {change}")
     return sizes
 
 
@@ -41,7 +46,7 @@ def _collect(errors: list, fn):
     try:
         return fn()
     except cv.ConfigError as e:
-        errors.append(str(e))
+        errors += e.problems or [str(e)]
         return None
 
 
@@ -49,18 +54,28 @@ def _context_error(cfg: dict, model_cfg, longest: int | None) -> str | None:
     """tasks.max_prompt_len + sampling.max_new_tokens against the model's length (the checkpoint's context when
     model.hf_path), with the values that fit."""
     P, N = cfg["tasks"]["max_prompt_len"], cfg["sampling"]["max_new_tokens"]
-    P = max(P, longest or 0)  # the prompt length the run needs, when the prompts say more than the field
     limit = model_cfg.max_seq_len
-    if P + N <= limit:
+    if P + N <= limit and (longest or 0) <= P:
         return None
+    L = P if longest is None else longest  # the prompt length the run needs
+    if L + N <= limit:
+        if P + N <= limit:
+            return None  # the prompt error (fit_errors) says what to set
+        fix = f"set tasks.max_prompt_len <= {limit - N} (the longest prompt has {L} tokens)"
+    elif limit - L >= 1:
+        fix = (f"set sampling.max_new_tokens={limit - L}" if L == P else
+               f"set tasks.max_prompt_len={L} (the longest prompt) and sampling.max_new_tokens={limit - L}")
+    else:
+        fix = f"the longest prompt ({L} tokens) leaves no room for an answer"
     what = f"model.max_seq_len ({limit})"
     if cfg["model"].get("hf_path"):
         from models import hf_checks
 
         if hf_checks.read_config(cfg["model"]["hf_path"]).get("max_position_embeddings") == limit:
             what = f"the checkpoint's context ({limit}, max_position_embeddings in {cfg['model']['hf_path']}/config.json)"
-    fix = f"set sampling.max_new_tokens={limit - P}" if limit - P >= 1 else f"prompts of {P} tokens leave no room"
-    return f"tasks.max_prompt_len + sampling.max_new_tokens ({P} + {N} = {P + N}) exceed {what}: {fix}"
+    head = (f"tasks.max_prompt_len + sampling.max_new_tokens ({P} + {N} = {P + N})" if L <= P else
+            f"the longest prompt + sampling.max_new_tokens ({L} + {N} = {L + N})")
+    return f"{head} exceed {what}: {fix}"
 
 
 def _checkpoint_errors(cfg: dict, model_cfg) -> list[str]:
@@ -154,8 +169,7 @@ def check_environment(cfg: dict, verbose: bool = True):
     if model_cfg is not None and (msg := _context_error(cfg, model_cfg, longest)):
         errors.append(msg)
     if errors:
-        errors = list(dict.fromkeys(errors))
-        raise cv.ConfigError(f"{len(errors)} problem(s) found before any compute:\n  " + "\n  ".join(errors))
+        raise cv.problems_error("found before any compute", errors)
     return plan
 
 
