@@ -169,7 +169,7 @@ def check_environment(cfg: dict, verbose: bool = True):
     if model_cfg is not None and (msg := _context_error(cfg, model_cfg, longest)):
         errors.append(msg)
     if errors:
-        raise cv.problems_error("found before any compute", errors)
+        raise cv.problems_error("problems found before any compute", errors)
     return plan
 
 
