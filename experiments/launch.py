@@ -217,6 +217,16 @@ def _has_checkpoint(workdir: str | None) -> bool:
     return bool(workdir) and os.path.isdir(last) and any(n.isdigit() for n in os.listdir(last))
 
 
+def on_checkpoint(cfg_dict: dict, recipe_hf: bool) -> tuple[dict, list[str]]:
+    """(the config the run uses, notes): a recipe written for the byte tokenizer (`recipe_hf`: its get_config set
+    model.hf_path) run on model.hf_path gets its lengths in the checkpoint's tokens (rl/pretrained.py)."""
+    if cfg_dict["model"]["hf_path"] and not recipe_hf:
+        from rl import preflight
+
+        return preflight.port_to_checkpoint(cfg_dict)
+    return cfg_dict, []
+
+
 def checked_config(args, overrides) -> tuple[dict, bool]:
     """(the config the run uses, whether it starts from --init_from): every check before any compute. The
     override and field errors are reported together; once the config is valid, the workdir, the machine and the
@@ -239,10 +249,9 @@ def checked_config(args, overrides) -> tuple[dict, bool]:
     cfg_dict = cv.to_dict(config)  # a misspelled override is reported with the machine's and the data's problems
     from rl import preflight  # data- and machine-dependent checks, still before any compute
 
-    if cfg_dict["model"]["hf_path"] and not recipe_hf:  # a byte-tokenizer recipe on a checkpoint (rl/pretrained.py)
-        cfg_dict, notes = preflight.port_to_checkpoint(cfg_dict)
-        if notes:  # lengths only: the pre-run checks below hold them against the checkpoint's context
-            print("lengths in the checkpoint's tokens:\n  " + "\n  ".join(notes), flush=True)
+    cfg_dict, notes = on_checkpoint(cfg_dict, recipe_hf)
+    if notes:  # lengths only: the pre-run checks below hold them against the checkpoint's context
+        print("lengths in the checkpoint's tokens:\n  " + "\n  ".join(notes), flush=True)
     if args.verbose:
         print("resolved config:\n" + json.dumps(cfg_dict, indent=2, default=str))
     if args.workdir:

@@ -3,13 +3,15 @@
     hf_json = read_config(path)                    # config.json: readable, a JSON object
     problems = check_folder(path, cfg, model_type) # safetensors files (complete, sane headers, offsets inside the
                                                    # file, every shard of the index present), tensor shapes against
-                                                   # config.json, every weight finite, the tokenizer files' schemas
-    check_template(tok)                            # the chat template renders a probe conversation, bounded
+                                                   # config.json, every weight finite
+    check_tokenizer_files(path)                    # tokenizer.json / tokenizer_config.json / generation_config.json
+    check_template(tok, where)                     # the chat template renders a probe conversation, bounded
     text = bounded(lambda: tok.render_chat_template(messages))   # any render under a step and time limit
     require_finite(array, "model.norm.weight", path)             # the hook models.hf.load calls on every tensor
 
 What each check costs: the headers are read (a few KiB per file); the finiteness scan reads every weight once,
-memory-mapped, in chunks (about a second per GB), so the dry run of a real checkpoint takes that long. Nothing here
+memory-mapped, in chunks (measured with the file in the page cache on the loaded 2-core machine: 2.3 GB/s float32,
+0.45 GB/s bfloat16, whose bit test is slower), so the dry run of a real checkpoint takes that long. Nothing here
 builds the model. GGUF files are not covered here (models/hf.py reads them with their own checks).
 
 A chat template is a program: `bounded` runs a render with a Python trace hook that counts the template's own
@@ -35,6 +37,7 @@ _DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I1
 # float dtype -> (unsigned view, exponent mask): all exponent bits set = inf or nan
 _EXPONENT = {"F64": (np.uint64, 0x7FF0000000000000), "F32": (np.uint32, 0x7F800000), "F16": (np.uint16, 0x7C00),
              "BF16": (np.uint16, 0x7F80)}
+_FLOATS = {"F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2")}
 _CHUNK_BYTES = 64 << 20
 MAX_TEMPLATE_STEPS = 200_000  # template lines per render; a real chat template runs a few hundred
 MAX_TEMPLATE_SECONDS = 10.0
@@ -169,9 +172,16 @@ def _nonfinite(file: Path, e: dict, offset: int) -> int:
     begin, end = e["data_offsets"]
     if end == begin:
         return 0
-    data = np.memmap(file, dtype=view, mode="r", offset=offset + begin, shape=((end - begin) // view().itemsize,))
+    native = _FLOATS.get(e["dtype"])  # numpy's own isfinite where numpy has the type (faster than the bit test)
+    dtype = native or view
+    data = np.memmap(file, dtype=dtype, mode="r", offset=offset + begin, shape=((end - begin) // view().itemsize,))
     step = max(1, _CHUNK_BYTES // view().itemsize)
-    return int(sum(np.count_nonzero((data[i:i + step] & view(mask)) == view(mask)) for i in range(0, data.size, step)))
+    bad = 0
+    for i in range(0, data.size, step):
+        chunk = data[i:i + step]
+        bad += int(chunk.size - np.count_nonzero(np.isfinite(chunk)) if native
+                   else np.count_nonzero((chunk & view(mask)) == view(mask)))
+    return bad
 
 
 def check_finite(headers) -> None:
@@ -280,7 +290,8 @@ def check_template(tok, where: str) -> None:
 
 # ---- everything -------------------------------------------------------------------------------------------------------
 def check_folder(path, cfg, model_type: str) -> list[str]:
-    """Every problem of the folder's weights and tokenizer files, one message each (empty: all sound)."""
+    """Every problem of the folder's weights, one message each (empty: all sound); the tokenizer files are
+    check_tokenizer_files' (rl.context.build_tokenizer runs it)."""
     problems = []
     try:
         headers = tensor_headers(path)
@@ -292,8 +303,4 @@ def check_folder(path, cfg, model_type: str) -> list[str]:
                 check()
             except (OSError, ValueError) as e:
                 problems.append(str(e))
-    try:
-        check_tokenizer_files(path)
-    except (OSError, ValueError) as e:
-        problems.append(str(e))
     return problems

@@ -167,8 +167,10 @@ def hf_checkpoint_cfg(path: str, section: dict):
     try:
         return hf.config_from_hf(hf_json, dtype=section.get("dtype", "float32"),
                                  param_dtype=section.get("param_dtype", "float32"))
-    except (TypeError, ValueError, ArithmeticError, KeyError, AttributeError) as e:  # any malformed value
-        raise cv.ConfigError(f"model.hf_path: {path}/config.json: {type(e).__name__ + ': ' if not isinstance(e, ValueError) else ''}{e}") from None
+    except ValueError as e:  # the loader's own message names the key
+        raise cv.ConfigError(f"model.hf_path: {path}/config.json: {e}") from None
+    except (TypeError, ArithmeticError, KeyError, AttributeError) as e:  # a value of the wrong type or shape
+        raise cv.ConfigError(f"model.hf_path: {path}/config.json: {type(e).__name__}: {e}") from None
 
 
 def build_tokenizer(cfg: dict):
