@@ -5,11 +5,13 @@
 
 Steps: load the config file and call its get_config(arg); apply the --config.* overrides
 (the value is parsed as a Python literal when the field holds a number / bool / tuple, else kept
-as text; list entries are addressed as stages[2] or stages.2); validate everything, including
-what needs the data and the machine (rl/preflight.py: mesh vs devices, problems the splits can
-supply, prompt and solution lengths, memory); any problem exits with status 2 and a message naming
-the field, before any compute; write workdir/config.json; run the stages (rl/run.py, which
-resumes if the workdir already holds a checkpoint). Other flags:
+as text; a boolean is not a number; list entries are addressed as stages[2] or stages.2); validate
+everything, including what needs the data and the machine (rl/preflight.py: mesh vs devices, a
+checkpoint folder's files, problems the splits can supply, prompt and solution lengths, memory);
+every problem is printed together, each naming the field and a value that works, and the launcher
+exits with status 2 before any compute; write workdir/config.json; run the stages (rl/run.py, which
+resumes if the workdir already holds a checkpoint). A recipe written for the byte tokenizer run with
+--config.model.hf_path gets its lengths in the checkpoint's tokens (rl/pretrained.py). Other flags:
 
     --dry_run       run every check, do not train
     --verbose       print the resolved config
