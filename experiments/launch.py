@@ -288,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(cfg_dict, f, indent=2, default=str)
     print(f"config: {args.config} -> {os.path.join(args.workdir, 'config.json')} (--verbose prints it)", flush=True)
     if seed:
+        from rl import prefix
+
         info = prefix.seed_from(args.workdir, args.init_from, cfg_dict)
         print(f"init_from: starting from {info['source']} checkpoint {info['step']} (stage {info['stage']}, unit "
               f"{info['unit']})", flush=True)
