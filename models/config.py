@@ -114,7 +114,7 @@ def _float_error(name: str, value: Any, lo: float, hi: float, lo_open: bool) -> 
     """Booleans are not numbers; inf / nan and values past the bound are refused."""
     ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
           and (value > lo if lo_open else value >= lo) and value <= hi)
-    return None if ok else f"{name} must be a finite number in {'(' if lo_open else '['}{lo}, {hi}], got {value!r}"
+    return None if ok else f"{name} must be a finite number in {'(' if lo_open else '['}{lo:g}, {hi:g}], got {value!r}"
 
 
 def _field_errors(cfg: "ModelConfig") -> list[str]:
