@@ -5,11 +5,13 @@
 
 Steps: load the config file and call its get_config(arg); apply the --config.* overrides
 (the value is parsed as a Python literal when the field holds a number / bool / tuple, else kept
-as text; list entries are addressed as stages[2] or stages.2); validate everything, including
-what needs the data and the machine (rl/preflight.py: mesh vs devices, problems the splits can
-supply, prompt and solution lengths, memory); any problem exits with status 2 and a message naming
-the field, before any compute; write workdir/config.json; run the stages (rl/run.py, which
-resumes if the workdir already holds a checkpoint). Other flags:
+as text; a boolean is not a number; list entries are addressed as stages[2] or stages.2); validate
+everything, including what needs the data and the machine (rl/preflight.py: mesh vs devices, a
+checkpoint folder's files, problems the splits can supply, prompt and solution lengths, memory);
+every problem is printed together, each naming the field and a value that works, and the launcher
+exits with status 2 before any compute; write workdir/config.json; run the stages (rl/run.py, which
+resumes if the workdir already holds a checkpoint). A recipe written for the byte tokenizer run with
+--config.model.hf_path gets its lengths in the checkpoint's tokens (rl/pretrained.py). Other flags:
 
     --dry_run       run every check, do not train
     --verbose       print the resolved config
@@ -98,6 +100,8 @@ def parse_value(text: str, current):
         v = ast.literal_eval(text)  # user-supplied config text, a literal only (never model output)
     except (ValueError, SyntaxError):
         return text  # the validator will say what the field expects
+    if isinstance(v, bool) and isinstance(current, (int, float)):  # ConfigDict would store True as 1.0
+        raise cv.ConfigError(f"expected a number, got {text!r} (a boolean is not a number)")
     if isinstance(current, float) and isinstance(v, int) and not isinstance(v, bool):
         v = float(v)
     if isinstance(current, tuple) and isinstance(v, list):
@@ -120,7 +124,11 @@ def apply_override(config, path: str, text: str) -> None:
     try:
         current = node[last]
     except (KeyError, IndexError, TypeError, AttributeError):
-        raise cv.ConfigError(f"--config.{path}: no field {last!r} there") from None
+        from rl.config_fields import suggest
+
+        known = list(node.keys()) if hasattr(node, "keys") else []
+        raise cv.ConfigError(f"--config.{path}: no field {last!r} there" + (f"; {suggest(last, known)}" if known
+                                                                            else "")) from None
     try:
         value = parse_value(text, current)
     except cv.ConfigError as e:
@@ -133,8 +141,17 @@ def apply_override(config, path: str, text: str) -> None:
 
 
 def apply_overrides(config, overrides: list[tuple[str, str]]) -> None:
+    """Apply every override; ConfigError listing all that failed (the others are applied)."""
+    errors = []
     for path, text in overrides:
-        apply_override(config, path, text)
+        try:
+            apply_override(config, path, text)
+        except cv.ConfigError as e:
+            errors.append(str(e))
+    if len(errors) == 1:
+        raise cv.ConfigError(errors[0])
+    if errors:
+        raise cv.problems_error("overrides that cannot be applied", errors)
 
 
 def parse_args(argv: list[str]):
@@ -183,8 +200,9 @@ def check_resume_compatible(workdir: str, cfg_dict: dict) -> None:
     except (OSError, ValueError) as e:
         raise cv.ConfigError(f"{path} is unreadable ({e}); it records the config of the run in that workdir - "
                              "restore it or use a new --workdir") from None
-    if not os.path.isdir(os.path.join(workdir, "checkpoints")):
-        return  # a run that stopped before its first checkpoint: nothing to resume, the new config may differ
+    if not _has_checkpoint(workdir):
+        return  # a run that stopped before its first checkpoint (e.g. a bad model.hf_path): nothing to resume, the
+        # new config may differ
     from rl.prefix import with_added_defaults
 
     strip = lambda d: {k: v for k, v in d.items() if k not in ("run", "log")}  # noqa: E731
@@ -201,28 +219,64 @@ def _has_checkpoint(workdir: str | None) -> bool:
     return bool(workdir) and os.path.isdir(last) and any(n.isdigit() for n in os.listdir(last))
 
 
+def on_checkpoint(cfg_dict: dict, recipe_hf: bool) -> tuple[dict, list[str]]:
+    """(the config the run uses, notes): a recipe written for the byte tokenizer (`recipe_hf`: its get_config set
+    model.hf_path) run on model.hf_path gets its lengths in the checkpoint's tokens (rl/pretrained.py)."""
+    if cfg_dict["model"]["hf_path"] and not recipe_hf:
+        from rl import preflight
+
+        return preflight.port_to_checkpoint(cfg_dict)
+    return cfg_dict, []
+
+
+def checked_config(args, overrides) -> tuple[dict, bool]:
+    """(the config the run uses, whether it starts from --init_from): every check before any compute. The
+    override and field errors are reported together; once the config is valid, the workdir, the machine and the
+    data are checked and their problems reported together (rl/preflight.py)."""
+    config = get_config(args.config)
+    recipe_hf = bool(config.model.get("hf_path"))
+    errors = []
+
+    def note(fn):
+        try:
+            return fn()
+        except cv.ConfigError as e:
+            errors.extend(e.problems or [str(e)])
+
+    note(lambda: apply_overrides(config, overrides))
+    try:
+        cv.validate(config)
+    except cv.ConfigError as e:  # the checks below need a valid config
+        raise cv.problems_error("invalid config", errors + (e.problems or [str(e)])) from None
+    cfg_dict = cv.to_dict(config)  # a misspelled override is reported with the machine's and the data's problems
+    from rl import preflight  # data- and machine-dependent checks, still before any compute
+
+    cfg_dict, notes = on_checkpoint(cfg_dict, recipe_hf)
+    if notes:  # lengths only: the pre-run checks below hold them against the checkpoint's context
+        print("lengths in the checkpoint's tokens:\n  " + "\n  ".join(notes), flush=True)
+    if args.verbose:
+        print("resolved config:\n" + json.dumps(cfg_dict, indent=2, default=str))
+    if args.workdir:
+        note(lambda: check_resume_compatible(args.workdir, cfg_dict))
+    note(lambda: preflight.check_environment(cfg_dict))
+    seed = bool(args.init_from) and not _has_checkpoint(args.workdir)  # a workdir with its own run resumes it
+    if seed and not errors:
+        from rl import prefix
+
+        prefix.plan(args.init_from, cfg_dict)
+    if errors:
+        raise (cv.problems_error(f"{len(errors)} problems, each with the field to change", errors) if len(errors) > 1
+               else cv.ConfigError(errors[0]))
+    return cfg_dict, seed
+
+
 def main(argv: list[str] | None = None) -> int:
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     if args.help_config:
         print(cv.describe())
         return 0
     try:
-        config = get_config(args.config)
-        apply_overrides(config, overrides)
-        cfg_dict = cv.to_dict(config)
-        if args.verbose:
-            print("resolved config:\n" + json.dumps(cfg_dict, indent=2, default=str))
-        cv.validate(config)
-        if args.workdir:
-            check_resume_compatible(args.workdir, cfg_dict)
-        from rl import preflight  # data- and machine-dependent checks, still before any compute
-
-        preflight.check_environment(cfg_dict)
-        seed = bool(args.init_from) and not _has_checkpoint(args.workdir)  # a workdir with its own run resumes it
-        if seed:
-            from rl import prefix
-
-            prefix.plan(args.init_from, cfg_dict)
+        cfg_dict, seed = checked_config(args, overrides)
     except cv.ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
@@ -235,13 +289,15 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(cfg_dict, f, indent=2, default=str)
     print(f"config: {args.config} -> {os.path.join(args.workdir, 'config.json')} (--verbose prints it)", flush=True)
     if seed:
+        from rl import prefix
+
         info = prefix.seed_from(args.workdir, args.init_from, cfg_dict)
         print(f"init_from: starting from {info['source']} checkpoint {info['step']} (after {info['stage']} unit "
               f"{info['unit']})", flush=True)
     from rl import run  # imported after validation: nothing heavy runs for a bad config
 
     try:
-        run.train(config, args.workdir, config_path=args.config)
+        run.train(cfg_dict, args.workdir, config_path=args.config)
     except cv.ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2

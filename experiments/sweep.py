@@ -116,9 +116,11 @@ def select(points: list[dict], only: list[str]) -> list[dict]:
 def resolve(config_spec: str, overrides: list[tuple[str, str]]) -> dict:
     """The resolved config of one run as config.json records it (validated; ConfigError names the field)."""
     config = launch.get_config(config_spec)
+    recipe_hf = bool(config.model.get("hf_path"))
     launch.apply_overrides(config, overrides)
     cv.validate(config)
-    return json.loads(json.dumps(cv.to_dict(config), default=str))
+    cfg, _ = launch.on_checkpoint(cv.to_dict(config), recipe_hf)  # the lengths the launcher will record
+    return json.loads(json.dumps(cfg, default=str))
 
 
 def run_overrides(point: dict, seed: int, extra: list[tuple[str, str]]) -> list[tuple[str, str]]:

@@ -11,6 +11,7 @@ benchmarks and logs can report model size and MFU without building the model.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -52,43 +53,10 @@ class ModelConfig:
     dense_layers: tuple[int, ...] = ()  # blocks kept dense whatever moe_every says (HF mlp_only_layers)
 
     def __post_init__(self):
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff", "max_seq_len"):
-            _check_int(name, getattr(self, name), minimum=1)
-        for name in ("n_experts", "moe_every", "n_shared_experts", "logits_chunk"):
-            _check_int(name, getattr(self, name), minimum=0)
-        _check_int("experts_per_token", self.experts_per_token, minimum=1)
-        if self.expert_d_ff is not None:
-            _check_int("expert_d_ff", self.expert_d_ff, minimum=1)
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.n_kv_heads})")
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim ({self.head_dim}) must be even for rotary embeddings")
-        if self.n_experts > 0 and self.experts_per_token > self.n_experts:
-            raise ValueError(
-                f"experts_per_token ({self.experts_per_token}) must be <= n_experts ({self.n_experts})")
-        if self.capacity_factor is not None and not (
-                isinstance(self.capacity_factor, (int, float)) and self.capacity_factor > 0):
-            raise ValueError(f"capacity_factor must be None (dropless) or > 0, got {self.capacity_factor!r}")
-        for name in ("router_aux_coef", "router_z_coef"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
-        for name in ("rope_theta", "norm_eps"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or value <= 0:
-                raise ValueError(f"{name} must be a number > 0, got {value!r}")
-        for name in ("dtype", "param_dtype"):
-            if getattr(self, name) not in _DTYPES:
-                raise ValueError(f"{name} must be one of {_DTYPES}, got {getattr(self, name)!r}")
-        for name in ("tie_embeddings", "remat", "attn_bias", "qk_norm", "scale_tied_unembed", "norm_topk_prob"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        errors = _field_errors(self)
+        if errors:  # every bad field at once, each named
+            raise ValueError("; ".join(errors))
         # Lists (from JSON or a ConfigDict) become a sorted tuple: the config is a static jit argument, so hashable.
-        if not isinstance(self.dense_layers, (tuple, list)):
-            raise ValueError(f"dense_layers must be a tuple of block indices, got {self.dense_layers!r}")
-        for i in self.dense_layers:
-            if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.n_layers:
-                raise ValueError(f"dense_layers entries must be ints in [0, n_layers={self.n_layers}), got {i!r}")
         object.__setattr__(self, "dense_layers", tuple(sorted(set(self.dense_layers))))
 
     # ---- derived quantities -------------------------------------------------------------------------------------
@@ -125,9 +93,58 @@ class ModelConfig:
         return cls(**d)
 
 
-def _check_int(name: str, value: Any, *, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+# Upper bounds keep a typo (1e9 layers, an infinite rope base) from reaching the model: a real checkpoint is far
+# inside them (vocabularies of 262k, 128 heads, 1M positions, rope bases of 1e7).
+_INT_RANGES = {"vocab_size": (1, 10**7), "d_model": (1, 2**17), "n_layers": (1, 10**4), "n_heads": (1, 4096),
+               "n_kv_heads": (1, 4096), "head_dim": (1, 4096), "d_ff": (1, 2**20), "max_seq_len": (1, 2**24),
+               "n_experts": (0, 4096), "moe_every": (0, 10**4), "n_shared_experts": (0, 4096), "logits_chunk": (0, 2**24),
+               "experts_per_token": (1, 4096)}
+_FLOAT_RANGES = {"router_aux_coef": (0.0, 1e3, False), "router_z_coef": (0.0, 1e3, False),
+                 "rope_theta": (0.0, 1e12, True), "norm_eps": (0.0, 1.0, True)}  # (lo, hi, lo excluded)
+_BOOLS = ("tie_embeddings", "remat", "attn_bias", "qk_norm", "scale_tied_unembed", "norm_topk_prob")
+
+
+def _int_error(name: str, value: Any, lo: int, hi: int) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        return f"{name} must be an int in [{lo}, {hi}], got {value!r}"
+    return None
+
+
+def _float_error(name: str, value: Any, lo: float, hi: float, lo_open: bool) -> str | None:
+    """Booleans are not numbers; inf / nan and values past the bound are refused."""
+    ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+          and (value > lo if lo_open else value >= lo) and value <= hi)
+    return None if ok else f"{name} must be a finite number in {'(' if lo_open else '['}{lo:g}, {hi:g}], got {value!r}"
+
+
+def _field_errors(cfg: "ModelConfig") -> list[str]:
+    """Every invalid field of cfg, as messages naming it (the cross-field rules only once the fields are sound)."""
+    errors = [e for name, (lo, hi) in _INT_RANGES.items() if (e := _int_error(name, getattr(cfg, name), lo, hi))]
+    if cfg.expert_d_ff is not None and (e := _int_error("expert_d_ff", cfg.expert_d_ff, 1, 2**20)):
+        errors.append(e)
+    if cfg.capacity_factor is not None and (e := _float_error("capacity_factor", cfg.capacity_factor, 0.0, 1e3, True)):
+        errors.append(e.replace("must be", "must be None (dropless) or"))
+    errors += [e for name, (lo, hi, lo_open) in _FLOAT_RANGES.items()
+               if (e := _float_error(name, getattr(cfg, name), lo, hi, lo_open))]
+    errors += [f"{name} must be one of {_DTYPES}, got {getattr(cfg, name)!r}" for name in ("dtype", "param_dtype")
+               if getattr(cfg, name) not in _DTYPES]
+    errors += [f"{name} must be a bool, got {getattr(cfg, name)!r}" for name in _BOOLS
+               if not isinstance(getattr(cfg, name), bool)]
+    if not isinstance(cfg.dense_layers, (tuple, list)):
+        errors.append(f"dense_layers must be a tuple of block indices, got {cfg.dense_layers!r}")
+    if errors:
+        return errors
+    if cfg.n_heads % cfg.n_kv_heads:
+        errors.append(f"n_heads ({cfg.n_heads}) must be divisible by n_kv_heads ({cfg.n_kv_heads})")
+    if cfg.head_dim % 2:
+        errors.append(f"head_dim ({cfg.head_dim}) must be even for rotary embeddings")
+    if cfg.n_experts > 0 and cfg.experts_per_token > cfg.n_experts:
+        errors.append(f"experts_per_token ({cfg.experts_per_token}) must be <= n_experts ({cfg.n_experts})")
+    errors += [f"dense_layers entries must be ints in [0, n_layers={cfg.n_layers}), got {i!r}"
+               for i in cfg.dense_layers if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < cfg.n_layers]
+    return errors
+
+
 
 
 # ---- sizes and FLOPs ----------------------------------------------------------------------------------------------

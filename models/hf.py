@@ -42,7 +42,7 @@ from flax import traverse_util
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from models import sharding
+from models import hf_checks, sharding
 from models.config import ModelConfig
 
 ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
@@ -345,14 +345,18 @@ def load(path, *, dtype: str = "float32", mesh=None, rules=None, param_dtype: st
             shape = shapes[key].shape
             if shardings is None:
                 full = tuple(slice(None) for _ in shape)
-                leaves[key] = jnp.asarray(_read(handles, weight_map, spec, full).astype(target))
+                host = _read(handles, weight_map, spec, full)
+                hf_checks.require_finite(host, spec.names, path)  # NaN weights never load silently
+                leaves[key] = jnp.asarray(host.astype(target))
                 continue
             cache = {}  # devices holding the same slice (replicated dims) share one read
 
             def shard(index, spec=spec, shape=shape, cache=cache):
                 key_ = tuple(_bounds(s, n) for s, n in zip(index, shape))
                 if key_ not in cache:
-                    cache[key_] = _read(handles, weight_map, spec, index).astype(target)
+                    host = _read(handles, weight_map, spec, index)
+                    hf_checks.require_finite(host, spec.names, path)
+                    cache[key_] = host.astype(target)
                 return cache[key_]
 
             leaves[key] = jax.make_array_from_callback(shape, shardings[key], shard)

@@ -43,6 +43,20 @@ def doc_of(cls, name: str) -> str:
     return next(f.metadata.get("doc", "") for f in dataclasses.fields(cls) if f.name == name)
 
 
+def suggest(name: str, known) -> str:
+    """"did you mean 'epochs'?" for a misspelled field, else the list of known fields."""
+    import difflib
+
+    close = difflib.get_close_matches(str(name), [str(k) for k in known], n=2, cutoff=0.6)
+    if close:
+        return f"did you mean {' or '.join(repr(c) for c in close)}?"
+    return f"known: {', '.join(sorted(str(k) for k in known))}"
+
+
+def unknown_field(name: str, known) -> str:
+    return f"is not a known field; {suggest(name, known)}"
+
+
 # -- checks ---------------------------------------------------------------------------------------------
 def integer(lo: int | None = None, hi: int | None = None) -> Check:
     def c(v):
@@ -153,7 +167,7 @@ def from_dict(cls, d: dict, nested: dict[str, type] | None = None):
     if not isinstance(d, dict):
         raise FieldErrors([("", f"must be a section (a dict of fields), got {d!r}")])
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    errors = [(k, f"is not a known field (known: {', '.join(sorted(fields))})") for k in d if k not in fields]
+    errors = [(k, unknown_field(k, fields)) for k in d if k not in fields]
     kwargs = {}
     for k, v in d.items():
         if k not in fields:

@@ -28,11 +28,22 @@ from typing import Any, Callable
 
 import ml_collections
 
-from rl.config_fields import FieldErrors, boolean, choice, integer, num, text
+from rl.config_fields import FieldErrors, boolean, choice, integer, num, suggest, text, unknown_field
 
 
 class ConfigError(ValueError):
-    """A config field is missing, misspelled, of the wrong type or out of range."""
+    """A config field is missing, misspelled, of the wrong type or out of range; `problems` lists them one by one
+    when there are several (the launcher prints every problem of a config in one pass)."""
+
+    problems: list[str] | None = None
+
+
+def problems_error(title: str, problems: list[str]) -> ConfigError:
+    """One ConfigError listing every problem under a title ('invalid config:\\n  a\\n  b')."""
+    problems = list(dict.fromkeys(problems))
+    err = ConfigError(f"{title}:\n  " + "\n  ".join(problems))
+    err.problems = problems
+    return err
 
 
 @dataclass(frozen=True)
@@ -250,7 +261,7 @@ def stage(kind: str, name: str | None = None, **overrides) -> ml_collections.Con
         d["curriculum"].update(cur)
     for k, v in overrides.items():
         if k not in d:
-            raise ConfigError(f"stage {d['name']!r} ({kind}) has no field {k!r}; known: {', '.join(sorted(d))}")
+            raise ConfigError(f"stage {d['name']!r} ({kind}) has no field {k!r}; {suggest(k, d)}")
         d[k] = v
     for k, v in d.items():
         if isinstance(v, list):
@@ -317,7 +328,7 @@ def to_dict(c) -> Any:
 def _check_fields(d: dict, fields: dict[str, F], path: str, errors: list[str]) -> None:
     for k in d:
         if k not in fields:
-            errors.append(f"{path}.{k} is not a known field (known: {', '.join(sorted(fields))})")
+            errors.append(f"{path}.{k} {unknown_field(k, fields)}")
     for k, f in fields.items():
         if k not in d:
             errors.append(f"{path}.{k} is missing")
@@ -350,7 +361,7 @@ def validate(config) -> None:
         raise ConfigError(f"a config must be a ConfigDict (get_config() returned {type(config).__name__})")
     errors: list[str] = []
     known_top = set(TOP) | set(SECTIONS) | {"model", "reward", "stages"}
-    errors += [f"{k} is not a known top-level field (known: {', '.join(sorted(known_top))})" for k in c if k not in known_top]
+    errors += [f"{k} {unknown_field(k, known_top)}" for k in c if k not in known_top]
     for k, f in TOP.items():
         if k not in c:
             errors.append(f"{k} is missing")
@@ -371,6 +382,9 @@ def validate(config) -> None:
         from models.config import ModelConfig
 
         arch, extra = split_model_section(model)
+        known = set(_model_defaults())
+        errors += [f"model.{k} {unknown_field(k, known)}" for k in arch if k not in known]
+        arch = {k: v for k, v in arch.items() if k in known}
         if msg := _dataclass_error(ModelConfig, arch, "model"):
             errors.append(msg)
         for k, f in MODEL_EXTRA.items():
@@ -381,6 +395,9 @@ def validate(config) -> None:
     else:
         from rewards.combine import RewardConfig
 
+        known = set(_reward_defaults())
+        errors += [f"reward.{k} {unknown_field(k, known)}" for k in rew if k not in known]
+        rew = {k: v for k, v in rew.items() if k in known}
         if rew.get("lang", "") not in ("", "en", "zh"):
             errors.append(f"reward.lang must be '' (= tasks.lang), en or zh, got {rew.get('lang')!r}")
         elif msg := _dataclass_error(RewardConfig, {**rew, "lang": rew.get("lang") or tasks.get("lang", "en")}, "reward"):
@@ -442,7 +459,7 @@ def validate(config) -> None:
             rl_stage = p
             errors += list(rl_sampling_errors(smp, p))
     if errors:
-        raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
+        raise problems_error("invalid config", errors)
 
 
 def parse_rules(text: str) -> dict[str, Any]:

@@ -11,8 +11,8 @@
 
 Model: without model.hf_path the model section is the ModelConfig and the byte tokenizer is used. With it, the
 architecture comes from the folder's config.json (models.hf.config_from_hf), the section only sets the run-time
-fields (RUNTIME_FIELDS: dtype, param_dtype, remat, ...; a value other than ModelConfig's default wins, an
-architecture field that disagrees with the checkpoint is a ConfigError naming it), the weights are read by
+fields (rl/pretrained.py: dtype, param_dtype, remat, ...; a value other than ModelConfig's default wins, an
+architecture field the checkpoint overrides gives a note, max_seq_len is clipped to its context), the weights are read by
 models.hf.load (sharded over the mesh) and the tokenizer is the folder's tokenizer.json; prompts are one user turn
 through its chat template unless model.chat_template is False.
 
@@ -139,47 +139,38 @@ class RunContext:
 
 
 # ----------------------------------------------------------------------------------------- builders
-RUNTIME_FIELDS = ("dtype", "param_dtype", "remat", "capacity_factor", "router_aux_coef", "router_z_coef", "max_seq_len")
-
-
-def build_model_cfg(cfg: dict):
-    """The run's ModelConfig: the model section, or with model.hf_path the checkpoint's (see the module docstring)."""
+def build_model_cfg(cfg: dict, notes: list | None = None):
+    """The run's ModelConfig: the model section, or with model.hf_path the checkpoint's with the section's run-time
+    fields (rl.pretrained.on_checkpoint; its notes are appended to `notes` when given)."""
     from models.config import ModelConfig
 
     arch, extra = cv.split_model_section(cfg["model"])
-    return hf_model_cfg(extra["hf_path"], arch) if extra["hf_path"] else ModelConfig(**arch)
+    if not extra["hf_path"]:
+        return ModelConfig(**arch)
+    from rl import pretrained
+
+    model_cfg, said = pretrained.on_checkpoint(hf_checkpoint_cfg(extra["hf_path"], arch), arch, extra["hf_path"])
+    if notes is not None:
+        notes += said
+    return model_cfg
 
 
-def hf_model_cfg(path: str, section: dict):
-    """The checkpoint's ModelConfig with the section's run-time fields; ConfigError naming model.<field> when the
-    folder cannot be read or the section sets an architecture field the checkpoint disagrees with."""
-    import json
-    from pathlib import Path
+def hf_checkpoint_cfg(path: str, section: dict):
+    """The ModelConfig of a checkpoint folder's config.json (compute / storage dtypes from the section); ConfigError
+    naming model.hf_path and the file when it cannot be read (models.hf_checks.read_config)."""
+    from models import hf, hf_checks
 
-    from models import hf
-    from models.config import ModelConfig
-
-    defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
     try:
-        hf_json = json.loads((Path(path) / "config.json").read_text())
-        ckpt = hf.config_from_hf(hf_json, dtype=section.get("dtype", "float32"),
+        hf_json = hf_checks.read_config(path)
+    except ValueError as e:
+        raise cv.ConfigError(f"model.hf_path: {e}") from None
+    try:
+        return hf.config_from_hf(hf_json, dtype=section.get("dtype", "float32"),
                                  param_dtype=section.get("param_dtype", "float32"))
-    except (OSError, ValueError) as e:
-        raise cv.ConfigError(f"model.hf_path ({path!r}): {e}") from None
-    changes = {}
-    for name, default in defaults.items():
-        value = section.get(name, default)
-        value = tuple(value) if isinstance(value, list) else value
-        if value == default or value == getattr(ckpt, name):
-            continue
-        if name not in RUNTIME_FIELDS:
-            raise cv.ConfigError(f"model.{name} = {value!r} disagrees with the checkpoint ({getattr(ckpt, name)!r} in "
-                                 f"{path}/config.json): model.hf_path sets the architecture; remove model.{name}")
-        changes[name] = value
-    if changes.get("max_seq_len", 0) > ckpt.max_seq_len:
-        raise cv.ConfigError(f"model.max_seq_len ({changes['max_seq_len']}) exceeds the checkpoint's "
-                             f"max_position_embeddings ({ckpt.max_seq_len})")
-    return ckpt.replace(**changes)
+    except ValueError as e:  # the loader's own message names the key
+        raise cv.ConfigError(f"model.hf_path: {path}/config.json: {e}") from None
+    except (TypeError, ArithmeticError, KeyError, AttributeError) as e:  # a value of the wrong type or shape
+        raise cv.ConfigError(f"model.hf_path: {path}/config.json: {type(e).__name__}: {e}") from None
 
 
 def build_tokenizer(cfg: dict):
@@ -189,7 +180,10 @@ def build_tokenizer(cfg: dict):
     m = cfg["model"]
     if not m.get("hf_path"):
         return ByteTokenizer()
+    from models import hf_checks
+
     try:
+        hf_checks.check_tokenizer_files(m["hf_path"])  # garbage or wrong-schema files: an error naming the file
         tok = HFTokenizer.from_pretrained(m["hf_path"])
     except (OSError, ValueError) as e:
         raise cv.ConfigError(f"model.hf_path ({m['hf_path']!r}): {e}") from None
@@ -267,11 +261,23 @@ def load_problems(cfg: dict):
         out = tasks.load_splits(t["mix"], counts, cfg["seed"], sources, difficulty)
     except tasks.SplitSourceError as e:
         field, n_field = next((f, n) for s, f, n in cv.SPLIT_SOURCES if s == e.split)
-        if e.explicit:
-            raise cv.ConfigError(f"tasks.{field} ({sources[e.split]!r}): {e}") from None
-        which = "tasks.n_val / tasks.n_test" if "distinct" in str(e) else "tasks.mix"
-        raise cv.ConfigError(f"{which}: {e} (split {e.split} of tasks.mix; tasks.{n_field} = {counts[e.split]})") from None
+        spec = sources[e.split] if e.explicit else t["mix"]
+        where = f"tasks.{field} ({spec!r})" if e.explicit else f"tasks.mix ({spec!r}, its {e.split} part by hash)"
+        if e.available is None:  # the source itself failed (a bad file, an unknown module)
+            raise cv.ConfigError(f"{where}: {e}") from None
+        err = cv.ConfigError(short_split_message(cfg, e.split, n_field, e.available, where))
+        err.count_field, err.fits = n_field, e.available  # preflight retries with the value that fits
+        raise err from None
     return out["train"], out["validation"], out["test"]
+
+
+def short_split_message(cfg: dict, split: str, n_field: str, available: int, where: str) -> str:
+    """'tasks.n_test = 1319: ... supplies 10 test problems; set tasks.n_test=10 (and eval.n_test=10)'."""
+    asked = cfg["tasks"][n_field]
+    msg = f"tasks.{n_field} = {asked}: {where} supplies {available} distinct {split} problems; set tasks.{n_field}={available}"
+    if n_field in cfg["eval"] and cfg["eval"][n_field] > available:
+        msg += f" (and eval.{n_field}={available})"
+    return msg
 
 
 def reward_config(cfg: dict):
@@ -294,23 +300,44 @@ def make_reward_pool(cfg: dict):
                       cfg=reward_config(cfg), score_fn=score_task)
 
 
-def check_fit(cfg: dict, tok, problems, sft_problems: int = 0) -> None:
-    """Before any compute: every prompt fits tasks.max_prompt_len and the first `sft_problems` worked solutions
-    (+EOS) fit sampling.max_new_tokens."""
+def fit_errors(cfg: dict, tok, problems, sft_problems: int = 0, render=None, lengths=None) -> list[str]:
+    """Every length problem at once, each naming the field and the value that fits: the longest prompt against
+    tasks.max_prompt_len, the longest of the first `sft_problems` worked solutions (+EOS) against
+    sampling.max_new_tokens (`render`: see prompt_lengths; `lengths`: the prompts' lengths, already measured)."""
     from rl.tasks.render import render_solution
 
     lang = cfg["tasks"]["lang"]
     P, N = cfg["tasks"]["max_prompt_len"], cfg["sampling"]["max_new_tokens"]
-    for i, p in enumerate(problems):
-        n_p = len(tok.encode(prompt_text(cfg, tok, p), add_bos=True))
-        if n_p > P:
-            raise cv.ConfigError(f"tasks.max_prompt_len ({P}) is too small: the prompt of {p.question[:80]!r} has "
-                                 f"{n_p} tokens")
-        if i < sft_problems:
-            n_a = len(tok.encode(render_solution(p, lang), add_bos=False, add_eos=True))
-            if n_a > N:
-                raise cv.ConfigError(f"sampling.max_new_tokens ({N}) is too small for the worked solutions: "
-                                     f"{p.question[:80]!r} needs {n_a} tokens with EOS")
+    prompts = prompt_lengths(cfg, tok, problems, render) if lengths is None else lengths
+    answers = [len(tok.encode(render_solution(p, lang), add_bos=False, add_eos=True)) for p in problems[:sft_problems]]
+    errors = []
+    if prompts and max(prompts) > P:
+        n_over = sum(n > P for n in prompts)
+        errors.append(f"tasks.max_prompt_len = {P} is too small: {n_over} of {len(prompts)} distinct prompts are "
+                      f"longer, the longest has {max(prompts)} tokens; set tasks.max_prompt_len={max(prompts)}")
+    if answers and max(answers) > N:
+        n_over = sum(n > N for n in answers)
+        errors.append(f"sampling.max_new_tokens = {N} is too small for the worked solutions the SFT stages train on: "
+                      f"{n_over} of {len(answers)} are longer, the longest has {max(answers)} tokens with EOS; set "
+                      f"sampling.max_new_tokens={max(answers)}")
+    return errors
+
+
+def prompt_lengths(cfg: dict, tok, problems, render=None) -> list[int]:
+    """Tokens (with BOS) of each distinct problem's prompt (training draws repeat problems) in the run's tokenizer
+    and prompt format; `render(fn)` runs each rendering (models.hf_checks.bounded in the pre-run checks: a chat
+    template that loops is stopped)."""
+    render = render or (lambda fn: fn())
+    distinct = {p.id: p for p in problems}.values()
+    return [len(tok.encode(render(lambda p=p: prompt_text(cfg, tok, p)), add_bos=True)) for p in distinct]
+
+
+def check_fit(cfg: dict, tok, problems, sft_problems: int = 0) -> None:
+    """Before any compute: every prompt fits tasks.max_prompt_len and the first `sft_problems` worked solutions
+    (+EOS) fit sampling.max_new_tokens (ConfigError listing what does not; fit_errors)."""
+    errors = fit_errors(cfg, tok, problems, sft_problems)
+    if errors:
+        raise cv.ConfigError("; ".join(errors))
 
 
 def build_context(cfg: dict, workdir: str, *, with_services: bool = True) -> RunContext:

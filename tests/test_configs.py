@@ -206,9 +206,9 @@ def _launch(tmp_path, *argv, config=None):
     (["--config.stages[2].grad_clip=0", "--config.stages[2].warmup_steps=150"], None),
     (["--config.stages[2].clip_high=-1"], "stages[2].clip_high must be >= 0.0, got -1"),
     (["--config.mesh.data=16"], "needs 16 devices, this machine has 8"),
-    (["--config.tasks.n_test=100000", "--config.eval.n_test=8"], "tasks.n_val / tasks.n_test"),
-    (["--config.tasks.max_prompt_len=4"], "tasks.max_prompt_len (4) is too small"),
-    (["--config.model.d_model=1000000", "--config.model.head_dim=16"], "GiB needed to train this model"),
+    (["--config.tasks.n_test=100000", "--config.eval.n_test=8"], "supplies 11 distinct test problems; set tasks.n_test=11"),
+    (["--config.tasks.max_prompt_len=4"], "the longest has 25 tokens; set tasks.max_prompt_len=25"),
+    (["--config.model.d_model=100000", "--config.model.d_ff=1000000"], "GiB needed to train this model"),
     (["--config.model=3"], "model is missing or not a section"),
 ])
 def test_dry_run_checks_everything_before_compute(tmp_path, capsys, extra, message):

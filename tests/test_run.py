@@ -329,7 +329,7 @@ def test_best_record_numbering_and_the_all_zero_note():
 
 def test_resume_refuses_a_different_config(tmp_path, capsys):
     wd = tmp_path / "wd"
-    (wd / "checkpoints").mkdir(parents=True)
+    (wd / "checkpoints" / "last" / "5").mkdir(parents=True)  # a checkpoint pins the config (none: tests/test_hf_checks.py)
     (wd / "config.json").write_text(json.dumps({"seed": 123}))
     rc = launch.main(["--config", QUICKSTART + ":variant=tiny", "--workdir", str(wd)])
     assert rc == 2

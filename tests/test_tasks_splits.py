@@ -117,7 +117,8 @@ def test_config_with_every_split_explicit_and_fixed_levels_kept(tmp_path):
     assert {p.source for p in train} == {"add"} and {p.source for p in val} == {"sub"}
     d = cv.to_dict(_tiny(test_source=f"jsonl@{test_file}"))
     d["tasks"]["n_test"] = 9
-    with pytest.raises(cv.ConfigError, match=r"tasks.test_source \('jsonl@.*'\): .*has 8 problems"):
+    with pytest.raises(cv.ConfigError, match=r"tasks.n_test = 9: tasks.test_source \('jsonl@.*'\) supplies 8 distinct "
+                                              r"test problems; set tasks.n_test=8"):
         context.load_problems(d)
 
 

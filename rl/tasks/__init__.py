@@ -33,7 +33,8 @@ import random
 
 from rl.tasks import arith, code, fractions_, instructions, linear, word
 from rl.tasks.base import (
-    LEVELS, REWARDS, SPLITS, FixedSource, GeneratedSource, Problem, Split, check_split, question_hash, split_of,
+    LEVELS, REWARDS, SPLITS, FixedSource, GeneratedSource, Problem, ShortSupply, Split, check_split, question_hash,
+    split_of,
 )
 from rl.tasks.render import render_example, render_prompt, render_solution
 
@@ -183,6 +184,18 @@ def allocate(weights: list[float], n: int) -> list[int]:
     return counts
 
 
+def _largest_fitting(weights, i: int, available: int, n: int) -> int:
+    """The largest mix size m <= n whose allocation gives source i at most `available` problems."""
+    lo, hi = 0, n  # allocate(weights, m)[i] grows with m
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if allocate(weights, mid)[i] <= available:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def load_mix(spec: str, n: int, seed: int, split: str, difficulty: int | None | dict = None,
              unique: bool | None = None) -> list[Problem]:
     """n problems from the mix, deterministic in (spec, n, seed, split, difficulty, unique), shuffled together.
@@ -205,7 +218,13 @@ def load_mix(spec: str, n: int, seed: int, split: str, difficulty: int | None | 
         # source after cross-source duplicates keeps everything deterministic.
         levels = ([difficulty.get(name) for name, _ in items] if isinstance(difficulty, dict)
                   else [difficulty] * len(items))
-        drawn = [src.sample(c + e, seed, split, lv, unique) for src, c, e, lv in zip(sources, counts, extra, levels)]
+        drawn = []
+        for i, (src, c, e, lv) in enumerate(zip(sources, counts, extra, levels)):
+            try:
+                drawn.append(src.sample(c + e, seed, split, lv, unique))
+            except ShortSupply as err:  # the mix's size that this source can serve (its share by the weights)
+                fits = _largest_fitting(weights=[w for _, w in items], i=i, available=err.available - e, n=n)
+                raise ShortSupply(str(err), fits) from None
         if not want_unique:
             merged = [p for batch in drawn for p in batch]
             break
@@ -229,11 +248,12 @@ def load_mix(spec: str, n: int, seed: int, split: str, difficulty: int | None | 
 
 
 class SplitSourceError(ValueError):
-    """A split could not be assembled: `.split` names it, `.explicit` says whether it has its own source."""
+    """A split could not be assembled: `.split` names it, `.explicit` says whether it has its own source,
+    `.available` how many problems it could hold (None when the source itself failed)."""
 
-    def __init__(self, message: str, split: str, explicit: bool):
+    def __init__(self, message: str, split: str, explicit: bool, available: int | None = None):
         super().__init__(message)
-        self.split, self.explicit = split, explicit
+        self.split, self.explicit, self.available = split, explicit, available
 
 
 def load_splits(mix: str, n: dict, seed: int, sources: dict | None = None,
@@ -254,7 +274,7 @@ def load_splits(mix: str, n: dict, seed: int, sources: dict | None = None,
         try:
             out[s] = load_mix(sources[s], n[s], seed, Split(s, among=()), difficulty, unique=s != "train")
         except (ValueError, OSError) as e:  # a malformed or missing file too
-            raise SplitSourceError(str(e), s, True) from None
+            raise SplitSourceError(str(e), s, True, getattr(e, "available", None)) from None
         keys = {question_hash(p.question) for p in out[s]}
         for other, other_keys in held.items():
             shared = keys & other_keys
@@ -269,5 +289,5 @@ def load_splits(mix: str, n: dict, seed: int, sources: dict | None = None,
         try:
             out[s] = load_mix(mix, n[s], seed, Split(s, among=hashed, exclude=exclude), difficulty)
         except (ValueError, OSError) as e:  # a malformed or missing file too
-            raise SplitSourceError(str(e), s, False) from None
+            raise SplitSourceError(str(e), s, False, getattr(e, "available", None)) from None
     return {s: out[s] for s in SPLITS}

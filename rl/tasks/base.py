@@ -209,6 +209,14 @@ def check_split(split):
     return split
 
 
+class ShortSupply(ValueError):
+    """A source (or a mix) holds fewer distinct problems than asked for; `available` is how many it can give."""
+
+    def __init__(self, message: str, available: int):
+        super().__init__(message)
+        self.available = available
+
+
 def _want_unique(unique: bool | None, split) -> bool:
     return str(split) != "train" if unique is None else bool(unique)
 
@@ -273,9 +281,10 @@ class GeneratedSource:
             if not split.contains(p.question, key) or (want_unique and key in seen):
                 misses += 1
                 if misses > self.max_tries_per_problem:
-                    raise ValueError(
+                    raise ShortSupply(
                         f"source {self.name!r} (difficulty={difficulty}) has only {len(out)} distinct problems in split "
-                        f"{str(split)!r} (asked for {n}); ask for fewer, use another difficulty, or pass unique=False")
+                        f"{str(split)!r} (asked for {n}); ask for fewer, use another difficulty, or pass unique=False",
+                        len(out))
                 continue
             misses = 0
             seen.add(key)
@@ -318,10 +327,10 @@ class FixedSource:
         rng = random.Random(f"{self.name}|{seed}|{split}|{difficulty}")
         if _want_unique(unique, split):
             if len(pool) < n:
-                raise ValueError(
+                raise ShortSupply(
                     f"source {self.name!r} has {len(pool)} problems in split {str(split)!r}"
                     f"{'' if difficulty is None else f' at difficulty {difficulty}'} (asked for {n}); "
-                    "ask for fewer or pass unique=False")
+                    "ask for fewer or pass unique=False", len(pool))
             order = list(pool)
             rng.shuffle(order)
             return order[:n]
