@@ -281,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"config error: {e}", file=sys.stderr)
         return 2
     if args.dry_run:
+        from rl import preflight  # data- and machine-dependent estimate, after validation
+
         print(preflight.compute_estimate(cfg_dict)[0])  # what the run prints as it starts
         print("config OK")
         return 0
