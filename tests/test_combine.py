@@ -135,6 +135,7 @@ def test_internal_error_becomes_flag(monkeypatch):
 @pytest.mark.parametrize("text,gold", [
     (None, None), (b"\xff\xfe", "1"), (123, 5), ("答案：" + "9" * 100_000, "9"), ("\\boxed{" * 20_000, "1"),
     ("答案：__import__('os').system('true')", "0"), ("步骤一：" + "1+" * 20_000 + "1=2\n答案：2", "2"),
+    ("\n" * 250 + "Answer: 3", "3"), (" " * 60_000 + "$ 3 %", "3%"),  # once polynomial backtracking (minutes)
 ])
 def test_hostile_never_raises(text, gold):
     t0 = time.perf_counter()

@@ -171,6 +171,63 @@ def test_bombs_return_false_in_time(bomb):
         assert time.monotonic() - start < 1.0 + SLACK
 
 
+# Whitespace runs at every place the plain-number pattern allows whitespace, each 50,000 characters long, ending
+# in text that makes the match fail (so the engine explores every way of splitting the run). The old pattern
+# (`^\s*\$?\s*...\s*(\\?%)?\s*\$?\s*$`) took 66 s on 250 leading newlines and grows with the fourth power of
+# the run, so these sizes would never finish; the linear one reads each in milliseconds. The verdict is the value
+# read, not a time: the subprocess limit only keeps a regression from hanging the suite.
+LINEAR_PROBE = r"""
+import sys
+sys.path.insert(0, {root!r})
+from fractions import Fraction
+from rewards.verify import _plain_number, is_equiv
+from rewards.mathparse import normalize
+W = " " * 50_000
+N = "\n" * 50_000
+assert _plain_number(N + "Answer: 3") is None
+assert _plain_number(W + "$" + W + "-3.5" + W + "%" + W + "$" + W) == (Fraction(-7, 2), 1, True)
+for bad in (W + "3" + W + "x", "$" + W + "3" + W + "%" + W + "x", "3" + W + "%x", "1" * 50_000 + "/" + W + "x"):
+    assert _plain_number(bad) is None
+assert _plain_number(W + "12" + W + "/" + W + "8" + W) == (Fraction(3, 2), None, False)
+assert is_equiv(N + "Answer: 3", "3") and is_equiv("\n" * 250 + "Answer: 3", "3")
+normalize("1" * 2_000 + "x"); normalize("a" + W[:2_000] + "x"); normalize("1." * 1_000 + "x")
+print("ok")
+"""
+
+
+def test_plain_number_pattern_is_linear_in_whitespace_runs():
+    out = subprocess.run([sys.executable, "-c", LINEAR_PROBE.format(root=str(ROOT))], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_leading_newlines_before_the_answer_score_one():
+    from rewards.combine import RewardConfig, score
+
+    text = "\n" * 250 + "Answer: 3"
+    assert is_equiv(text, "3") is True
+    assert score(text, "3", RewardConfig())["correct"] == 1
+
+
+def test_every_parsing_step_is_under_the_deadline(monkeypatch):
+    # A deadline already spent stops the call between parsing steps (before any parse of a candidate), so even a
+    # slow parser cannot run on unbounded after the timeout.
+    import rewards.verify as verify
+
+    class Clock:  # every reading is 10 s after the previous one: the 1 s budget is spent after the first step
+        t = 0.0
+
+        def monotonic(self):
+            self.t += 10.0
+            return self.t
+
+    calls = []
+    monkeypatch.setattr(verify, "time", Clock())
+    monkeypatch.setattr(verify, "parse_answer", lambda c: calls.append(c) or ("num", ev.Fraction(3), None))
+    assert is_equiv("so x = 3 and y = 4", "x = 3", timeout=1.0) is False
+    assert calls == []
+
+
 @pytest.mark.parametrize("junk", [None, b"1", ["1"], {"a": 1}, object(), float("nan"), float("inf"), 1j])
 def test_non_text_input_is_false(junk):
     assert is_equiv(junk, "1") is False
