@@ -281,7 +281,14 @@ def write_config_json(workdir: str, cfg_dict: dict) -> None:
     os.replace(path + ".tmp", path)
 
 
+DIE_WITH_PARENT = "MATHRL_DIE_WITH_PARENT"  # set to 1 by experiments/sweep.py: the launcher dies with the sweep
+
+
 if __name__ == "__main__":
+    if os.environ.pop(DIE_WITH_PARENT, "") == "1":  # popped: nothing this launcher starts inherits it
+        from rewards._lifeline import die_with_parent
+
+        die_with_parent()  # the kernel SIGKILLs this launcher when its sweep exits, however (kept across the re-exec)
     from experiments import allocator
 
     allocator.reexec_if_untuned()  # huge-page malloc for XLA's CPU buffers (experiments/allocator.py)
