@@ -160,6 +160,26 @@ def test_limits_are_set_inside():
     assert r.passed == [True] * len(tests), (r, r.stderr_tail)
 
 
+DISK_HOG = ("def f(n):\n    for i in range(n):\n        with open('f%d' % i, 'wb') as fh:\n"
+            "            fh.write(b'x' * (4 << 20))\n    return n\n")
+
+
+def test_total_disk_use_is_capped():
+    # The probe: no total cap, 927 MB written in 1.8 s (RLIMIT_FSIZE caps one file only). 8 files of 4 MB against a
+    # 16 MB cap: killed (or flagged by the final check), score 0; 2 files fit and score normally.
+    cfg = ExecConfig(timeout_s=60.0, per_test_timeout_s=30.0, disk_mb=16)
+    r = run_function_tests_detailed(DISK_HOG, "f", [([8], 8)], cfg)
+    assert r.fraction == 0.0 and r.error.startswith("disk") and r.sandbox.get("disk") is True
+    ok = run_function_tests_detailed(DISK_HOG, "f", [([2], 2)], cfg)
+    assert ok.fraction == 1.0 and not ok.error
+
+
+def test_a_flood_of_empty_files_is_capped():
+    code = "def f():\n    for i in range(20_000):\n        open('e%d' % i, 'w').close()\n    return 1\n"
+    r = run_function_tests_detailed(code, "f", [([], 1)], ExecConfig(timeout_s=60.0, per_test_timeout_s=30.0))
+    assert r.fraction == 0.0 and r.error.startswith("disk")
+
+
 def test_workdir_removed_after_run():
     code = ("import os, sys\nopen('inside.txt', 'w').write('ok')\nsys.stderr.write('CWD=' + os.getcwd() + '\\n')\n"
             "def add(a, b):\n    return a + b")

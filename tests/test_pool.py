@@ -35,6 +35,15 @@ def hostile_score(text, gold, cfg, n_tokens=None):
         os.kill(os.getpid(), signal.SIGSEGV)
     if text == "RAISE":
         raise RuntimeError("boom")
+    if text == "TMPHANG":  # what a killed code run leaves: a directory under the worker's TMPDIR, then a hang
+        import tempfile
+
+        d = tempfile.mkdtemp(prefix="codeexec-")
+        with open(os.path.join(d, "big"), "wb") as f:
+            f.write(b"x" * 100_000)
+        with open(gold, "w") as f:
+            f.write(d)
+        time.sleep(3600)
     if text == "PID":
         with open(gold, "w") as f:
             f.write(str(os.getpid()))
@@ -95,6 +104,35 @@ def _group_gone(pgid, wait_s=5.0):
             return True
         time.sleep(0.05)
     return False
+
+
+def test_a_killed_workers_directory_is_removed_by_the_parent(tmp_path):
+    # The probe: each item killed at the pool's deadline left its code-exec directory behind (one held 1.0 GB).
+    note = tmp_path / "where"
+    with RewardPool(n_workers=1, timeout=3.0, cfg=RewardConfig(verify_timeout=0.5), score_fn=hostile_score) as p:
+        got = p.score_batch(["TMPHANG", TEXTS[2]], [str(note), GOLDS[2]])
+        assert got[0]["error_kind"] == "timeout" and got[1]["error"] == 0
+        left = note.read_text()
+        worker_tmp = os.path.dirname(left)
+        assert os.path.basename(worker_tmp).startswith("reward-worker-")
+        assert not os.path.exists(left) and not os.path.exists(worker_tmp)  # removed before the result came back
+        tmps = [w.tmp for w in p._workers]
+    assert tmps and not any(os.path.exists(t) for t in tmps)  # a closed pool leaves no worker directory either
+
+
+def test_the_pool_deadline_covers_the_code_sandbox():
+    # The probe: run.reward_timeout 2 s against the sandbox's 10 s: correct code needing 2-10 s scored 0.
+    from rewards.code_exec import ExecConfig, wall_limit_s
+    from rl.context import reward_deadline
+
+    cfg = {"run": {"reward_timeout": 2.0}}
+    code = types.SimpleNamespace(reward="code")
+    math = types.SimpleNamespace(reward="math")
+    assert wall_limit_s() >= ExecConfig().timeout_s + 3.0
+    assert reward_deadline(cfg, [math, code]) == wall_limit_s()
+    assert reward_deadline(cfg, [math]) == 2.0  # math only: the configured deadline
+    assert reward_deadline(cfg) == wall_limit_s()  # problems unknown: assume code may come
+    assert reward_deadline({"run": {"reward_timeout": 60.0}}, [code]) == 60.0
 
 
 def test_killed_worker_group_is_gone(pool, tmp_path):
