@@ -60,10 +60,11 @@ class _Deadline(Exception):
 # ---------------------------------------------------------------------------------------------
 # 1. plain numbers, in-process
 
-# Matched against the stripped string, and linear: every whitespace run can be taken by one quantifier only (each
-# optional `\s*` is glued to the symbol that must follow it), so no input makes the engine try ways of splitting a
-# run between quantifiers (the old `^\s*\$?\s*...\s*(\\?%)?\s*\$?\s*$` took minutes on 250 leading newlines).
-_PLAIN = re.compile(r"(?:\$\s*)?([-+]?)(\d{1,3}(?:,\d{3})+|\d+)?(\.\d+)?(?:\s*(\\?%))?(?:\s*\$)?")
+# Matched against the stripped string, and linear: each optional `\s*` is glued to the symbol that must follow it
+# (after `$` a digit, possibly signed or after a point: the lookahead), so when a match fails the engine gives a
+# whitespace run back one character at a time at O(1) per step, never re-splitting it between two quantifiers (the
+# old `^\s*\$?\s*...\s*(\\?%)?\s*\$?\s*$` took minutes on 250 leading newlines).
+_PLAIN = re.compile(r"(?:\$\s*)?([-+]?)(?=\.?\d)(\d{1,3}(?:,\d{3})+|\d+)?(\.\d+)?(?:\s*(\\?%))?(?:\s*\$)?")
 _PLAIN_FRAC = re.compile(r"([-+]?)(\d+)\s*/\s*(\d+)")
 
 

@@ -291,8 +291,9 @@ def reward_deadline(cfg: dict, problems=None) -> float:
     timeout = float(cfg["run"]["reward_timeout"])
     if problems is None or any(getattr(p, "reward", "math") == "code" for p in problems):
         from rewards.code_exec import wall_limit_s
+        from rewards.code_reward import EXEC_CONFIG
 
-        timeout = max(timeout, wall_limit_s())
+        timeout = max(timeout, wall_limit_s(EXEC_CONFIG))
     return timeout
 
 

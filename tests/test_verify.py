@@ -29,7 +29,9 @@ from rewards.verify import is_equiv, warmup
 ROOT = Path(__file__).resolve().parent.parent
 CASES = [json.loads(line) for line in (ROOT / "tests" / "data" / "equiv_cases.jsonl").read_text(
     encoding="utf-8").splitlines() if line.strip()]
-SLACK = 1.5  # seconds of scheduling slack on a loaded 2-core machine
+# Seconds of scheduling slack in the tests of the timeout itself (marked `timing`): generous, so they hold on a busy
+# 2-core machine (load 4 and more), while a missing timeout would still run for minutes past it.
+SLACK = 10.0
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -52,7 +54,7 @@ def test_table_covers_every_kind_both_ways():
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{c['kind']}-{i}" for i, c in enumerate(CASES)])
 def test_equivalence_table(case):
-    assert is_equiv(case["pred"], case["gold"], timeout=5.0) is case["expected"], case
+    assert is_equiv(case["pred"], case["gold"], timeout=30.0) is case["expected"], case  # generous: a busy machine
 
 
 def test_numbers_are_symmetric():
@@ -163,6 +165,7 @@ BOMBS = [
 ]
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("bomb", BOMBS, ids=[f"bomb{i}" for i in range(len(BOMBS))])
 def test_bombs_return_false_in_time(bomb):
     for pred, gold in [(bomb, "1"), ("1", bomb), (bomb, bomb)]:
@@ -242,6 +245,7 @@ BLOCKING_PRED = "\\lfloor 1/2 \\rfloor + (x^2+2xy+y^2+2xz+2yz+z^2+2x+2y+2z+1)^{2
 BLOCKING_GOLD = "(x+y+z+1)^{40} + \\lfloor 1/2 \\rfloor"
 
 
+@pytest.mark.timing
 def test_blocking_sympy_call_is_killed_and_next_call_works():
     worker = get_worker()
     restarts = worker.restarts
@@ -251,12 +255,12 @@ def test_blocking_sympy_call_is_killed_and_next_call_works():
     assert worker.restarts > restarts  # the stuck child was killed and replaced
     a, b = parse_answer("\\lfloor x \\rfloor + 1"), parse_answer("\\lfloor x + 1 \\rfloor")
     assert worker.confirm("expr", a, b, 30.0) is True  # the fresh worker answers
-    assert is_equiv("\\lfloor x \\rfloor + 1", "\\lfloor x+1 \\rfloor", timeout=5.0)
-    assert not is_equiv("\\lfloor x \\rfloor", "\\lceil x \\rceil", timeout=5.0)
+    assert is_equiv("\\lfloor x \\rfloor + 1", "\\lfloor x+1 \\rfloor", timeout=30.0)
+    assert not is_equiv("\\lfloor x \\rfloor", "\\lceil x \\rceil", timeout=30.0)
 
 
 def _child_job(pairs):
-    return os.getpid(), [is_equiv(p, g, timeout=10.0) for p, g in pairs]
+    return os.getpid(), [is_equiv(p, g, timeout=30.0) for p, g in pairs]
 
 
 def test_each_process_owns_its_worker():
@@ -285,12 +289,12 @@ def test_worker_exits_with_its_parent():
     code = ("from rewards.verify import is_equiv, warmup; from rewards._verify_worker import get_worker; "
             "warmup(); print(is_equiv('\\\\lfloor x \\\\rfloor + 1', '\\\\lfloor x+1 \\\\rfloor', timeout=20)); "
             "print(get_worker()._proc.pid)")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     lines = out.stdout.split()
     assert out.returncode == 0 and lines[0] == "True", out.stderr
     child = int(lines[1])
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60  # a bound on the wait: it dies within moments
     while time.monotonic() < deadline:
         try:
             os.kill(child, 0)
