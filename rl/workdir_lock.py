@@ -63,6 +63,8 @@ def lock_workdir(workdir: str, purpose: str) -> WorkdirLock:
     """Create `workdir` if needed and hold its lock; WorkdirError naming the holder when a live process holds it,
     or naming the OS error when the directory cannot be made or locked (under a file, in /proc, read-only)."""
     path = os.path.join(workdir, LOCK_NAME)
+    if os.path.lexists(workdir) and not os.path.isdir(workdir):
+        raise WorkdirError(f"--workdir {workdir!r} exists and is not a directory")
     try:
         os.makedirs(workdir, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
