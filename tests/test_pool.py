@@ -81,7 +81,7 @@ def test_matches_in_process(pool):
 
 def test_n_tokens_passed_through():
     cfg = RewardConfig(overlong_max_len=100, overlong_buffer=50)
-    with RewardPool(n_workers=1, timeout=5.0, cfg=cfg) as p:
+    with RewardPool(n_workers=1, timeout=WALL_BOUND_S, cfg=cfg) as p:
         r = p.score_batch([TEXTS[0]] * 3, ["14"] * 3, n_tokens=[10, 75, 500])
     assert [x["overlong"] for x in r] == [0.0, 0.5, 1.0]
 
@@ -186,7 +186,7 @@ def test_hostile_inputs_through_pool(pool):
 
 
 def test_too_long_text():
-    with RewardPool(n_workers=1, timeout=5.0, max_text_chars=100) as p:
+    with RewardPool(n_workers=1, timeout=WALL_BOUND_S, max_text_chars=100) as p:
         got = p.score_batch(["x" * 101, "答案：1"], ["1", "1"])
     assert got[0]["error_kind"] == "too_long" and got[1]["outcome"] == 1.0
 
@@ -199,7 +199,7 @@ def test_inline_mode_matches():
 
 
 def test_close_stops_workers():
-    p = RewardPool(n_workers=2, timeout=2.0)
+    p = RewardPool(n_workers=2, timeout=WALL_BOUND_S)
     p.score_batch(TEXTS, GOLDS)
     pids = p.worker_pids()
     assert len(pids) == 2
@@ -211,7 +211,7 @@ def test_close_stops_workers():
 
 
 def test_spawn_start_method():
-    with RewardPool(n_workers=1, timeout=5.0, start_method="spawn") as p:
+    with RewardPool(n_workers=1, timeout=WALL_BOUND_S, start_method="spawn") as p:
         assert p.score_batch(TEXTS[:2], GOLDS[:2])[0]["outcome"] == 1.0
 
 
