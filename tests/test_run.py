@@ -272,8 +272,11 @@ def test_sample_and_eval_commands_on_a_finished_run(full_run, capsys):
 
 
 def test_resume_refuses_a_different_config(tmp_path, capsys):
+    from rl.checkpoint import Checkpointer
+
     wd = tmp_path / "wd"
-    (wd / "checkpoints").mkdir(parents=True)
+    # a written checkpoint (with its checksums) pins the config; an unfinished one does not (tests/test_workdir.py)
+    Checkpointer(str(wd / "checkpoints")).save(1, {"x": np.zeros(2, np.float32)}, {"unit": 1})
     (wd / "config.json").write_text(json.dumps({"seed": 123}))
     rc = launch.main(["--config", QUICKSTART + ":variant=tiny", "--workdir", str(wd)])
     assert rc == 2
