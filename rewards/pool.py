@@ -22,7 +22,9 @@ RewardConfig.max_chars characters, so an item at the cap costs well under the de
 
 Clean-up: each worker has its own temporary directory (TMPDIR), where the code sandbox makes its run
 directories; the parent removes it whenever it kills, replaces or retires the worker, so an item killed at its
-deadline leaves nothing on disk (what a still-dying process writes meanwhile is removed on the next pass).
+deadline leaves nothing on disk (what a still-dying process writes meanwhile is removed on the next pass). The
+directories are named after the pool owner's pid, and a new pool removes those whose owner is gone (what a
+SIGKILLed trainer left).
 
 Dying with the trainer: each worker asks the kernel to SIGKILL it when its parent exits (PR_SET_PDEATHSIG)
 and drops its copy of the forkserver's "alive" pipe, so a SIGKILLed trainer takes the forkserver, every
@@ -67,6 +69,7 @@ from rewards.parse import as_text
 __all__ = ["RewardPool", "BatchHandle"]
 
 _START_METHODS = ("forkserver", "spawn")
+_TMP_PREFIX = "reward-worker-"  # + the pool owner's pid: leftovers of a SIGKILLed owner are removed by the next pool
 _READY = "ready"
 
 
@@ -163,7 +166,7 @@ class _Worker:
     def __init__(self, ctx, cfg, memory_limit_mb, score_fn):
         self.conn, child = ctx.Pipe(duplex=True)
         self.progress = ctx.RawArray("d", 2)
-        self.tmp = tempfile.mkdtemp(prefix="reward-worker-")
+        self.tmp = tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{os.getpid()}-")
         os.chmod(self.tmp, 0o711)  # the sandbox's private uid must pass through to its own run directory
         self.proc = ctx.Process(target=_worker_main, args=(child, self.progress, cfg, memory_limit_mb, score_fn,
                                                            self.tmp), daemon=True, name="reward-worker")
@@ -242,6 +245,7 @@ class RewardPool:
         self._thread = None
         if n_workers == 0:
             return
+        _remove_orphaned_tmp()
         self._ctx = mp.get_context(start_method)
         if start_method == "forkserver":
             from multiprocessing import forkserver
@@ -532,6 +536,25 @@ class RewardPool:
             self._inbox.clear()
         for handle, index, *_ in items:
             self._record(handle, index, error_result(kind))
+
+
+def _remove_orphaned_tmp() -> None:
+    """Worker directories whose pool owner no longer exists (a SIGKILLed trainer cannot clean up after itself)."""
+    root = tempfile.gettempdir()
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
+    for name in names:
+        owner = name[len(_TMP_PREFIX):].split("-", 1)[0]
+        if not name.startswith(_TMP_PREFIX) or not owner.isdigit():
+            continue
+        try:
+            os.kill(int(owner), 0)
+        except ProcessLookupError:
+            _remove_tree(os.path.join(root, name))
+        except (PermissionError, OverflowError, OSError):
+            continue  # alive (another user's) or not a pid: left alone
 
 
 def _remove_tree(path: str) -> bool:

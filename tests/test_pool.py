@@ -136,6 +136,23 @@ def test_a_killed_workers_directory_is_removed_by_the_parent(tmp_path):
     assert tmps and not any(os.path.exists(t) for t in tmps)  # a closed pool leaves no worker directory either
 
 
+def test_a_new_pool_removes_what_a_killed_owner_left(tmp_path):
+    # A SIGKILLed trainer cannot remove its workers' directories; the next pool removes those of dead owners.
+    import tempfile
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # its pid belongs to no process now
+    left = tempfile.mkdtemp(prefix=f"reward-worker-{dead.pid}-")
+    open(os.path.join(left, "file"), "w").close()
+    mine = tempfile.mkdtemp(prefix=f"reward-worker-{os.getpid()}-")  # a live owner's: kept
+    try:
+        with RewardPool(n_workers=1, timeout=WALL_BOUND_S) as p:
+            assert p.score_batch([TEXTS[2]], [GOLDS[2]])[0]["error"] == 0
+        assert not os.path.exists(left) and os.path.exists(mine)
+    finally:
+        os.rmdir(mine)
+
+
 def test_the_pool_deadline_covers_the_code_sandbox():
     # The probe: run.reward_timeout 2 s against the sandbox's 10 s: correct code needing 2-10 s scored 0.
     from rewards.code_exec import ExecConfig, wall_limit_s
@@ -152,6 +169,23 @@ def test_the_pool_deadline_covers_the_code_sandbox():
 
 
 @pytest.mark.timing
+@pytest.mark.timing
+def test_correct_code_that_needs_seconds_scores_one_through_the_pool():
+    # End to end through rl.context's deadline and the real code reward: four calls of 1.2 s each (under the
+    # sandbox's 2 s per call, about 5 s in all) used to meet the pool's 2 s deadline and score 0.
+    import json as _json
+
+    from rewards.task_score import score_task, target_of
+    from rl.context import reward_deadline
+
+    check = _json.dumps({"func": "slow_add", "tests": [[[1, 2], 3], [[0, 0], 0], [[2, 2], 4], [[5, 5], 10]]})
+    text = "```python\nimport time\ndef slow_add(a, b):\n    time.sleep(1.2)\n    return a + b\n```"
+    deadline = reward_deadline({"run": {"reward_timeout": 2.0}}, [types.SimpleNamespace(reward="code")])
+    with RewardPool(n_workers=1, timeout=deadline, score_fn=score_task) as p:
+        got = p.score_batch([text], [target_of("code", "", check)])
+    assert got[0]["error_kind"] == "" and got[0]["outcome"] == 1.0, got[0]
+
+
 def test_killed_worker_group_is_gone(short_pool, tmp_path):
     pid_file = tmp_path / "pid"
     got = short_pool.score_batch(["PID"], [str(pid_file)])
