@@ -233,7 +233,7 @@ def _main(argv: list[str], locks: list) -> int:
             print("resolved config:\n" + json.dumps(cfg_dict, indent=2, default=str))
         cv.validate(config)
         if args.workdir and not args.dry_run:
-            locks.append(workdir_lock.lock_workdir(args.workdir, "launch"))  # one process per workdir (rl/workdir_lock.py)
+            locks.append(workdir_lock.lock_workdir(args.workdir, "launch"))  # one process per workdir
         if args.workdir:
             check_resume_compatible(args.workdir, cfg_dict)
         from rl import preflight  # data- and machine-dependent checks, still before any compute

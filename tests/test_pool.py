@@ -301,8 +301,8 @@ def test_too_long_gold_and_cap_validation():
 
 # The costliest texts measured for rewards.combine.score, at the pool's default cap of 1,000,000 characters.
 N_CAP = 1_000_000
-AT_CAP = [("步骤一：3+4=7\n" * N_CAP)[:N_CAP], ("\\boxed{" * N_CAP)[:N_CAP], "1" * N_CAP, ("答案：12\n" * N_CAP)[:N_CAP],
-          ("Step 1: 2 * 3 = 6\n" * N_CAP)[:N_CAP]]
+AT_CAP = [("步骤一：3+4=7\n" * N_CAP)[:N_CAP], ("\\boxed{" * N_CAP)[:N_CAP], "1" * N_CAP,
+          ("答案：12\n" * N_CAP)[:N_CAP], ("Step 1: 2 * 3 = 6\n" * N_CAP)[:N_CAP]]
 
 
 def test_items_at_the_cap_are_scored():

@@ -147,7 +147,8 @@ def test_unusable_workdirs_exit_2_with_a_message(tmp_path, capsys, case):
     assert rc == 2 and "Traceback" not in err, err
     want = {"under a file": "cannot create or lock it", "under /proc": "cannot create or lock it",
             "config.json a list": "holds a JSON list, not a config object",
-            "metrics line a list": "metrics.jsonl line 2 is a JSON list", "no intact checkpoint": "no intact checkpoint"}
+            "metrics line a list": "metrics.jsonl line 2 is a JSON list",
+            "no intact checkpoint": "no intact checkpoint"}
     assert want[case] in err, err
     assert holder(wd) is None  # the failed launch let go of the workdir
 
