@@ -32,6 +32,7 @@ import sys
 import ml_collections
 
 from rl import config_validation as cv
+from rl import workdir_lock
 
 
 def load_config_file(spec: str):
@@ -200,9 +201,11 @@ def check_resume_compatible(workdir: str, cfg_dict: dict) -> None:
     except (OSError, ValueError) as e:
         raise cv.ConfigError(f"{path} is unreadable ({e}); it records the config of the run in that workdir - "
                              "restore it or use a new --workdir") from None
+    if not isinstance(old, dict):
+        raise cv.ConfigError(f"{path} holds a JSON {type(old).__name__}, not a config object; it records the config "
+                             "of the run in that workdir - restore it or use a new --workdir")
     if not _has_checkpoint(workdir):
-        return  # a run that stopped before its first checkpoint (e.g. a bad model.hf_path): nothing to resume, the
-        # new config may differ
+        return  # a run that stopped before its first checkpoint was written: nothing to resume, the config may differ
     from rl.prefix import with_added_defaults
 
     strip = lambda d: {k: v for k, v in d.items() if k not in ("run", "log")}  # noqa: E731
@@ -215,8 +218,14 @@ def check_resume_compatible(workdir: str, cfg_dict: dict) -> None:
 
 
 def _has_checkpoint(workdir: str | None) -> bool:
+    """Whether the workdir holds a written checkpoint (one with checksums: a step directory a kill left without
+    them is not yet written and pins nothing)."""
     last = os.path.join(workdir or "", "checkpoints", "last")
-    return bool(workdir) and os.path.isdir(last) and any(n.isdigit() for n in os.listdir(last))
+    if not workdir or not os.path.isdir(last):
+        return False
+    from rl.checkpoint import written_steps  # imports JAX: only for a workdir that has checkpoints
+
+    return bool(written_steps(last))
 
 
 def on_checkpoint(cfg_dict: dict, recipe_hf: bool) -> tuple[dict, list[str]]:
@@ -271,14 +280,29 @@ def checked_config(args, overrides) -> tuple[dict, bool]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+    locks: list = []  # the workdir lock, once taken: released on every way out (the OS releases it on a kill)
+    try:
+        return _main(sys.argv[1:] if argv is None else argv, locks)
+    finally:
+        for lock in locks:
+            lock.release()
+
+
+def _main(argv: list[str], locks: list) -> int:
+    args, overrides = parse_args(argv)
     if args.help_config:
         print(cv.describe())
         return 0
     try:
         cfg_dict, seed = checked_config(args, overrides)
+        if args.workdir and not args.dry_run:
+            locks.append(workdir_lock.lock_workdir(args.workdir, "launch"))  # one process per workdir
+            check_resume_compatible(args.workdir, cfg_dict)  # again under the lock: no other launch changed it since
     except cv.ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
+        return 2
+    except workdir_lock.WorkdirError as e:
+        print(f"workdir error: {e}", file=sys.stderr)
         return 2
     if args.dry_run:
         from rl import preflight  # data- and machine-dependent estimate, after validation
@@ -286,9 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         print(preflight.compute_estimate(cfg_dict)[0])  # what the run prints as it starts
         print("config OK")
         return 0
-    os.makedirs(args.workdir, exist_ok=True)
-    with open(os.path.join(args.workdir, "config.json"), "w", encoding="utf-8") as f:
-        json.dump(cfg_dict, f, indent=2, default=str)
+    write_config_json(args.workdir, cfg_dict)
     print(f"config: {args.config} -> {os.path.join(args.workdir, 'config.json')} (--verbose prints it)", flush=True)
     if seed:
         from rl import prefix
@@ -297,16 +319,35 @@ def main(argv: list[str] | None = None) -> int:
         print(f"init_from: starting from {info['source']} checkpoint {info['step']} (after {info['stage']} unit "
               f"{info['unit']})", flush=True)
     from rl import run  # imported after validation: nothing heavy runs for a bad config
+    from rl.checkpoint import CheckpointError
 
     try:
         run.train(cfg_dict, args.workdir, config_path=args.config)
     except cv.ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    except (CheckpointError, workdir_lock.WorkdirError) as e:  # the workdir's state, not a bug: a message, exit 2
+        print(f"workdir error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 
+def write_config_json(workdir: str, cfg_dict: dict) -> None:
+    """workdir/config.json, replaced atomically (a reader never sees half a file)."""
+    path = os.path.join(workdir, "config.json")
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(cfg_dict, f, indent=2, default=str)
+    os.replace(path + ".tmp", path)
+
+
+DIE_WITH_PARENT = "MATHRL_DIE_WITH_PARENT"  # set to 1 by experiments/sweep.py: the launcher dies with the sweep
+
+
 if __name__ == "__main__":
+    if os.environ.pop(DIE_WITH_PARENT, "") == "1":  # popped: nothing this launcher starts inherits it
+        from rewards._lifeline import die_with_parent
+
+        die_with_parent()  # the kernel SIGKILLs this launcher when its sweep exits, however (kept across the re-exec)
     from experiments import allocator
 
     allocator.reexec_if_untuned()  # huge-page malloc for XLA's CPU buffers (experiments/allocator.py)

@@ -54,6 +54,7 @@ import numpy as np
 
 from experiments import launch, sweep_log
 from rl import config_validation as cv
+from rl import workdir_lock
 
 METRICS = ("pass@1", "pass@k", "maj@k", "format_rate", "mean_length")
 SHARED = "_shared"
@@ -149,7 +150,7 @@ def run_state(workdir: str, cfg: dict, ignore: tuple[str, ...] = ()) -> tuple[st
         return "conflict", f"{workdir} is a file, not a run directory"
     path = os.path.join(workdir, "config.json")
     if not os.path.exists(path):
-        other = [n for n in os.listdir(workdir) if n != "launch.log"]
+        other = [n for n in os.listdir(workdir) if n not in ("launch.log", workdir_lock.LOCK_NAME)]
         return ("conflict", f"{workdir} holds {', '.join(sorted(other)[:4])} but no config.json") if other else ("new", "")
     try:
         with open(path, encoding="utf-8") as f:
@@ -213,7 +214,10 @@ def run_one(cmd: list[str], workdir: str) -> tuple[int, float, str]:
     with open(log, "a", encoding="utf-8") as f:
         f.write("+ " + " ".join(cmd) + "\n")
         f.flush()
-        rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        # The launcher dies with this sweep, even a SIGKILLed one (launch.DIE_WITH_PARENT), so a rerun never finds
+        # an orphan still writing into the run's directory.
+        rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             env={**os.environ, launch.DIE_WITH_PARENT: "1"})
     return rc, time.time() - t0, sweep_log.error_of(log) if rc else ""
 
 
@@ -372,7 +376,21 @@ def parse(argv):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap, args, extra = parse(sys.argv[1:] if argv is None else argv)
+    locks: list = []  # the sweep's workdir lock, once taken: released on every way out (the OS releases it on a kill)
+    try:
+        return _main(sys.argv[1:] if argv is None else argv, locks)
+    finally:
+        for lock in locks:
+            lock.release()
+
+
+def busy_runs(workdirs: list[str]) -> list[str]:
+    """'<workdir> is in use by pid N (...)' for each run directory a live process holds (rl/workdir_lock.py)."""
+    return [f"{wd} is in use by {who}" for wd in workdirs if (who := workdir_lock.holder(wd))]
+
+
+def _main(argv: list[str], locks: list) -> int:
+    ap, args, extra = parse(argv)
     try:
         module, arg = launch.load_config_file(args.config)
         if not hasattr(module, "get_sweep"):
@@ -437,6 +455,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         print(estimate(shared_todo, todo, k, n_par, [r for r, st, _ in states if st == "done"]), flush=True)
         return _dry_run(args.config, shared + runs)
+    try:  # one sweep per workdir, and no point whose directory a launcher still holds (e.g. of a killed sweep)
+        locks.append(workdir_lock.lock_workdir(args.workdir, "sweep"))
+    except workdir_lock.WorkdirError as e:
+        print(f"sweep refused (nothing was run): {e}", file=sys.stderr)
+        return 2
+    busy = busy_runs([j["workdir"] for j in shared_todo + todo])
+    if busy:
+        print("sweep refused (nothing was run):\n  " + "\n  ".join(busy) + "\n  wait for those runs to end (or stop "
+              "them)", file=sys.stderr)
+        return 2
 
     for j in shared_todo:  # resumed with the units still to go, so it stops exactly at the end of the shared stages
         left = j["units"] - _units_done(j["workdir"])

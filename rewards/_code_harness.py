@@ -5,8 +5,9 @@ processes:
 
   supervisor  the process code_exec starts. It dies with its parent (PR_SET_PDEATHSIG), makes the
               namespaces (unshare: mount, network, pid; plus user when not root), becomes a child
-              subreaper, forks the runner, enforces the wall-clock deadline, and afterwards kills every
-              process the run left behind. It never runs candidate code.
+              subreaper, forks the runner, enforces the wall-clock deadline and the total disk cap (it
+              measures the run directory every DISK_POLL_S and once more at the end), and afterwards kills
+              every process the run left behind. It never runs candidate code.
   runner      the forked child (pid 1 of the new pid namespace, so the kernel kills every process of the
               run when it exits). Before any candidate code: mounts a private /proc, sets the resource
               limits, switches to the run's private uid (as root) or drops every capability (in a user
@@ -164,9 +165,10 @@ def main():
             os._exit(1)
     os.close(result_fd)
     deadline = start + cfg["deadline_s"]
-    code, timed_out = _wait(child, deadline)
+    code, timed_out, over_disk = _wait(child, deadline, cfg["workdir"], cfg["disk_mb"] << 20)
     _kill_descendants()
-    _status(status_fd, "P", {"end": True, "exit": code, "timeout": timed_out})
+    over_disk = over_disk or _over_disk(cfg["workdir"], cfg["disk_mb"] << 20)  # what a daemon wrote meanwhile too
+    _status(status_fd, "P", {"end": True, "exit": code, "timeout": timed_out, "disk": over_disk})
     os._exit(0)
 
 
@@ -192,8 +194,47 @@ def _open_stdlib_dirs():
     return fds
 
 
-def _wait(child, deadline):
-    """(exit status, timed out): waits for the runner until the deadline, then SIGKILLs it."""
+DISK_POLL_S = 0.02  # how often the supervisor measures the run directory (RLIMIT_FSIZE caps each file meanwhile)
+MAX_ENTRIES = 10_000  # files and directories the run may create in its directory
+
+
+def _over_disk(root, cap_bytes):
+    """Whether the run directory holds more than cap_bytes of allocated blocks, or more than MAX_ENTRIES entries
+    (each file counts, so a flood of empty files cannot exhaust the inodes either)."""
+    total, n, todo = 0, 0, [root]
+    while todo:
+        try:
+            entries = os.scandir(todo.pop())
+        except OSError:
+            continue
+        with entries:
+            for e in entries:
+                n += 1
+                if n > MAX_ENTRIES:
+                    return True
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                total += st.st_blocks * 512
+                if total > cap_bytes:
+                    return True
+                if e.is_dir(follow_symlinks=False):
+                    todo.append(e.path)
+    return False
+
+
+def _kill_runner(child):
+    try:
+        os.kill(child, signal.SIGKILL)
+    except OSError:
+        pass
+    os.waitpid(child, 0)
+
+
+def _wait(child, deadline, root, cap_bytes):
+    """(exit status, timed out, over the disk cap): waits for the runner until the deadline, measuring the run
+    directory every DISK_POLL_S; SIGKILLs the runner at the deadline or as soon as it is over the cap."""
     try:
         pidfd = os.pidfd_open(child)
     except (AttributeError, OSError):
@@ -203,17 +244,16 @@ def _wait(child, deadline):
         if pid == child:
             if pidfd is not None:
                 os.close(pidfd)
-            return os.waitstatus_to_exitcode(st), False
+            return os.waitstatus_to_exitcode(st), False, False
+        if _over_disk(root, cap_bytes):
+            _kill_runner(child)
+            return -9, False, True
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            try:
-                os.kill(child, signal.SIGKILL)
-            except OSError:
-                pass
-            os.waitpid(child, 0)
-            return -9, True
+            _kill_runner(child)
+            return -9, True, False
         if pidfd is not None:
-            select.select([pidfd], [], [], remaining)
+            select.select([pidfd], [], [], min(remaining, DISK_POLL_S))
         else:
             time.sleep(min(remaining, 0.005))
 

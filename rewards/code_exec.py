@@ -52,7 +52,7 @@ import threading
 import time
 import warnings
 
-__all__ = ["ExecConfig", "ExecResult", "run_function_tests", "run_function_tests_detailed", "run_tests",
+__all__ = ["ExecConfig", "ExecResult", "wall_limit_s", "run_function_tests", "run_function_tests_detailed", "run_tests",
            "run_tests_detailed", "parse_test", "SandboxWarning"]
 
 _HARNESS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_code_harness.py")
@@ -70,6 +70,7 @@ class ExecConfig:
     cpu_s: int = 10  # RLIMIT_CPU seconds
     memory_mb: int = 512  # RLIMIT_AS, megabytes of address space
     file_size_mb: int = 8  # RLIMIT_FSIZE, largest file the code may write
+    disk_mb: int = 64  # all files together: the run is killed and scores 0 once its directory holds more
     max_procs: int = 16  # RLIMIT_NPROC (only meaningful with a private uid or user namespace)
     max_open_files: int = 64  # RLIMIT_NOFILE
     namespaces: bool = True  # private mount, network and pid namespaces (+ a user namespace when not root)
@@ -88,7 +89,7 @@ class ExecConfig:
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v <= 3600:
                 raise ValueError(f"ExecConfig.{name} must be a number of seconds in (0, 3600], got {v!r}")
-        for name in ("cpu_s", "memory_mb", "file_size_mb", "max_procs", "max_open_files", "max_code_chars",
+        for name in ("cpu_s", "memory_mb", "file_size_mb", "disk_mb", "max_procs", "max_open_files", "max_code_chars",
                      "max_output_chars"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -101,6 +102,16 @@ class ExecConfig:
                 raise ValueError(f"ExecConfig.{name} must be a bool, got {getattr(self, name)!r}")
         if self.python is not None and not isinstance(self.python, str):
             raise ValueError(f"ExecConfig.python must be a path or None, got {self.python!r}")
+
+
+GRACE_S = 3.0  # the supervisor's start-up and clean-up beyond ExecConfig.timeout_s
+
+
+def wall_limit_s(cfg: ExecConfig | None = None) -> float:
+    """The longest one run_* call takes: timeout_s, the supervisor's grace, a second for this side's work. Whoever
+    runs the sandbox under its own deadline (the reward pool) must allow at least this, or correct code that needs
+    most of timeout_s scores 0 as a "timeout" and its run directory is left behind by the kill."""
+    return (cfg or ExecConfig()).timeout_s + GRACE_S + 1.0
 
 
 @dataclasses.dataclass
@@ -392,7 +403,8 @@ def _run(code: str, cases: list[_Case], cfg: ExecConfig, t0: float) -> ExecResul
             "result_fd": res_w, "status_fd": st_w, "parent_pid": os.getpid(), "nonce": nonce, "uid": uid,
             "workdir": workdir, "code": code, "calls": [[c.func, c.args_src, c.kwargs_src] for c in cases],
             "deadline_s": max(0.1, cfg.timeout_s - (time.monotonic() - t0)), "cpu_s": cfg.cpu_s,
-            "memory_mb": cfg.memory_mb, "file_size_mb": cfg.file_size_mb, "max_open_files": cfg.max_open_files,
+            "memory_mb": cfg.memory_mb, "file_size_mb": cfg.file_size_mb, "disk_mb": cfg.disk_mb,
+            "max_open_files": cfg.max_open_files,
             "max_procs": cfg.max_procs, "per_call_timeout_s": cfg.per_test_timeout_s,
             "max_output_chars": cfg.max_output_chars, "allow_processes": cfg.allow_processes,
             "audit_hook": cfg.audit_hook, "namespaces": cfg.namespaces, "landlock": cfg.landlock,
@@ -416,12 +428,16 @@ def _run(code: str, cases: list[_Case], cfg: ExecConfig, t0: float) -> ExecResul
         except (BrokenPipeError, OSError):
             pass
         # The supervisor enforces timeout_s itself; the grace covers its start-up and clean-up.
-        lines, status, timed_out = _read(res_r, st_r, t0 + cfg.timeout_s + 3.0, _out_cap(cfg, len(cases)))
+        lines, status, timed_out = _read(res_r, st_r, t0 + cfg.timeout_s + GRACE_S, _out_cap(cfg, len(cases)))
         layers = _layers(status, cfg, uid)
         _warn_if_weak(layers, cfg, is_root)
         if layers.get("refused"):
             return ExecResult([False] * len(cases), 0.0, error="sandbox: refused (no namespaces, refuse_weak=True)",
                               seconds=time.monotonic() - t0, sandbox=layers, case_errors=["refused"] * len(cases))
+        if layers.get("disk"):  # wrote past the total cap: killed, and nothing it computed counts
+            return ExecResult([False] * len(cases), 0.0, error=f"disk: the run wrote over {cfg.disk_mb} MB or "
+                              "too many files", seconds=time.monotonic() - t0, sandbox=layers,
+                              case_errors=["disk"] * len(cases))
         return _result(lines, nonce, cases, timed_out or layers.get("timeout", False), workdir, t0, layers)
     finally:
         if proc is not None:

@@ -26,7 +26,11 @@ import re
 from rewards.code_exec import ExecConfig, run_function_tests_detailed
 from rewards.parse import as_text
 
-__all__ = ["MAX_RESPONSE_CHARS", "MAX_TESTS", "extract_code", "parse_check", "code_score", "code_score_detailed"]
+__all__ = ["MAX_RESPONSE_CHARS", "MAX_TESTS", "EXEC_CONFIG", "extract_code", "parse_check", "code_score",
+           "code_score_detailed"]
+
+EXEC_CONFIG = ExecConfig()  # the sandbox's limits when no cfg is given (score_task's code family; the reward pool's
+                            # deadline covers rewards.code_exec.wall_limit_s of these: rl/context.reward_deadline)
 
 MAX_RESPONSE_CHARS = 50_000  # longer responses are not scored (degenerate output); the sandbox caps code too
 MAX_TESTS = 200  # hidden cases per problem
@@ -103,7 +107,7 @@ def code_score_detailed(text, check, cfg: ExecConfig | None = None) -> dict:
     if code is None:
         return {"score": 0.0, "passed": [False] * len(cases), "extracted": False, "error": "no code block"}
     try:
-        res = run_function_tests_detailed(code, func, cases, cfg)
+        res = run_function_tests_detailed(code, func, cases, cfg or EXEC_CONFIG)
         passed = [bool(p) for p in res.passed] or [False] * len(cases)
         score = float(res.fraction)
         score = min(1.0, max(0.0, score)) if score == score else 0.0

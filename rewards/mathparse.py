@@ -58,7 +58,9 @@ _DROP_CMDS = re.compile(
     r"limits|nolimits|mathstrut)(?![a-zA-Z])")
 _SPACES = re.compile(r"(?<!\\)\\(?:quad|qquad|,|;|:|!| |enspace|thinspace|medspace)|~")
 _DEGREES = re.compile(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|°|\\circ(?![a-zA-Z])|\\degree")
-_PERCENT_WORDS = re.compile(r"(?<=[\d}\s$])\s*(?:percentage|percent|pct)\b", re.IGNORECASE)
+# Linear: a match may start after a digit, } or $, or after the FIRST character of a whitespace run (never inside a
+# run, where every start would rescan the rest of it); the leftmost match is the same as with any start allowed.
+_PERCENT_WORDS = re.compile(r"(?:(?<=[\d}$])|(?<=\s)(?<!\s\s))\s*(?:percentage|percent|pct)\b", re.IGNORECASE)
 _UNIT_WORDS = (
     r"cm|mm|km|m|kg|g|mg|lb|lbs|pounds?|ounces?|oz|s|sec|seconds?|minutes?|mins?|hours?|hrs?|days?|"
     r"weeks?|months?|years?|miles?|mi|feet|foot|ft|inch(?:es)?|in|meters?|metres?|units?|dollars?|"
@@ -78,9 +80,10 @@ _QUALIFIER = re.compile(r"^\s*(?:约等于|约为|约是|约|大约是|大约为
                         r"approximately|approx\.?|about|around|roughly|\\approx|≈)\s*", re.IGNORECASE)
 _HAN = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 _HAN_CHAR = re.compile(f"[{_HAN}]")
-_CJK_FRACTION = re.compile(r"(\d+(?:\.\d+)?)\s*分之\s*(\d+(?:\.\d+)?)")       # 3分之2 = 2/3
+# (?<!\d): a number is read from its first digit only (linear; a start inside a digit run could not match anyway)
+_CJK_FRACTION = re.compile(r"(?<!\d)(\d+(?:\.\d+)?)\s*分之\s*(\d+(?:\.\d+)?)")       # 3分之2 = 2/3
 _CJK_PERCENT = re.compile(r"百分之\s*(\d+(?:\.\d+)?)")                        # 百分之25 = 25%
-_CJK_MULTIPLIER = re.compile(r"(\d+(?:\.\d+)?)\s*([十百千万亿]+)")
+_CJK_MULTIPLIER = re.compile(r"(?<!\d)(\d+(?:\.\d+)?)\s*([十百千万亿]+)")
 _CJK_POWERS = {"十": 1, "百": 2, "千": 3, "万": 4, "亿": 8}
 _SI_UNIT_AFTER = set("克米瓦帕焦卡赫伏")  # 千克 千米 千瓦 …: 千 / 百 before these is part of a unit
 _CJK_UNIT = re.compile(rf"(?<=[\d)}}%])\s*(?:\\(?:text|mbox|mathrm|textrm|textnormal)\s*\{{\s*)?(\()?\s*[{_HAN}]{{1,8}}"

@@ -20,6 +20,12 @@ and is never sent (no pickling, no worker time). Below that, rewards.combine.sco
 RewardConfig.max_chars characters, so an item at the cap costs well under the default 5 s deadline (about
 0.8 s for 1M characters of step lines, the costliest text measured; see docs/security.md).
 
+Clean-up: each worker has its own temporary directory (TMPDIR), where the code sandbox makes its run
+directories; the parent removes it whenever it kills, replaces or retires the worker, so an item killed at its
+deadline leaves nothing on disk (what a still-dying process writes meanwhile is removed on the next pass). The
+directories are named after the pool owner's pid, and a new pool removes those whose owner is gone (what a
+SIGKILLed trainer left).
+
 Dying with the trainer: each worker asks the kernel to SIGKILL it when its parent exits (PR_SET_PDEATHSIG)
 and drops its copy of the forkserver's "alive" pipe, so a SIGKILLed trainer takes the forkserver, every
 worker (even one stuck in C code) and their sympy children with it within moments (rewards/_lifeline.py).
@@ -49,7 +55,9 @@ import collections
 import math
 import multiprocessing as mp
 import os
+import shutil
 import signal
+import tempfile
 import threading
 import time
 from multiprocessing.connection import wait as mp_wait
@@ -61,14 +69,19 @@ from rewards.parse import as_text
 __all__ = ["RewardPool", "BatchHandle"]
 
 _START_METHODS = ("forkserver", "spawn")
+_TMP_PREFIX = "reward-worker-"  # + the pool owner's pid: leftovers of a SIGKILLed owner are removed by the next pool
 _READY = "ready"
 
 
-def _worker_main(conn, progress, cfg, memory_limit_mb, score_fn):
+def _worker_main(conn, progress, cfg, memory_limit_mb, score_fn, tmpdir):
     """Worker process: receive chunks [(job_id, text, gold, n_tokens)], send [(job_id, result), ...] per chunk.
 
     `progress` (shared doubles) holds [current job id, its start time on the monotonic clock], so the parent
-    knows which item is running and since when without a message per item."""
+    knows which item is running and since when without a message per item. `tmpdir` is this worker's own
+    temporary directory (the code sandbox's run directories go there), which the parent removes when it kills
+    or retires the worker."""
+    os.environ["TMPDIR"] = tmpdir
+    tempfile.tempdir = tmpdir
     die_with_parent()  # the kernel kills a hung worker when its parent (the forkserver or the trainer) exits
     release_forkserver_lifeline()  # ... and lets the forkserver exit when the trainer does
     try:
@@ -153,8 +166,10 @@ class _Worker:
     def __init__(self, ctx, cfg, memory_limit_mb, score_fn):
         self.conn, child = ctx.Pipe(duplex=True)
         self.progress = ctx.RawArray("d", 2)
-        self.proc = ctx.Process(target=_worker_main, args=(child, self.progress, cfg, memory_limit_mb, score_fn),
-                                daemon=True, name="reward-worker")
+        self.tmp = tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{os.getpid()}-")
+        os.chmod(self.tmp, 0o711)  # the sandbox's private uid must pass through to its own run directory
+        self.proc = ctx.Process(target=_worker_main, args=(child, self.progress, cfg, memory_limit_mb, score_fn,
+                                                           self.tmp), daemon=True, name="reward-worker")
         self.proc.start()
         child.close()
         self.ready = False
@@ -167,7 +182,9 @@ class _Worker:
         job, start = self.progress[0], self.progress[1]
         return int(job), start
 
-    def kill(self):
+    def kill(self) -> bool:
+        """SIGKILL the worker's process group and remove its temporary directory (what a killed code run left
+        there); returns whether the directory is gone (a process of the run may still be writing for a moment)."""
         pid = self.proc.pid
         if pid is not None:
             try:
@@ -183,6 +200,7 @@ class _Worker:
             self.conn.close()
         except OSError:
             pass
+        return _remove_tree(self.tmp)
 
 
 class RewardPool:
@@ -227,6 +245,7 @@ class RewardPool:
         self._thread = None
         if n_workers == 0:
             return
+        _remove_orphaned_tmp()
         self._ctx = mp.get_context(start_method)
         if start_method == "forkserver":
             from multiprocessing import forkserver
@@ -241,6 +260,7 @@ class RewardPool:
         self._next_id = 0
         self._start_failures = 0
         self._last_failure = 0.0
+        self._leftover: list[str] = []  # temporary directories of killed workers not yet removed (retried)
         self._thread = threading.Thread(target=self._manager, name="reward-pool", daemon=True)
         self._thread.start()
 
@@ -299,8 +319,10 @@ class RewardPool:
         deadline = time.monotonic() + 2.0
         for w in self._workers:
             w.proc.join(timeout=max(0.0, deadline - time.monotonic()))
-            w.kill()
+            if not w.kill():
+                self._leftover.append(w.tmp)
         self._workers = []
+        self._leftover = [d for d in self._leftover if not _remove_tree(d)]
         for fd in (self._wake_r, self._wake_w):
             try:
                 os.close(fd)
@@ -394,6 +416,7 @@ class RewardPool:
             self._queue.append(self._next_id)
 
     def _keep_workers(self):
+        self._leftover = [d for d in self._leftover if not _remove_tree(d)]
         for w in list(self._workers):
             if not w.proc.is_alive():
                 self._drain(w)  # collects its last results, then fails its current item
@@ -485,7 +508,8 @@ class RewardPool:
             self._start_failures += 1
             self._last_failure = time.monotonic()
         job, _ = w.current()
-        w.kill()
+        if not w.kill():
+            self._leftover.append(w.tmp)
         self._workers.remove(w)
         with self._lock:
             self._stats["restarts"] += 1
@@ -512,6 +536,31 @@ class RewardPool:
             self._inbox.clear()
         for handle, index, *_ in items:
             self._record(handle, index, error_result(kind))
+
+
+def _remove_orphaned_tmp() -> None:
+    """Worker directories whose pool owner no longer exists (a SIGKILLed trainer cannot clean up after itself)."""
+    root = tempfile.gettempdir()
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
+    for name in names:
+        owner = name[len(_TMP_PREFIX):].split("-", 1)[0]
+        if not name.startswith(_TMP_PREFIX) or not owner.isdigit():
+            continue
+        try:
+            os.kill(int(owner), 0)
+        except ProcessLookupError:
+            _remove_tree(os.path.join(root, name))
+        except (PermissionError, OverflowError, OSError):
+            continue  # alive (another user's) or not a pid: left alone
+
+
+def _remove_tree(path: str) -> bool:
+    """Remove a directory tree; whether it is gone."""
+    shutil.rmtree(path, ignore_errors=True)
+    return not os.path.lexists(path)
 
 
 def _as_int(x):

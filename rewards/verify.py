@@ -60,13 +60,18 @@ class _Deadline(Exception):
 # ---------------------------------------------------------------------------------------------
 # 1. plain numbers, in-process
 
-_PLAIN = re.compile(r"^\s*\$?\s*([-+]?)(\d{1,3}(?:,\d{3})+|\d+)?(\.\d+)?\s*(\\?%)?\s*\$?\s*$")
-_PLAIN_FRAC = re.compile(r"^\s*([-+]?)(\d+)\s*/\s*(\d+)\s*$")
+# Matched against the stripped string, and linear: each optional `\s*` is glued to the symbol that must follow it
+# (after `$` a digit, possibly signed or after a point: the lookahead), so when a match fails the engine gives a
+# whitespace run back one character at a time at O(1) per step, never re-splitting it between two quantifiers (the
+# old `^\s*\$?\s*...\s*(\\?%)?\s*\$?\s*$` took minutes on 250 leading newlines).
+_PLAIN = re.compile(r"(?:\$\s*)?([-+]?)(?=\.?\d)(\d{1,3}(?:,\d{3})+|\d+)?(\.\d+)?(?:\s*(\\?%))?(?:\s*\$)?")
+_PLAIN_FRAC = re.compile(r"([-+]?)(\d+)\s*/\s*(\d+)")
 
 
 def _plain_number(s: str):
     """(value, ndec, is_percent) for a bare number string, else None."""
-    m = _PLAIN.match(s)
+    s = s.strip()
+    m = _PLAIN.fullmatch(s)
     if m and m.group(2) and m.group(2).startswith("0,"):
         return None  # "0,111" is a decimal comma, left to the parser
     if m and (m.group(2) or m.group(3)):
@@ -74,7 +79,7 @@ def _plain_number(s: str):
         frac = (m.group(3) or ".")[1:]
         value = Fraction(int(whole + frac), 10 ** len(frac))
         return (-value if m.group(1) == "-" else value), (len(frac) or None), bool(m.group(4))
-    m = _PLAIN_FRAC.match(s)
+    m = _PLAIN_FRAC.fullmatch(s)
     if m and int(m.group(3)) != 0:
         value = Fraction(int(m.group(2)), int(m.group(3)))
         return (-value if m.group(1) == "-" else value), None, False
@@ -91,8 +96,9 @@ def _plain_node(plain) -> tuple:
 # ---------------------------------------------------------------------------------------------
 # 2. the answer to compare: rewards.parse.answer_candidates (the one extractor), parsed
 
-def _parse_first(cands: list[str]):
+def _parse_first(cands: list[str], deadline: float):
     for c in cands:
+        _check_deadline(deadline)
         if len(c) > MAX_ANSWER_CHARS:
             continue
         try:
@@ -271,13 +277,17 @@ def _word(node) -> str | None:
     return None
 
 
+def _check_deadline(deadline: float) -> None:
+    if time.monotonic() > deadline:
+        raise _Deadline
+
+
 class _Comparer:
     def __init__(self, deadline: float):
         self.deadline = deadline
 
     def check_time(self) -> None:
-        if time.monotonic() > self.deadline:
-            raise _Deadline
+        _check_deadline(self.deadline)
 
     # -- dispatch
     def equiv(self, a, b) -> bool:
@@ -516,14 +526,22 @@ def _is_equiv(pred, gold, timeout: float) -> bool:
         return False
     if len(pred) > MAX_INPUT_CHARS or len(gold) > MAX_INPUT_CHARS or "\x00" in pred:
         return False
+    # Every step below is linear (or size-capped) in its input, and the deadline is checked between the steps and
+    # between the candidates, so the timeout bounds parsing as well as comparing (also with reward_workers=0,
+    # where nothing can kill a stuck call).
+    deadline = time.monotonic() + timeout
     if deeper_than(pred, MAX_NESTING) or deeper_than(gold, MAX_NESTING):
         return False
-    deadline = time.monotonic() + timeout
     pa, pb = _plain_number(pred), _plain_number(gold)
     if pa is not None and pb is not None:
         return ev.exact_equal(_plain_node(pa), _plain_node(pb)) is True
-    node_p, text_p = _parse_first(answer_candidates(pred))
-    node_g, text_g = _parse_first(answer_candidates(gold))
+    _check_deadline(deadline)
+    cands_p = answer_candidates(pred)
+    _check_deadline(deadline)
+    cands_g = answer_candidates(gold)
+    node_p, text_p = _parse_first(cands_p, deadline)
+    node_g, text_g = _parse_first(cands_g, deadline)
+    _check_deadline(deadline)
     if node_p is None or node_g is None:
         return _same_text(text_p, text_g)
     try:

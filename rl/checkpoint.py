@@ -14,10 +14,12 @@ plus `checksums.json`: the SHA-256 and size of every file orbax wrote, and a has
     tree = ck.restore(step, template_tree)            # arrays restored into the template's structure
     step, meta, tree = ck.restore_latest(template_fn) # the three above in one call (template_fn(meta) -> tree)
 
-Damage: every restore first checks each file against checksums.json. latest_step() skips damaged or partial
-checkpoints (truncated, flipped bytes, zeroed, missing or empty files, a kill before the checksums were
-written), printing one line per damaged step that names its damaged files, and returns the newest intact
-one; when checkpoints exist but none is intact it raises CheckpointError naming the damaged files. No
+Damage: every restore first checks each file against checksums.json. A step directory without checksums (a
+kill between orbax's rename and the checksums; hashing a large model takes seconds) is not yet written: latest_step()
+passes over it with one line, so the run resumes from the previous state, or starts afresh when it was the first.
+latest_step() skips damaged checkpoints (truncated, flipped bytes, zeroed, missing or empty files, a garbled
+manifest), printing one line per damaged step that names its damaged files, and returns the newest intact
+one; when written checkpoints exist but none is intact it raises CheckpointError naming the damaged files. No
 restore ever loads unverified bytes, and every failure is a CheckpointError, never an orbax traceback.
 
 Loading a run's policy (for sampling, evaluation, notebooks; read-only, safe on a run that is still going):
@@ -47,7 +49,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-__all__ = ["Checkpointer", "CheckpointError", "verify_checkpoint", "load_policy", "find_policy"]
+__all__ = ["Checkpointer", "CheckpointError", "verify_checkpoint", "written_steps", "load_policy", "find_policy"]
 
 MANIFEST = "checksums.json"
 _FORMAT = 1
@@ -105,6 +107,14 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def _remove(path: str) -> None:
+    """Remove what is at `path` (a directory tree, a file or a link), if anything."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.remove(path)
+
+
 def _write_manifest(path: str, extra: dict) -> None:
     files = {rel: {"size": os.path.getsize(os.path.join(path, rel)), "sha256": _sha256(os.path.join(path, rel))}
              for rel in _files(path)}
@@ -159,6 +169,12 @@ def verify_checkpoint(path: str) -> list[str]:
     if not manifest["files"]:
         damaged.append(f"{MANIFEST}: lists no files")
     return damaged
+
+
+def written_steps(root: str) -> list[int]:
+    """The steps under `root` (a `last` directory) whose writing completed, i.e. that have checksums, intact or
+    not; a step directory without them was interrupted before its checksums and is not yet written."""
+    return [s for s in Checkpointer._steps(root) if os.path.isfile(os.path.join(root, str(s), MANIFEST))]
 
 
 class Checkpointer:
@@ -246,9 +262,17 @@ class Checkpointer:
             raise CheckpointError(f"checkpoint {path} is damaged: " + "; ".join(damaged))
 
     def latest_step(self) -> int | None:
-        """The newest intact step of `last`; None when there is no checkpoint at all. Damaged newer steps are
-        reported (one line each, naming the files); CheckpointError when checkpoints exist but none is intact."""
-        steps = self._steps(self._last)
+        """The newest intact step of `last`; None when there is no written checkpoint. A step without checksums
+        was never completed (a kill between orbax's rename and the checksums): it is not yet written, so it is
+        passed over (one line) and a later save of that step replaces it. Damaged newer steps are reported (one
+        line each, naming the files); CheckpointError when written checkpoints exist but none is intact."""
+        steps = written_steps(self._last)
+        for step in sorted(set(self._steps(self._last)) - set(steps)):
+            path = self._path(step)
+            if path not in self._reported:
+                self._reported.add(path)
+                print(f"checkpoint: {path} was not completely written (killed before its checksums): passed over, "
+                      f"not loaded", file=sys.stderr, flush=True)
         bad = []
         for step in reversed(steps):
             path = self._path(step)
@@ -315,8 +339,8 @@ class Checkpointer:
         """Save `tree` + `meta` as `step`; with a validation pass@1, also offer it to the best copy."""
         tree = _to_numpy(tree)
         path = self._path(step)
-        if self._primary and os.path.exists(path):
-            shutil.rmtree(path)  # an older or damaged checkpoint of the same step (after a fallback)
+        if self._primary:
+            _remove(path)  # an older, damaged or unfinished checkpoint of the same step, or a stray file of its name
         args = ocp.args.Composite(state=ocp.args.StandardSave(tree), meta=ocp.args.JsonSave(meta))
         self._ckptr.save(path, args=args)
         if self._primary:
@@ -329,7 +353,7 @@ class Checkpointer:
 
     def _retire(self, root: str, keep: int, newest: int) -> None:
         """Delete checkpoints older than the `keep` newest that have checksums (never the one just written)."""
-        complete = [s for s in self._steps(root) if os.path.exists(os.path.join(root, str(s), MANIFEST))]
+        complete = written_steps(root)
         keep_set = set(complete[-keep:]) | {newest}
         for s in self._steps(root):
             if s not in keep_set and s < newest:
@@ -346,8 +370,7 @@ class Checkpointer:
         tmp = dest + ".tmp-" + str(os.getpid())
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.copytree(path, tmp)  # the copy carries the same checksums
-        if os.path.exists(dest):
-            shutil.rmtree(dest)
+        _remove(dest)
         os.replace(tmp, dest)
         _fsync_dir(self._best)
         self._retire(self._best, keep=1, newest=step)

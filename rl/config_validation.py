@@ -174,7 +174,9 @@ RUN = {
     "stop_after": F(0, "stop (after checkpointing) once this many units ran in this process, 0 = never; used to test "
                        "resume", integer(0, 10**9)),
     "reward_workers": F(2, "reward worker processes (0 = score in the main process)", integer(0, 256)),
-    "reward_timeout": F(2.0, "seconds per reward call before it counts as an error", num(0.0, 3600.0, lo_open=True)),
+    "reward_timeout": F(2.0, "seconds per reward call before it counts as an error (with code problems at least the "
+                             "code sandbox's whole limit, rewards.code_exec.wall_limit_s: 14 s by default)",
+                        num(0.0, 3600.0, lo_open=True)),
     "overlap": F(True, "sample batch i+1 while the reward pool scores batch i (not with a curriculum, which waits "
                        "for batch i's pass rates)", boolean),
     "compile_cache": F("auto", "JAX's persistent compilation cache (rl/compile_cache.py): auto = the user's cache "

@@ -290,13 +290,26 @@ def reward_config(cfg: dict):
     return RewardConfig(**kw)
 
 
-def make_reward_pool(cfg: dict):
+def reward_deadline(cfg: dict, problems=None) -> float:
+    """The reward pool's per-item deadline: run.reward_timeout, raised to the code sandbox's whole wall limit
+    (rewards.code_exec.wall_limit_s) when code problems are scored (all of them when `problems` is None), so
+    correct code that needs most of the sandbox's time is never cut off by the pool."""
+    timeout = float(cfg["run"]["reward_timeout"])
+    if problems is None or any(getattr(p, "reward", "math") == "code" for p in problems):
+        from rewards.code_exec import wall_limit_s
+        from rewards.code_reward import EXEC_CONFIG
+
+        timeout = max(timeout, wall_limit_s(EXEC_CONFIG))
+    return timeout
+
+
+def make_reward_pool(cfg: dict, problems=None):
     """The reward worker pool scoring (text, problem target) pairs with the config's RewardConfig, each problem by
-    its own family's reward (rewards.task_score)."""
+    its own family's reward (rewards.task_score); its deadline is reward_deadline(cfg, problems)."""
     from rewards.pool import RewardPool
     from rewards.task_score import score_task
 
-    return RewardPool(n_workers=int(cfg["run"]["reward_workers"]), timeout=float(cfg["run"]["reward_timeout"]),
+    return RewardPool(n_workers=int(cfg["run"]["reward_workers"]), timeout=reward_deadline(cfg, problems),
                       cfg=reward_config(cfg), score_fn=score_task)
 
 
@@ -357,7 +370,12 @@ def build_context(cfg: dict, workdir: str, *, with_services: bool = True) -> Run
         from rl import checkpoint as ckpt_lib
 
         os.makedirs(workdir, exist_ok=True)
-        ctx.scorer = rollout.Scorer(make_reward_pool(cfg))
+        problems = ctx.train + ctx.val + ctx.test
+        deadline = reward_deadline(cfg, problems)
+        if deadline > cfg["run"]["reward_timeout"] and cfg["run"]["reward_workers"]:
+            print(f"reward pool: {deadline:.0f} s per item (run.reward_timeout {cfg['run']['reward_timeout']} s, "
+                  "raised to cover the code sandbox's limit)", flush=True)
+        ctx.scorer = rollout.Scorer(make_reward_pool(cfg, problems))
         ctx.ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), keep=cfg["checkpoint"]["keep"],
                                          keep_best=cfg["checkpoint"]["keep_best"])
     return ctx

@@ -130,12 +130,21 @@ class MetricsWriter:
 def _truncate(path: str, last_step: int) -> None:
     """Keep only lines with step <= last_step (steps after the checkpoint are redone)."""
     keep = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for i, line in enumerate(f, 1):
             try:
-                if int(json.loads(line).get("step", -1)) <= last_step:
+                rec = json.loads(line)
+            except ValueError:
+                continue  # a line cut off by a kill: redone
+            if not isinstance(rec, dict):
+                from rl.workdir_lock import WorkdirError
+
+                raise WorkdirError(f"{path} line {i} is a JSON {type(rec).__name__}, not a metrics record (the file "
+                                   "was edited or damaged): remove that line, or use a new --workdir")
+            try:
+                if int(rec.get("step", -1)) <= last_step:
                     keep.append(line)
-            except (ValueError, json.JSONDecodeError):
+            except (TypeError, ValueError, OverflowError):
                 continue
     with open(path, "w", encoding="utf-8") as f:
         f.writelines(keep)

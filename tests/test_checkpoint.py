@@ -75,7 +75,6 @@ CORRUPTIONS = [
     ("all-zero array metadata", lambda d: _rewrite(os.path.join(d, "state", "_METADATA"), lambda b: bytes(len(b)))),
     ("missing checkpoint metadata", lambda d: os.remove(os.path.join(d, "_CHECKPOINT_METADATA"))),
     ("truncated ocdbt manifest", lambda d: _rewrite(os.path.join(d, "state", "manifest.ocdbt"), lambda b: b[:10])),
-    ("missing checksums (killed before they were written)", lambda d: os.remove(os.path.join(d, MANIFEST))),
     ("garbage checksums", lambda d: _rewrite(os.path.join(d, MANIFEST), lambda b: b"{not json")),
     ("edited checksums", lambda d: _rewrite(os.path.join(d, MANIFEST), lambda b: b.replace(b'"size": ', b'"size": 1', 1))),
     ("state directory gone", lambda d: __import__("shutil").rmtree(os.path.join(d, "state"))),
@@ -116,6 +115,32 @@ def test_damaged_latest_falls_back_to_intact(two_checkpoints, name, corrupt, cap
         ck.restore(2, _template())  # asked for directly: refused, never loaded
     step, meta, tree = ck.restore_latest(lambda m: _template())
     assert step == 1 and meta == {"unit": 1} and _equal(tree, tree1)
+
+
+def test_step_without_checksums_is_not_yet_written(two_checkpoints, capsys):
+    # A kill between orbax's rename and the checksums: the step was never completed, so it is passed over (not
+    # "damaged") and a later save of the same step replaces it.
+    directory, tree1, step2 = two_checkpoints
+    os.remove(os.path.join(step2, MANIFEST))
+    ck = Checkpointer(directory, keep=3, keep_best=False)
+    assert ck.latest_step() == 1 and ck.latest_step() == 1
+    err = capsys.readouterr().err
+    assert "damaged" not in err and err.count("not completely written") == 1 and step2 in err
+    step, meta, tree = ck.restore_latest(lambda m: _template())
+    assert step == 1 and _equal(tree, tree1)
+    ck.save(2, _tree(22), {"unit": 2})
+    assert ck.latest_step() == 2 and _equal(ck.restore(2, _template()), _tree(22))
+
+
+def test_first_checkpoint_without_checksums_means_start_afresh(tmp_path, capsys):
+    # The reproduction of the stuck workdir: the only checkpoint lost its checksums to a kill. It used to be
+    # "no intact checkpoint" (CheckpointError, the rerun refused); it is not yet written: start from scratch.
+    ck = Checkpointer(str(tmp_path / "ck"), keep=2)
+    ck.save(1, _tree(1), {"unit": 1})
+    os.remove(tmp_path / "ck" / "last" / "1" / MANIFEST)
+    ck2 = Checkpointer(str(tmp_path / "ck"), keep=2)
+    assert ck2.latest_step() is None and ck2.restore_latest(lambda m: _template()) is None
+    assert "not completely written" in capsys.readouterr().err
 
 
 def test_64_flipped_bytes_used_to_load_silently(two_checkpoints):

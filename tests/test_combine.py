@@ -136,14 +136,15 @@ def test_internal_error_becomes_flag(monkeypatch):
 @pytest.mark.parametrize("text,gold", [
     (None, None), (b"\xff\xfe", "1"), (123, 5), ("答案：" + "9" * 100_000, "9"), ("\\boxed{" * 20_000, "1"),
     ("答案：__import__('os').system('true')", "0"), ("步骤一：" + "1+" * 20_000 + "1=2\n答案：2", "2"),
+    ("\n" * 250 + "Answer: 3", "3"), (" " * 60_000 + "$ 3 %", "3%"),  # once polynomial backtracking (minutes)
 ])
 def test_hostile_never_raises(text, gold):
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU seconds: a busy machine does not change the verdict
     r = score(text, gold, RewardConfig(w_process=0.2, w_repetition=0.1, w_language=0.1))
     assert set(r) == set(RESULT_KEYS)
     assert np.isfinite(r["total"])
     assert r["answer"] is None or len(r["answer"]) <= 200
-    assert time.perf_counter() - t0 < 10.0
+    assert time.process_time() - t0 < 10.0
 
 
 def test_format_mode_reaches_the_format_reward():
@@ -198,7 +199,7 @@ def test_million_character_items_score_within_the_pool_deadline():
     cfg = RewardConfig(w_process=0.3, w_repetition=0.1, w_language=0.1)
     for text in ("".join(f"Step {i}: {i}*{i}={i * i} and 3 + 4 = 7.\n" for i in range(1, 30_000)) + "Answer: 7",
                  "步骤一：" + "1+" * 400_000 + "1=2\n答案：2", "<think>" + "3+4=7 " * 170_000 + "</think><answer>7</answer>"):
-        t0 = time.perf_counter()
+        t0 = time.process_time()  # CPU seconds, what a worker spends of its deadline
         r = score(text, "7", cfg)
         assert r["error"] == 0 and r["truncated"] == 1
-        assert time.perf_counter() - t0 < 2.5
+        assert time.process_time() - t0 < 2.5

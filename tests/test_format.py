@@ -119,15 +119,15 @@ def test_bad_lang_is_a_config_error():
     "Step 1: " + "a" * 1_000_000 + "\nAnswer: 1", "<think>" * 100_000, "</answer><answer>" * 50_000,
 ])
 def test_hostile(text):
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU seconds: a busy machine does not change the verdict
     r = format_reward(text, "zh")
     assert 0.0 <= r <= 1.0
     assert 0.0 <= format_reward(text, "zh", R1) <= 1.0
-    assert time.perf_counter() - t0 < 5.0
+    assert time.process_time() - t0 < 5.0
 
 
 def test_many_boxes_and_lines_fast():
     text = ("答案：1 \\boxed{2}\n" * 20_000)
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     assert format_components(text, "zh")["answer"] == 0.0
-    assert time.perf_counter() - t0 < 5.0
+    assert time.process_time() - t0 < 5.0

@@ -226,8 +226,8 @@ HOSTILE = [
 @pytest.mark.parametrize("i", range(len(HOSTILE)))
 def test_hostile_inputs_are_fast_and_never_raise(i):
     text = HOSTILE[i]
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU seconds: a busy machine does not change the verdict
     extract_answer(text)
     split_steps(text)
     step_spans(text)
-    assert time.perf_counter() - t0 < 5.0
+    assert time.process_time() - t0 < 5.0

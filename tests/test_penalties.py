@@ -118,9 +118,9 @@ def test_text_length_is_utf8_bytes():
     None, 3.5, b"\xff" * 100, "\ud800", "\x00" * 100_000, "步骤一：" * 50_000, "ab " * 400_000, "字" * 1_000_000,
 ])
 def test_hostile(text):
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU seconds: a busy machine does not change the verdict
     for v in (repetition_share(text), repetition_penalty(text), language_consistency(text, "zh"),
               language_consistency(text, "en")):
         assert 0.0 <= v <= 1.0
     assert isinstance(has_reasoning(text), bool)
-    assert time.perf_counter() - t0 < 10.0
+    assert time.process_time() - t0 < 10.0

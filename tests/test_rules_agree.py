@@ -131,7 +131,7 @@ def agree(lhs: str, rhs: str) -> float | None:
     """check_step's verdict when it decides, after asserting is_equiv (both ways) gives the same."""
     verdict = check_step(f"{lhs} = {rhs}")
     if verdict is not None:
-        forward, backward = is_equiv(lhs, rhs, timeout=5.0), is_equiv(rhs, lhs, timeout=5.0)
+        forward, backward = is_equiv(lhs, rhs, timeout=30.0), is_equiv(rhs, lhs, timeout=30.0)
         assert verdict == float(forward) == float(backward), (lhs, rhs, verdict, forward, backward)
     return verdict
 

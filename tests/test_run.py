@@ -328,8 +328,11 @@ def test_best_record_numbering_and_the_all_zero_note():
 
 
 def test_resume_refuses_a_different_config(tmp_path, capsys):
+    from rl.checkpoint import Checkpointer
+
     wd = tmp_path / "wd"
-    (wd / "checkpoints" / "last" / "5").mkdir(parents=True)  # a checkpoint pins the config (none: tests/test_hf_checks.py)
+    # a written checkpoint (with its checksums) pins the config; an unfinished one does not (tests/test_workdir.py)
+    Checkpointer(str(wd / "checkpoints")).save(1, {"x": np.zeros(2, np.float32)}, {"unit": 1})
     (wd / "config.json").write_text(json.dumps({"seed": 123}))
     rc = launch.main(["--config", QUICKSTART + ":variant=tiny", "--workdir", str(wd)])
     assert rc == 2

@@ -128,11 +128,11 @@ def test_never_evaluates_text(tmp_path):
     None,
 ])
 def test_hostile_steps_fast(text):
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU seconds: a busy machine does not change the verdict
     out = check_steps(text)
     assert isinstance(out, list)
     assert all(s in (0.0, 1.0, None) for s in out)
-    assert time.perf_counter() - t0 < 5.0
+    assert time.process_time() - t0 < 5.0
 
 
 def test_random_claims_true_and_corrupted():

@@ -42,6 +42,12 @@ def _broken(source: str, func: str) -> str:
         "    return r + [0]\n")
 
 
+@pytest.fixture(autouse=True)
+def _generous_sandbox(monkeypatch):
+    """Limits a correct program never meets, however busy the machine (the verdicts here are not about time)."""
+    monkeypatch.setattr(code_reward, "EXEC_CONFIG", ExecConfig(timeout_s=60.0, per_test_timeout_s=30.0))
+
+
 def _fenced(code: str, lang: str = "en") -> str:
     return ("Step 1: write it\n" if lang == "en" else "步骤一：写出函数\n") + f"```python\n{code}```\n"
 
@@ -177,7 +183,7 @@ def test_scoring_goes_through_the_value_based_sandbox_api(monkeypatch):
 
 def test_wrong_and_hostile_code_in_the_sandbox(tmp_path):
     check = {"func": "add", "tests": [[[1, 2], 3], [[0, 0], 0], [[-5, 5], 0], [[10, 7], 17]]}
-    cfg = ExecConfig(timeout_s=5, per_test_timeout_s=1)
+    cfg = ExecConfig(timeout_s=60, per_test_timeout_s=30)  # generous: a correct run never meets it, busy or not
     assert code_score(_fenced("def add(a, b):\n    return a + b\n"), check, cfg) == 1.0
     assert code_score(_fenced("def add(a, b):\n    return a - b\n"), check, cfg) == 0.25  # only 0 + 0
     assert code_score(_fenced("def plus(a, b):\n    return a + b\n"), check, cfg) == 0.0  # wrong name
@@ -186,7 +192,8 @@ def test_wrong_and_hostile_code_in_the_sandbox(tmp_path):
     target = tmp_path / "written_by_candidate"
     hostile = (f"try:\n    open({str(target)!r}, 'w').write('x')\nexcept Exception:\n    pass\n"
                "def add(a, b):\n    while True:\n        pass\n")
-    detail = code_score_detailed(_fenced(hostile), {"func": "add", "tests": [[[1, 2], 3]]}, cfg)
+    short = ExecConfig(timeout_s=5, per_test_timeout_s=1)  # the loop never ends: it meets any limit
+    detail = code_score_detailed(_fenced(hostile), {"func": "add", "tests": [[[1, 2], 3]]}, short)
     assert detail["score"] == 0.0 and detail["extracted"] and detail["passed"] == [False]
     assert not target.exists()
 
