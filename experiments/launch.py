@@ -8,7 +8,8 @@ Steps: load the config file and call its get_config(arg); apply the --config.* o
 as text; list entries are addressed as stages[2] or stages.2); validate everything, including
 what needs the data and the machine (rl/preflight.py: mesh vs devices, problems the splits can
 supply, prompt and solution lengths, memory); any problem exits with status 2 and a message naming
-the field, before any compute; write workdir/config.json; run the stages (rl/run.py, which
+the field, before any compute; write workdir/config.json (plus "kernels": the backend kernels this process
+uses, rl.context.backend_kernels); run the stages (rl/run.py, which
 resumes if the workdir already holds a checkpoint). Other flags:
 
     --dry_run       run every check, do not train
@@ -30,6 +31,7 @@ import sys
 import ml_collections
 
 from rl import config_validation as cv
+from rl import prefix
 
 
 def load_config_file(spec: str):
@@ -220,8 +222,6 @@ def main(argv: list[str] | None = None) -> int:
         preflight.check_environment(cfg_dict)
         seed = bool(args.init_from) and not _has_checkpoint(args.workdir)  # a workdir with its own run resumes it
         if seed:
-            from rl import prefix
-
             prefix.plan(args.init_from, cfg_dict)
     except cv.ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
@@ -230,8 +230,10 @@ def main(argv: list[str] | None = None) -> int:
         print("config OK")
         return 0
     os.makedirs(args.workdir, exist_ok=True)
+    from rl.context import backend_kernels  # the kernels this process will use, recorded with the config
+
     with open(os.path.join(args.workdir, "config.json"), "w", encoding="utf-8") as f:
-        json.dump(cfg_dict, f, indent=2, default=str)
+        json.dump({**cfg_dict, prefix.RECORD_KEY: backend_kernels()}, f, indent=2, default=str)
     print(f"config: {args.config} -> {os.path.join(args.workdir, 'config.json')} (--verbose prints it)", flush=True)
     if seed:
         info = prefix.seed_from(args.workdir, args.init_from, cfg_dict)
@@ -248,8 +250,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from experiments import allocator
+    from models.cpu import allocator  # CPU process set-up; harmless elsewhere (it only tunes glibc's malloc)
 
-    allocator.reexec_if_untuned()  # huge-page malloc for XLA's CPU buffers (experiments/allocator.py)
+    allocator.reexec_if_untuned()  # huge-page malloc for XLA's CPU buffers (models/cpu/allocator.py)
     allocator.trim_after_compiles()  # the compiler's freed heap back to the OS before each program runs
     sys.exit(main())

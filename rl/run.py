@@ -17,7 +17,8 @@ summary.json next to the last stage:
                   "language_consistency", and for mixed task families "pass@1/<family>", "pass@1_se/<family>",
                   "pass@1_ci95/<family>", "format_rate/<family>", "language_consistency/<family>", ...}},
  "hacking": {rl stage: rl.hacking.stage_report(...)}, "best": {"stage", "unit", "val_pass@1", "test": {...}},
- "wall_seconds", "config"}.
+ "wall_seconds", "config", "kernels": rl.context.backend_kernels() - the expert / attention kernels traced and
+ whether the native CPU kernels ran (their library name and SHA-256), as config.json's "kernels" planned them}.
 
 Every evaluation also appends complete samples (prompt, response, extracted answer, gold, reward parts) to
 workdir/samples.jsonl and TensorBoard text; at the end of every RL stage the reward-hacking report
@@ -39,7 +40,7 @@ from rl import evaluation as ev
 from rl import hacking
 from rl import metrics as mlib
 from rl import stages as stage_lib
-from rl.context import build_context
+from rl.context import backend_kernels, build_context
 
 SUMMARY_KEYS = ("pass@1", "pass@1_se", "pass@1_ci95", "pass@k", "maj@k", "format_rate", "mean_length",
                 "language_consistency")
@@ -193,6 +194,9 @@ class Loop:
 
 
 def write_summary(workdir: str, summary: dict) -> None:
+    """summary.json, with "kernels": the expert / attention kernels the compiled programs contain (traced counts)
+    and whether the native CPU kernels were used (rl.context.backend_kernels)."""
+    summary = {**summary, "kernels": backend_kernels()}
     with open(os.path.join(workdir, "summary.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2)
 

@@ -1,20 +1,26 @@
-"""The native CPU kernels (models/native/): build them with the host compiler, register them with XLA, call them.
+"""The native CPU kernels (models/cpu/native/): build them with the host compiler, register them with XLA, call them.
 
-`expert_ffn(p, x_ND, experts_NK, valid_NK)` computes what the other dropless dispatches in models/moe.py compute (each
-valid assignment's SwiGLU expert output, zeros elsewhere) through one XLA FFI custom call that streams each expert's
-weights once and multiplies every row routed to it, spread over XLA's intra-op threads. models/moe.py's "auto" uses it
-on CPU for float32 without a mesh: the sampler's decode and prefill, the reference pass and, through
-"auto_grad", the train step. `expert_ffn` has a custom VJP whose backward is a second kernel (the forward
-the SwiGLU's five gradient products from the gate / up pre-activations the differentiated forward saved).
+`expert_ffn(p, x_ND, experts_NK, valid_NK)` computes what the portable dropless kernels compute (each valid
+assignment's SwiGLU expert output, zeros elsewhere) through one XLA FFI custom call that streams each expert's
+weights once and multiplies every row routed to it, spread over XLA's intra-op threads. models/cpu/__init__.py
+registers it as the MoE kernel "native", which "auto" takes on CPU for float32 without a mesh (the sampler, the
+reference pass, the train step). It has a custom VJP whose backward is a second kernel (the forward also returns
+the gate / up pre-activations the backward's five gradient products read).
 
 `decode_attention(q_BKMH, k_BKHS, v_BKSH, mask_BTS)` is models/layers.py's grouped-query attention over the KV
-cache (models/native/decode_attention.cc), which the sampler's cached steps take on CPU in float32 without a mesh.
+cache (models/cpu/native/decode_attention.cc), registered as the cached-attention kernel for decode steps.
 
 `available()` builds the library on first use: `g++ -O3 -march=native` into a cache directory keyed by the sources,
-the flags, jaxlib's version and the CPU's feature flags (default ~/.cache/mathrl/native, or $MATHRL_NATIVE_DIR),
-under a file lock so parallel test workers build it once. No compiler, a failed build or MATHRL_NATIVE=0 makes it
-return False (with one warning for a failure) and models/moe.py and models/layers.py keep XLA's own ops: the kernels
-are a speed-up, never a requirement.
+the flags, jaxlib's version and the CPU's feature flags (default ~/.cache/mathrl/native, or $MATHRL_NATIVE_DIR).
+The cache is not trusted blindly: next to each library lies the SHA-256 of its bytes, written after the build, and
+a library whose bytes do not match (truncated, corrupt, half-written, or with no record) is rebuilt, never loaded
+(dlopen of a truncated library dies of SIGBUS). A build writes to a temporary name and renames it into place, and
+removes the temporaries a killed build left; the compiler runs in its own process group under a time limit
+(BUILD_TIMEOUT_S, $MATHRL_NATIVE_BUILD_TIMEOUT) and the whole group is killed past it. Parallel processes build
+once under a file lock; a waiter gives up after twice the build's time limit instead of blocking forever.
+No compiler, a failed or timed-out build, or MATHRL_NATIVE=0 makes it return False (with one warning for a failure)
+and the MoE layers and attention keep XLA's own ops: the kernels are a speed-up, never a requirement.
+`status()` says which happened (config.json / summary.json record it).
 """
 
 from __future__ import annotations
@@ -24,7 +30,9 @@ import fcntl
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
+import time
 import warnings
 from pathlib import Path
 
@@ -39,7 +47,7 @@ TARGET_RES = "mathrl_expert_ffn_res"
 TARGET_BWD = "mathrl_expert_ffn_bwd"
 TARGET_ATTENTION = "mathrl_decode_attention"
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
-BUILD_TIMEOUT_S = 300
+BUILD_TIMEOUT_S = 180  # a cold build takes ~10-40 s on 2 busy cores
 
 _state: dict = {}
 
@@ -67,27 +75,93 @@ def library_path() -> Path:
     return _cache_dir() / f"cpu_kernels-{key}.so"
 
 
+def build_timeout() -> float:
+    """Seconds one compile may take ($MATHRL_NATIVE_BUILD_TIMEOUT, default BUILD_TIMEOUT_S)."""
+    try:
+        return float(os.environ.get("MATHRL_NATIVE_BUILD_TIMEOUT", BUILD_TIMEOUT_S))
+    except ValueError:
+        return float(BUILD_TIMEOUT_S)
+
+
+def digest_path(path: Path) -> Path:
+    """Where the SHA-256 of the library at `path` is recorded (written after a complete build)."""
+    return path.with_suffix(".sha256")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def verified(path: Path) -> bool:
+    """Whether the library at `path` is exactly what a completed build wrote (its bytes match the recorded hash)."""
+    try:
+        return digest_path(path).read_text().strip() == _sha256(path)
+    except OSError:
+        return False
+
+
+def _lock(lock_file, seconds: float) -> None:
+    """Take the build lock, waiting at most `seconds` (a hung builder elsewhere must not block this process)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"another process has been building the CPU kernels for over {seconds:.0f} s "
+                                   f"(lock {lock_file.name})") from None
+            time.sleep(0.2)
+
+
+def _compile(cmd: list[str], timeout: float) -> None:
+    """Run the compiler in its own process group; past `timeout` kill the whole group (g++ and its cc1plus / as)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise RuntimeError(f"building the CPU kernels took over {timeout:.0f} s (killed; "
+                           "$MATHRL_NATIVE_BUILD_TIMEOUT sets the limit)") from None
+    if proc.returncode != 0:
+        raise RuntimeError(f"building the CPU kernels failed ({' '.join(cmd)}):\n{err[-2000:]}")
+
+
 def build(path: Path | None = None) -> Path:
-    """Compile the kernels to `path` (default library_path()) unless it is there; raises RuntimeError on failure."""
+    """Compile the kernels to `path` (default library_path()) unless a verified build is there; raises
+    RuntimeError on failure."""
     path = path or library_path()
+    if verified(path):
+        return path
     compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if compiler is None:
         raise RuntimeError("no C++ compiler (g++ / c++ / $CXX) on PATH")
     path.parent.mkdir(parents=True, exist_ok=True)
+    timeout = build_timeout()
     with open(path.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # parallel processes: one builds, the others wait and reuse
-        if path.exists():
+        # Parallel processes: one builds, the others wait and reuse; a waiter gives up after the builder's own limit
+        # twice over (it may have started just before us) instead of blocking forever behind a hung build.
+        _lock(lock, 2 * timeout + 5)
+        if verified(path):
             return path
+        for stale in path.parent.glob(f"{path.stem}.*.tmp"):  # left by a killed build (we hold the lock)
+            stale.unlink(missing_ok=True)
+        digest_path(path).unlink(missing_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        cmd = [compiler, *FLAGS, f"-I{jax.ffi.include_dir()}", *map(str, SOURCES), "-o", str(tmp)]
         try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
-        except subprocess.TimeoutExpired as e:
-            raise RuntimeError(f"building the CPU kernels took over {BUILD_TIMEOUT_S} s") from e
-        if done.returncode != 0:
+            _compile([compiler, *FLAGS, f"-I{jax.ffi.include_dir()}", *map(str, SOURCES), "-o", str(tmp)], timeout)
+            digest = _sha256(tmp)
+            os.replace(tmp, path)  # atomic: a reader never sees half a library
+        finally:
             tmp.unlink(missing_ok=True)
-            raise RuntimeError(f"building the CPU kernels failed ({' '.join(cmd)}):\n{done.stderr[-2000:]}")
-        os.replace(tmp, path)  # atomic: a reader never sees half a library
+        record = path.with_suffix(f".{os.getpid()}.sha256.tmp")
+        record.write_text(digest + "\n")
+        os.replace(record, digest_path(path))  # last: the library counts as built only from here on
     return path
 
 
@@ -96,21 +170,31 @@ def available() -> bool:
     if "ok" not in _state:
         _state["ok"] = False
         if os.environ.get("MATHRL_NATIVE", "1") == "0":
+            _state["reason"] = "MATHRL_NATIVE=0"
             return False
         try:
-            lib = ctypes.cdll.LoadLibrary(str(build()))
+            path = build()
+            lib = ctypes.cdll.LoadLibrary(str(path))
             jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.ExpertFfn), platform="cpu")
             jax.ffi.register_ffi_target(TARGET_RES, jax.ffi.pycapsule(lib.ExpertFfnRes), platform="cpu")
             jax.ffi.register_ffi_target(TARGET_BWD, jax.ffi.pycapsule(lib.ExpertFfnBwd), platform="cpu")
             jax.ffi.register_ffi_target(TARGET_ATTENTION, jax.ffi.pycapsule(lib.DecodeAttention), platform="cpu")
-            _state["ok"] = True
+            _state.update(ok=True, library=path.name, sha256=digest_path(path).read_text().strip())
         except (RuntimeError, OSError, AttributeError) as e:
+            _state["reason"] = str(e).splitlines()[0]
             warnings.warn(f"the native CPU kernels are unavailable, using XLA's own ops instead: {e}", stacklevel=2)
     return _state["ok"]
 
 
+def status() -> dict:
+    """{"native": bool, and "library" (its name, which holds the build key of sources, flags, jaxlib and CPU) with
+    "sha256" (of its bytes) when built, or "reason" when not}; builds on first call like available()."""
+    available()
+    return {"native": _state["ok"], **{k: _state[k] for k in ("library", "sha256", "reason") if k in _state}}
+
+
 def applies(x_ND, p, mesh) -> bool:
-    """Whether models/moe.py's "auto" should take the kernel: CPU, float32 activations and weights, no mesh."""
+    """Whether "auto" should take the kernel: CPU, float32 activations and weights, no mesh."""
     return (mesh is None and jax.default_backend() == "cpu" and x_ND.dtype == jnp.float32
             and all(p[n].dtype == jnp.float32 for n in ("w_gate", "w_up", "w_down")) and available())
 
@@ -174,7 +258,7 @@ _with_grad.defvjp(_fwd, _bwd)
 
 
 def attention_applies(*arrays) -> bool:
-    """Whether models/layers.py's cached attention should take the kernel: CPU, float32, built."""
+    """Whether the cached attention should take the kernel: CPU, float32, built."""
     return (jax.default_backend() == "cpu" and all(a.dtype == jnp.float32 for a in arrays) and available())
 
 
