@@ -16,9 +16,9 @@ SwiGLU expert output, zeros elsewhere) and may be differentiable. `auto` is its 
 (x_ND, p, k, mesh) -> bool; the registered claims are tried by `rank` (lowest first) and the first that holds wins.
 `in_shard_map`: whether it may run inside models/moe_ep.py's shard_map on each device's rows.
 
-Every resolution and attention call made while tracing is counted (`traced()`), so a run can record which
-kernels its compiled programs really contain (summary.json); `describe()` adds each wing's own record (e.g. whether
-the native library was built and its hash).
+Every resolution and attention call made while tracing is counted (`traced()`, per process: runs in one process
+share the counts, and a reused compile adds none), so a run can record which kernels its compiled programs contain
+(summary.json); `describe()` adds each wing's own record (e.g. whether the native library was built, and its hash).
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ a library whose bytes do not match (truncated, corrupt, half-written, or with no
 (dlopen of a truncated library dies of SIGBUS). A build writes to a temporary name and renames it into place, and
 removes the temporaries a killed build left; the compiler runs in its own process group under a time limit
 (BUILD_TIMEOUT_S, $MATHRL_NATIVE_BUILD_TIMEOUT) and the whole group is killed past it. Parallel processes build
-once under a file lock; a waiter gives up after twice the build's time limit instead of blocking forever.
+once under a file lock; a waiter gives up a little after the build's time limit instead of blocking forever, and
+after a failed build the others fall back at once for RETRY_AFTER_S (a `.failed` record) instead of retrying it.
 No compiler, a failed or timed-out build, or MATHRL_NATIVE=0 makes it return False (with one warning for a failure)
 and the MoE layers and attention keep XLA's own ops: the kernels are a speed-up, never a requirement.
 `status()` says which happened (config.json / summary.json record it).
@@ -47,7 +48,8 @@ TARGET_RES = "mathrl_expert_ffn_res"
 TARGET_BWD = "mathrl_expert_ffn_bwd"
 TARGET_ATTENTION = "mathrl_decode_attention"
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
-BUILD_TIMEOUT_S = 180  # a cold build takes ~10-40 s on 2 busy cores
+BUILD_TIMEOUT_S = 120  # a cold build takes ~10-40 s on 2 busy cores
+RETRY_AFTER_S = 600  # after a failed or timed-out build, other processes fall back at once for this long
 
 _state: dict = {}
 
@@ -144,11 +146,20 @@ def build(path: Path | None = None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     timeout = build_timeout()
     with open(path.with_suffix(".lock"), "w") as lock:
-        # Parallel processes: one builds, the others wait and reuse; a waiter gives up after the builder's own limit
-        # twice over (it may have started just before us) instead of blocking forever behind a hung build.
-        _lock(lock, 2 * timeout + 5)
+        # Parallel processes: one builds, the others wait and reuse. A builder stops its compiler after `timeout`, so
+        # a waiter gives up a little later than that instead of blocking forever behind a hung build; and after a
+        # failure the others fall back at once (the .failed record) rather than each retrying the same build.
+        _lock(lock, 1.25 * timeout + 5)
         if verified(path):
             return path
+        failed = path.with_suffix(".failed")
+        try:
+            age = time.time() - failed.stat().st_mtime
+            if age < RETRY_AFTER_S:
+                raise RuntimeError(f"a build of the CPU kernels failed {age:.0f} s ago ({failed.read_text().strip()}); "
+                                   f"not retrying for {RETRY_AFTER_S} s (delete {failed} to retry now)")
+        except FileNotFoundError:
+            pass
         for stale in path.parent.glob(f"{path.stem}.*.tmp"):  # left by a killed build (we hold the lock)
             stale.unlink(missing_ok=True)
         digest_path(path).unlink(missing_ok=True)
@@ -157,8 +168,12 @@ def build(path: Path | None = None) -> Path:
             _compile([compiler, *FLAGS, f"-I{jax.ffi.include_dir()}", *map(str, SOURCES), "-o", str(tmp)], timeout)
             digest = _sha256(tmp)
             os.replace(tmp, path)  # atomic: a reader never sees half a library
+        except RuntimeError as e:
+            failed.write_text(str(e).splitlines()[0] + "\n")
+            raise
         finally:
             tmp.unlink(missing_ok=True)
+        failed.unlink(missing_ok=True)
         record = path.with_suffix(f".{os.getpid()}.sha256.tmp")
         record.write_text(digest + "\n")
         os.replace(record, digest_path(path))  # last: the library counts as built only from here on
