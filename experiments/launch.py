@@ -31,7 +31,6 @@ import sys
 import ml_collections
 
 from rl import config_validation as cv
-from rl import prefix
 
 
 def load_config_file(spec: str):
@@ -222,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         preflight.check_environment(cfg_dict)
         seed = bool(args.init_from) and not _has_checkpoint(args.workdir)  # a workdir with its own run resumes it
         if seed:
+            from rl import prefix
+
             prefix.plan(args.init_from, cfg_dict)
     except cv.ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
@@ -230,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         print("config OK")
         return 0
     os.makedirs(args.workdir, exist_ok=True)
+    from rl import prefix
     from rl.context import backend_kernels  # the kernels this process will use, recorded with the config
 
     with open(os.path.join(args.workdir, "config.json"), "w", encoding="utf-8") as f:

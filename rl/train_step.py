@@ -201,7 +201,7 @@ def state_shardings(model_cfg, loss_cfg, optim_cfg, mesh, rules=None) -> dict:
     Params follow models.transformer.param_shardings; the optimizer moments mirror their parameter;
     counters, RNG and the value head are replicated.
     """
-    from models import sharding
+    from models import sharding, transformer
 
     rules = sharding.DEFAULT_RULES if rules is None else rules
     rep = NamedSharding(mesh, PartitionSpec())

@@ -96,7 +96,7 @@ def full_run(full_output):
 
 def test_tiny_run_writes_everything(full_run, capsys):
     summary = json.loads((full_run / "summary.json").read_text())
-    assert set(summary) == {"eval", "best", "wall_seconds", "config", "hacking"}
+    assert set(summary) == {"eval", "best", "wall_seconds", "config", "hacking", "kernels"}
     assert summary["hacking"]["grpo"]["iterations"] == 3  # the report of the RL stage (3 iterations: not judged)
     assert list(summary["eval"]) == ["initial", "cold_start", "rejection", "grpo"]
     for entry in summary["eval"].values():
