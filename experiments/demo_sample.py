@@ -19,6 +19,7 @@ import numpy as np
 from models import sampling, transformer
 from models.config import ModelConfig
 from models.tokenizer import ByteTokenizer
+from rl.context import backend_kernels
 
 PROMPTS = [
     "问题：计算 12 + 30。\n解答：\n",
@@ -42,6 +43,7 @@ def main(argv=None):
     ap.add_argument("--top-k", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
+    backend_kernels()  # the backend's kernels, as a run uses them (the native CPU kernels on a CPU host)
 
     tok = ByteTokenizer()
     cfg = ModelConfig(**DEMO_CONFIG)

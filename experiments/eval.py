@@ -29,11 +29,11 @@ def open_run(workdir: str, ckpt: str, *, mix: str = "", split: str = "test", n: 
 
     from rl import checkpoint as ck
     from rl import config_validation as cv
-    from rl import context, rollout
+    from rl import context, prefix, rollout
 
     cfg, _, params, _ = ck.load_policy(workdir, ckpt)
     path, step, meta = ck.find_policy(workdir, ckpt)
-    cfg = json.loads(json.dumps(cfg))
+    cfg = {k: v for k, v in json.loads(json.dumps(cfg)).items() if k != prefix.RECORD_KEY}  # the config, not the record
     t = cfg["tasks"]
     if mix:
         t["mix"] = mix

@@ -9,7 +9,8 @@ as text; a boolean is not a number; list entries are addressed as stages[2] or s
 everything, including what needs the data and the machine (rl/preflight.py: mesh vs devices, a
 checkpoint folder's files, problems the splits can supply, prompt and solution lengths, memory);
 every problem is printed together, each naming the field and a value that works, and the launcher
-exits with status 2 before any compute; write workdir/config.json; run the stages (rl/run.py, which
+exits with status 2 before any compute; write workdir/config.json (plus "kernels": the backend kernels
+this process uses, rl.context.backend_kernels); run the stages (rl/run.py, which
 resumes if the workdir already holds a checkpoint). A recipe written for the byte tokenizer run with
 --config.model.hf_path gets its lengths in the checkpoint's tokens (rl/pretrained.py). Other flags:
 
@@ -310,7 +311,10 @@ def _main(argv: list[str], locks: list) -> int:
         print(preflight.compute_estimate(cfg_dict)[0])  # what the run prints as it starts
         print("config OK")
         return 0
-    write_config_json(args.workdir, cfg_dict)
+    from rl import prefix
+    from rl.context import backend_kernels  # the kernels this process will use, recorded with the config
+
+    write_config_json(args.workdir, {**cfg_dict, prefix.RECORD_KEY: backend_kernels()})
     print(f"config: {args.config} -> {os.path.join(args.workdir, 'config.json')} (--verbose prints it)", flush=True)
     if seed:
         from rl import prefix
@@ -334,6 +338,7 @@ def _main(argv: list[str], locks: list) -> int:
 
 def write_config_json(workdir: str, cfg_dict: dict) -> None:
     """workdir/config.json, replaced atomically (a reader never sees half a file)."""
+    os.makedirs(workdir, exist_ok=True)
     path = os.path.join(workdir, "config.json")
     with open(path + ".tmp", "w", encoding="utf-8") as f:
         json.dump(cfg_dict, f, indent=2, default=str)
@@ -348,8 +353,8 @@ if __name__ == "__main__":
         from rewards._lifeline import die_with_parent
 
         die_with_parent()  # the kernel SIGKILLs this launcher when its sweep exits, however (kept across the re-exec)
-    from experiments import allocator
+    from models.cpu import allocator  # CPU process set-up; harmless elsewhere (it only tunes glibc's malloc)
 
-    allocator.reexec_if_untuned()  # huge-page malloc for XLA's CPU buffers (experiments/allocator.py)
+    allocator.reexec_if_untuned()  # huge-page malloc for XLA's CPU buffers (models/cpu/allocator.py)
     allocator.trim_after_compiles()  # the compiler's freed heap back to the OS before each program runs
     sys.exit(main())

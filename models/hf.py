@@ -317,9 +317,9 @@ def load(path, *, dtype: str = "float32", mesh=None, rules=None, param_dtype: st
 
     dtype: compute dtype, and storage dtype of the params unless param_dtype says otherwise (e.g. dtype="bfloat16",
     param_dtype="float32" for float32 master weights). With a mesh, params are created in the layout of
-    models.sharding.param_shardings(cfg, mesh, rules) and each device's slice is read from the files directly.
+    models.transformer.param_shardings(cfg, mesh, rules) and each device's slice is read from the files directly.
     """
-    from models.transformer import init  # local import: transformer imports sharding, which this module also uses
+    from models.transformer import init, param_shardings  # local import, as before
 
     path = Path(path)
     config_path = path / "config.json"
@@ -335,7 +335,7 @@ def load(path, *, dtype: str = "float32", mesh=None, rules=None, param_dtype: st
     shardings = None
     if mesh is not None:
         rules = sharding.DEFAULT_RULES if rules is None else rules
-        shardings = traverse_util.flatten_dict(sharding.param_shardings(cfg, mesh, rules))
+        shardings = traverse_util.flatten_dict(param_shardings(cfg, mesh, rules))
     weight_map = _weight_map(path)
     leaves = {}
     with ExitStack() as stack:

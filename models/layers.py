@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from models import cpu_kernels
+from models import kernels
 
 # A large finite negative instead of -inf: a query whose keys are all masked (a padding row) gets a uniform
 # distribution rather than NaNs, and NaN-free rows keep gradients finite.
@@ -51,17 +51,27 @@ def apply_rope(x_BTNH, positions_BT, theta: float, tables=None):
     return (x32 * cos_BTH + swapped * sin_BTH).astype(x_BTNH.dtype)
 
 
+# The KV cache's layout, a per-backend choice (docs/model.md, "KV-cache layout"). Both keep one buffer per layer and
+# the kv heads before the slots, so each (batch, head) block is contiguous; they differ in the keys:
+#   "keys_slots_last":   keys [B, K, H, S], values [B, K, S, H]: a decode step's score product q [M, H] x k [H, S]
+#                        is a plain product (on CPU a transposed operand ran ~3x slower at W1's decode shapes);
+#   "keys_like_values":  keys and values [B, K, S, H].
+# Backends not listed take DEFAULT_CACHE_LAYOUT; GPU and TPU have not been measured yet.
+CACHE_LAYOUTS = {"cpu": "keys_slots_last"}
+DEFAULT_CACHE_LAYOUT = "keys_slots_last"
+
+
+def cache_layout() -> str:
+    """This process's KV-cache layout: CACHE_LAYOUTS of JAX's default backend, else DEFAULT_CACHE_LAYOUT."""
+    return CACHE_LAYOUTS.get(jax.default_backend(), DEFAULT_CACHE_LAYOUT)
+
+
 def causal_mask(positions_T, key_slots_S):
     """[T, S] bool: query at slot t may see key slot s iff s <= t."""
     return key_slots_S[None, :] <= positions_T[:, None]
 
 
-# The native decode-attention kernel is a loop over query rows: it beats XLA's batched tiny products at a decode
-# step (M = G query rows per kv head) but not a prefill or a training forward, where XLA's products are real GEMMs.
-NATIVE_ATTENTION_MAX_T = 4
-
-
-def _grouped_attention(q_BKMH, k, v_BKSH, mask_BTS, keys_slots_last: bool):
+def grouped_attention(q_BKMH, k, v_BKSH, mask_BTS, keys_slots_last: bool):
     """out [B, K, M, H] of the scaled queries q_BKMH (M = G * T rows, g-major) through XLA's batched products."""
     B, K, M, _ = q_BKMH.shape
     T = mask_BTS.shape[1]
@@ -75,61 +85,39 @@ def _grouped_attention(q_BKMH, k, v_BKSH, mask_BTS, keys_slots_last: bool):
     return jnp.einsum("BKMS,BKSH->BKMH", probs_BKMS, v_BKSH)
 
 
-@jax.custom_vjp
-def _native_attention(q_BKMH, k_BKHS, v_BKSH, mask_BTS):
-    return cpu_kernels.decode_attention(q_BKMH, k_BKHS, v_BKSH, mask_BTS)
-
-
-def _native_attention_fwd(q_BKMH, k_BKHS, v_BKSH, mask_BTS):
-    return _native_attention(q_BKMH, k_BKHS, v_BKSH, mask_BTS), (q_BKMH, k_BKHS, v_BKSH, mask_BTS)
-
-
-def _native_attention_bwd(res, d_out):
-    # The kernel is forward-only; a differentiated cached step (rare: a short shared-prompt completion) takes
-    # XLA's gradient of the same maths.
-    q_BKMH, k_BKHS, v_BKSH, mask_BTS = res
-    _, vjp = jax.vjp(lambda q, k, v: _grouped_attention(q, k, v, mask_BTS, True), q_BKMH, k_BKHS, v_BKSH)
-    return (*vjp(d_out), None)
-
-
-_native_attention.defvjp(_native_attention_fwd, _native_attention_bwd)
-
-
-def dot_product_attention(q_BTNH, k, v_BKSH, mask_BTS, keys_slots_last: bool = False, native: bool = False):
+def dot_product_attention(q_BTNH, k, v_BKSH, mask_BTS, keys_slots_last: bool = False, use_kernel: bool = False):
     """Grouped-query softmax attention; mask_BTS True = may attend. Scores and softmax in float32.
 
     Keys/values are laid out [B, K, S, H] and the G*T query rows of each kv head are batched together as M, so both
     matmuls are batched products without a transpose of the keys or values: on CPU a head-minor layout such as
     [B, S, K, H] costs a transpose of the whole cache per layer and decode step. keys_slots_last: k is [B, K, H, S]
-    (the cache's layout), so the score product is a plain [M, H] x [H, S]. native (with keys_slots_last): for
-    T <= NATIVE_ATTENTION_MAX_T take models/cpu_kernels.py's decode-attention kernel when it applies (CPU, float32,
-    built): the same maths in one custom call, faster than XLA's batched tiny products at a decode step
-    (BENCHMARKS.md); differentiable through XLA's gradient.
+    (the cache's layout), so the score product is a plain [M, H] x [H, S]. use_kernel (with keys_slots_last): a
+    cached-attention kernel registered in models/kernels.py may take the call when it applies (the CPU wing's
+    native decode-attention kernel: CPU, float32, a decode step), else XLA's ops below.
     """
     B, T, N, H = q_BTNH.shape
     K = k.shape[1]
     G = N // K
     q_BKMH = (q_BTNH * jnp.asarray(H ** -0.5, q_BTNH.dtype)).reshape(B, T, K, G, H).transpose(0, 2, 3, 1, 4)
     q_BKMH = q_BKMH.reshape(B, K, G * T, H)
-    if (native and keys_slots_last and T <= NATIVE_ATTENTION_MAX_T
-            and cpu_kernels.attention_applies(q_BKMH, k, v_BKSH)):
-        out_BKMH = _native_attention(q_BKMH, k, v_BKSH, mask_BTS)
-    else:
-        out_BKMH = _grouped_attention(q_BKMH, k, v_BKSH, mask_BTS, keys_slots_last)
+    out_BKMH = kernels.cached_attention(q_BKMH, k, v_BKSH, mask_BTS) if use_kernel and keys_slots_last else None
+    if out_BKMH is None:
+        out_BKMH = grouped_attention(q_BKMH, k, v_BKSH, mask_BTS, keys_slots_last)
     return out_BKMH.reshape(B, K, G, T, H).transpose(0, 3, 1, 2, 4).reshape(B, T, N, H)
 
 
 def attention(p, x_BTD, positions_BT, mask_BTS, *, rope_theta: float, cache=None, layer: int = 0, cache_index=None,
-              rope=None, norm_eps: float = 1e-6, native: bool = False):
+              rope=None, norm_eps: float = 1e-6, use_kernel: bool = False):
     """Self-attention block (without its norm). p: wq [D,N,H], wk/wv [D,K,H], wo [N,H,D]; optional biases
     bq [N,H], bk/bv [K,H] (Qwen2) and per-head RMSNorm scales q_norm/k_norm [H] applied before the rotary
     embedding (Qwen3), used when present.
 
-    Without a cache, keys are this call's tokens. With a cache (transformer.init_cache: per layer, keys [B, K, H, S],
-    values [B, K, S, H]) the new keys/values are written into layer `layer`'s arrays at slots cache_index ..
-    cache_index + T - 1 (cache_index may be traced) and the queries attend over all S slots under mask_BTS.
-    rope: rope_tables(positions_BT, H, rope_theta) if precomputed. native: the cached path may use the CPU
-    decode-attention kernel (callers pass True only without a mesh: the kernel has no partitioning rule).
+    Without a cache, keys are this call's tokens. With a cache (transformer.init_cache: per layer, values
+    [B, K, S, H] and keys in `cache_layout()`'s layout) the new keys/values are written into layer `layer`'s arrays at
+    slots cache_index .. cache_index + T - 1 (cache_index may be traced) and the queries attend over all S slots under
+    mask_BTS.
+    rope: rope_tables(positions_BT, H, rope_theta) if precomputed. use_kernel: the cached path may use a registered
+    cached-attention kernel (callers pass True only without a mesh: such kernels have no partitioning rule).
     Returns (out_BTD, cache).
     """
     dtype = x_BTD.dtype
@@ -154,13 +142,17 @@ def attention(p, x_BTD, positions_BT, mask_BTS, *, rope_theta: float, cache=None
         # Written in place into the layer's own buffers (XLA updates a loop-carried buffer in place).
         zero, index = jnp.int32(0), jnp.asarray(cache_index, jnp.int32)
         k_old, v_old = cache["k"][layer], cache["v"][layer]
-        k_new = jax.lax.dynamic_update_slice(k_old, k_BKTH.transpose(0, 1, 3, 2).astype(k_old.dtype),
-                                             (zero, zero, zero, index))
+        slots_last = cache_layout() == "keys_slots_last"
+        if slots_last:
+            k_new = jax.lax.dynamic_update_slice(k_old, k_BKTH.transpose(0, 1, 3, 2).astype(k_old.dtype),
+                                                 (zero, zero, zero, index))
+        else:
+            k_new = jax.lax.dynamic_update_slice(k_old, k_BKTH.astype(k_old.dtype), (zero, zero, index, zero))
         v_new = jax.lax.dynamic_update_slice(v_old, v_BKTH.astype(v_old.dtype), (zero, zero, index, zero))
         replace = lambda arrays, new: arrays[:layer] + (new,) + arrays[layer + 1:]  # noqa: E731
         cache = {**cache, "k": replace(tuple(cache["k"]), k_new), "v": replace(tuple(cache["v"]), v_new)}
         out_BTNH = dot_product_attention(q_BTNH, k_new.astype(dtype), v_new.astype(dtype), mask_BTS,
-                                         keys_slots_last=True, native=native)
+                                         keys_slots_last=slots_last, use_kernel=use_kernel)
     return jnp.einsum("BTNH,NHD->BTD", out_BTNH, p["wo"].astype(dtype)), cache
 
 

@@ -12,8 +12,9 @@ Layout inside the shard_map (ep = size of the "expert" axis, E_loc = n_experts /
     (e.g. "expert" itself) splits them further, so each device routes its own c tokens; the outputs are all-gathered
     back over those axes at the end.
   * per device, the c * k assignments are placed in a send buffer [ep, S, D] (S slots per destination device), one
-    all_to_all delivers them, the local experts run on the received rows (moe.py's blocked / ragged_dot kernels with
-    k = 1), and a second all_to_all returns the rows to their senders, where they are weighted and summed per token.
+    all_to_all delivers them, the local experts run on the received rows (a kernel of models/kernels.py's registry
+    with k = 1), and a second all_to_all returns the rows to their senders, where they are weighted and summed per
+    token.
 
 Buffers and the dropless guarantee. S = min(worst, ceil(buffer_factor * c * k / ep)), where worst = c * min(k, E_loc)
 is the most assignments one device can ever send to another (a token's k experts are distinct). When some device has
@@ -22,9 +23,9 @@ assignments ranked [r*S, (r+1)*S) within their destination, and the number of ro
 all devices (a pmax, so every device takes the same number of collective steps). Rounds that no device needs are
 skipped at run time (lax.cond inside a lax.scan over the at most ceil(worst / S) possible rounds), so a balanced
 router pays one round and a skewed one pays more exchanges, never lost tokens. With cfg.capacity_factor set, the
-capacity rule of moe.py (per-expert capacity over the whole batch, first choices before second choices, then token
-order) is decided before the exchange on the global routing, so the expert-parallel result equals the single-device
-capacity result, and the dropped fraction is the same.
+capacity rule of models/moe_kernels.py (per-expert capacity over the whole batch, first choices before second choices,
+then token order) is decided before the exchange on the global routing, so the expert-parallel result equals the
+single-device capacity result, and the dropped fraction is the same.
 
 Suffixes: B batch, T length, N tokens, K experts per token, E experts, D d_model, c tokens of this device,
 A = c*K assignments, R ep, S slots per destination.
@@ -39,7 +40,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from models import sharding
+from models import kernels, moe_kernels, sharding
 
 DEFAULT_BUFFER_FACTOR = 2.0  # send-buffer slots per destination, as a multiple of an even share c * k / ep
 EXPERT_AXIS = "expert"
@@ -60,16 +61,14 @@ def buffer_slots(n_local_tokens: int, k: int, n_experts: int, ep: int, buffer_fa
 
 
 def capacity_keep(experts_NK, valid_NK, n_experts: int, capacity_factor: float):
-    """moe.py's capacity rule on the whole batch: (kept assignments [N, K] bool, dropped fraction f32).
+    """moe_kernels.py's capacity rule on the whole batch: (kept assignments [N, K] bool, dropped fraction f32).
 
     Each expert accepts capacity(N, K, E, cf) assignments, first choices of all tokens before any second choice,
-    then token order: the same slots as moe._experts_capacity, so the kept set is identical."""
-    from models import moe  # local import: moe.py imports this module
-
+    then token order: the same slots as moe_kernels.experts_capacity, so the kept set is identical."""
     N, K = experts_NK.shape
-    C = moe.capacity(N, K, n_experts, capacity_factor)
+    C = moe_kernels.capacity(N, K, n_experts, capacity_factor)
     experts_A, valid_A = experts_NK.T.reshape(N * K), valid_NK.T.reshape(N * K)  # slot-major priority
-    pos_A, _ = moe._rank_within_expert(experts_A, valid_A, n_experts)
+    pos_A, _ = moe_kernels.rank_within_expert(experts_A, valid_A, n_experts)
     keep_A = valid_A & (pos_A < C)
     dropped = jnp.sum(valid_A & ~keep_A) / jnp.maximum(jnp.sum(valid_A), 1)
     return keep_A.reshape(K, N).T, dropped.astype(jnp.float32)
@@ -85,18 +84,10 @@ def _spec_axes(spec) -> set[str]:
 
 
 def _local_experts(p_loc, x_RD, expert_R, valid_R, impl: str, block_size):
-    """The local experts on the received rows (k = 1): moe.py's dropless kernels, padding rows skipped."""
-    from models import moe
-
-    if impl in ("auto", "auto_grad"):
-        impl = "blocked" if jax.default_backend() == "cpu" else "ragged_dot"
-    if impl == "blocked":
-        y = moe._experts_blocked(p_loc, x_RD, expert_R[:, None], valid_R[:, None], block_size)
-    elif impl == "ragged_dot":
-        y = moe._experts_ragged(p_loc, x_RD, expert_R[:, None], valid_R[:, None])
-    else:
-        raise ValueError(f"impl must be 'auto', 'auto_grad', 'blocked' or 'ragged_dot', got {impl!r}")
-    return y[:, 0]
+    """The local experts on the received rows (k = 1): a kernel of models/kernels.py's registry that may run inside
+    the shard_map ("auto": the backend's portable one), padding rows skipped."""
+    name = kernels.resolve_moe(impl, x_RD, p_loc, 1, None, in_shard_map=True)
+    return kernels.moe_kernel(name)(p_loc, x_RD, expert_R[:, None], valid_R[:, None], block_size)[:, 0]
 
 
 class _Plan(NamedTuple):
@@ -269,7 +260,7 @@ def dispatch(p, x_BTD, weights_NK, experts_NK, valid_NK, cfg, *, mesh, rules=Non
              block_size: int | None = None, buffer_factor: float = DEFAULT_BUFFER_FACTOR):
     """moe_layer's expert-parallel branch: (y_ND combined over the k experts, dropped fraction f32).
 
-    Dropless (cfg.capacity_factor None): every valid assignment is computed. With a capacity factor, moe.py's
+    Dropless (cfg.capacity_factor None): every valid assignment is computed. With a capacity factor, the
     capacity rule picks the kept assignments on the whole batch first; only those travel."""
     B, T, D = x_BTD.shape
     K = experts_NK.shape[1]

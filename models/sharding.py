@@ -1,4 +1,4 @@
-"""Logical axis names -> device mesh: the rules table, make_mesh, parameter/batch shardings, sharded init.
+"""Logical axis names -> device mesh: the rules table, make_mesh, logical specs, batch shardings, constraints.
 
 Every parameter dimension carries a logical name (models.transformer.param_axes); activations use batch and length
 (their embed dimension stays replicated). A rules table (DEFAULT_RULES, or the experiment config's own) maps each
@@ -6,7 +6,7 @@ logical name to a mesh axis, a tuple of mesh axes, or None (replicated). The mes
 ("data", "fsdp", "expert", "tensor").
 
     mesh = make_mesh({"data": 2, "expert": 2, "tensor": -1})            # -1 = the remaining devices
-    params = init_sharded(cfg, key, mesh, DEFAULT_RULES)                 # created in place, already sharded
+    params = transformer.init_sharded(cfg, key, mesh, DEFAULT_RULES)     # created in place, already sharded
     tokens = jax.device_put(tokens, batch_sharding(mesh, DEFAULT_RULES))
     logits, aux = forward(params, tokens, cfg, mesh=mesh, rules=DEFAULT_RULES)
 
@@ -18,7 +18,6 @@ mesh axes whose product divides it (e.g. an odd vocabulary of 259 stays replicat
 from __future__ import annotations
 
 import math
-from functools import partial
 from typing import Mapping, Sequence
 
 import jax
@@ -111,27 +110,6 @@ def make_mesh(axis_sizes: Mapping[str, int], devices=None) -> Mesh:
                          f"devices; make the product equal the device count (or set one axis to -1)")
     return jax.make_mesh(tuple(sizes.values()), MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
                          devices=devices)
-
-
-def _is_axes(x) -> bool:
-    return isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x)
-
-
-def param_shardings(cfg, mesh: Mesh, rules=DEFAULT_RULES):
-    """Tree of NamedSharding matching models.transformer.init(cfg, key)."""
-    from models.transformer import init, param_axes  # local import: transformer imports this module
-
-    shapes = jax.eval_shape(partial(init, cfg), jax.random.key(0))
-    return jax.tree.map(
-        lambda axes, s: NamedSharding(mesh, logical_to_spec(axes, rules, shape=s.shape, mesh=mesh)),
-        param_axes(cfg), shapes, is_leaf=_is_axes)
-
-
-def init_sharded(cfg, key, mesh: Mesh, rules=DEFAULT_RULES):
-    """init(cfg, key) with every parameter created directly in its sharded layout (no host holds the whole model)."""
-    from models.transformer import init
-
-    return jax.jit(partial(init, cfg), out_shardings=param_shardings(cfg, mesh, rules))(key)
 
 
 def batch_sharding(mesh: Mesh, rules=DEFAULT_RULES, ndim: int = 2, *, shape=None) -> NamedSharding:

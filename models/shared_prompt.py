@@ -43,7 +43,7 @@ def forward(params, prompts_GP, prompt_mask_GP, tokens_RC, attn_mask_RC, cfg: Mo
 
     aux: "hidden" [R, C, D] (final-normed; column t predicts tokens[:, t]) and the router statistics of
     transformer.forward, stacked per MoE layer, as the flat [R, P + C] batch would give them. moe_impl: as in
-    transformer.forward ("auto_grad" under a gradient).
+    transformer.forward.
     """
     G, P = prompts_GP.shape
     R, C = tokens_RC.shape

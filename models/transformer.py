@@ -1,6 +1,7 @@
 """The policy: a decoder-only (MoE) transformer as pure functions over a plain dict of arrays.
 
     params = init(cfg, key)                        # {"embed", "block_0", ..., "final_norm"[, "unembed"]}
+    params = init_sharded(cfg, key, mesh, rules)   # the same, created in its sharded layout (param_shardings)
     logits_BTV, aux = forward(params, tokens_BT, cfg)
     cache = init_cache(cfg, batch, max_len)        # {"k", "v": one array per layer (see init_cache)}; then
                                                    # forward(..., cache=cache, cache_index=i, kv_valid=...)
@@ -19,10 +20,11 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding
 
 from models import sharding
 from models.config import ModelConfig
-from models.layers import attention, causal_mask, rms_norm, rope_tables, swiglu
+from models.layers import attention, cache_layout, causal_mask, rms_norm, rope_tables, swiglu
 from models.moe import moe_layer
 
 
@@ -126,17 +128,32 @@ def init(cfg: ModelConfig, key):
     return params
 
 
-def init_cache(cfg: ModelConfig, batch_size: int, max_len: int, dtype=None):
-    """Zeroed KV cache: {"k": one [batch, n_kv_heads, head_dim, max_len] array per layer, "v": one
-    [batch, n_kv_heads, max_len, head_dim] array per layer} (tuples; dtype defaults to cfg.dtype).
+def _is_axes(x) -> bool:
+    return isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x)
 
-    Why this layout (measured at W1's decode shapes, BENCHMARKS.md): one buffer per layer, so a decode step reads
-    its layer's keys where they are (a slice of a stacked [n_layers, ...] buffer is copied every step); heads
-    before slots, so each (batch, head) block is contiguous; keys with slots last, so the score matmul
-    q [G, head_dim] x k [head_dim, slots] is a plain product (a transposed operand ran ~3x slower on CPU)."""
+
+def param_shardings(cfg: ModelConfig, mesh, rules=sharding.DEFAULT_RULES):
+    """Tree of NamedSharding matching init(cfg, key) (models/sharding.py maps param_axes onto the mesh)."""
+    shapes = jax.eval_shape(partial(init, cfg), jax.random.key(0))
+    return jax.tree.map(
+        lambda axes, s: NamedSharding(mesh, sharding.logical_to_spec(axes, rules, shape=s.shape, mesh=mesh)),
+        param_axes(cfg), shapes, is_leaf=_is_axes)
+
+
+def init_sharded(cfg: ModelConfig, key, mesh, rules=sharding.DEFAULT_RULES):
+    """init(cfg, key) with every parameter created directly in its sharded layout (no host holds the whole model)."""
+    return jax.jit(partial(init, cfg), out_shardings=param_shardings(cfg, mesh, rules))(key)
+
+
+def init_cache(cfg: ModelConfig, batch_size: int, max_len: int, dtype=None):
+    """Zeroed KV cache: {"k": one keys array per layer, "v": one [batch, n_kv_heads, max_len, head_dim] array per
+    layer} (tuples; dtype defaults to cfg.dtype). The keys' layout is the backend's (layers.cache_layout(), see
+    layers.CACHE_LAYOUTS): [batch, n_kv_heads, head_dim, max_len] for "keys_slots_last" (the CPU's), the values'
+    layout for "keys_like_values". One buffer per layer, so a decode step reads its layer's keys where they are (a
+    slice of a stacked [n_layers, ...] buffer is copied every step)."""
     dtype = jnp.dtype(cfg.dtype if dtype is None else dtype)
-    k_shape = (batch_size, cfg.n_kv_heads, cfg.head_dim, max_len)
     v_shape = (batch_size, cfg.n_kv_heads, max_len, cfg.head_dim)
+    k_shape = (batch_size, cfg.n_kv_heads, cfg.head_dim, max_len) if cache_layout() == "keys_slots_last" else v_shape
     return {"k": tuple(jnp.zeros(k_shape, dtype) for _ in range(cfg.n_layers)),
             "v": tuple(jnp.zeros(v_shape, dtype) for _ in range(cfg.n_layers))}
 
@@ -152,7 +169,7 @@ def _block(p, x_BTD, positions_BT, rope, mask_BTS, token_mask_BT, cache, cache_i
     h_BTD = rms_norm(x_BTD, p["attn_norm"], cfg.norm_eps)
     a_BTD, cache = attention(p["attn"], h_BTD, positions_BT, mask_BTS, rope_theta=cfg.rope_theta, cache=cache,
                              layer=layer, cache_index=cache_index, rope=rope, norm_eps=cfg.norm_eps,
-                             native=mesh is None)
+                             use_kernel=mesh is None)
     x_BTD = constrain(x_BTD + a_BTD)
     h_BTD = rms_norm(x_BTD, p["mlp_norm"], cfg.norm_eps)
     if "moe" in p:
@@ -192,7 +209,7 @@ def forward(params, tokens, cfg: ModelConfig, *, positions=None, attn_mask=None,
     are recorded experts, e.g. the sampler's: with replay_routes (routing replay, R3) the MoE blocks use them, gate
     weights recomputed from the current router (models/moe.py); either way aux gains "replay_differ" and
     "replay_compared" per MoE layer, the token routes the router's own top-k would choose differently / compared.
-    moe_impl: the MoE layers' dispatch (models/moe.py moe_layer's impl); differentiated callers pass "auto_grad".
+    moe_impl: the MoE layers' expert kernel (models/moe.py moe_layer's impl; "auto" for forward passes and gradients).
     """
     B, T = tokens.shape
     dtype = jnp.dtype(cfg.dtype)

@@ -16,6 +16,10 @@ architecture field the checkpoint overrides gives a note, max_seq_len is clipped
 models.hf.load (sharded over the mesh) and the tokenizer is the folder's tokenizer.json; prompts are one user turn
 through its chat template unless model.chat_template is False.
 
+Backend kernels: `backend_kernels()` (called by build_context) imports the backend's optional kernel wing into
+models/kernels.py's registry - models/cpu (native C++ expert / decode-attention kernels, the windowed decode
+dispatch) when JAX runs on the CPU - and returns the registry's record, which config.json and summary.json store.
+
 Randomness: every draw comes from `key(purpose, *parts)` / `rng(purpose, *parts)`, a pure function of the
 seed, so a run is reproducible from (config, seed) and resumes exactly. Jitted functions are cached per
 (configs, mesh) in the process: a second run in one process (tests, notebooks) reuses their compiles.
@@ -204,6 +208,18 @@ def prompt_text(cfg: dict, tok, problem) -> str:
     return render_prompt(problem, lang)
 
 
+def backend_kernels() -> dict:
+    """Register the backend's kernel wing (models/cpu on a CPU backend; none elsewhere yet) and return
+    models.kernels.describe(): the backend, the expert kernels "auto" may take, the wing's record (native library
+    built or not, its name and SHA-256) and what was traced so far."""
+    from models import kernels
+
+    if jax.default_backend() == "cpu":
+        import models.cpu  # noqa: F401 - deliberate lazy import: the optional wing registers itself
+
+    return kernels.describe()
+
+
 def build_mesh(cfg: dict):
     """(mesh, rules, row_multiple): None for a single-device run (no sharding overhead), else
     models.sharding.make_mesh over the first devices."""
@@ -358,6 +374,7 @@ def build_context(cfg: dict, workdir: str, *, with_services: bool = True) -> Run
     reward pool and checkpointer (the run loop opens the metrics writer once it knows where it resumes)."""
     from rl.stages import sft_problem_count
 
+    backend_kernels()
     model_cfg = build_model_cfg(cfg)
     mesh, rules, row_multiple = build_mesh(cfg)
     tok = build_tokenizer(cfg)

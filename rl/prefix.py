@@ -20,6 +20,7 @@ import shutil
 from rl import config_validation as cv
 
 IGNORED = ("run", "log")  # sections that never change what a unit computes (the launcher's resume rule)
+RECORD_KEY = "kernels"  # config.json's record of the backend kernels in use: a fact about the machine, not config
 _MISSING = object()
 
 
@@ -42,7 +43,8 @@ def _defaults_like(cfg: dict) -> dict:
 def with_added_defaults(old: dict, new: dict) -> dict:
     """`old` (a stored config.json) plus every field that `new` has, `old` lacks and `new` holds at its default:
     a field added to the code after that run was launched, left at its default, changes nothing the run computed,
-    so resuming it, seeding from it or reusing it stays possible. Any other difference is kept."""
+    so resuming it, seeding from it or reusing it stays possible. Any other difference is kept. The RECORD_KEY
+    entry (which kernels the launching process used) is dropped: it is not a config field."""
     def fill(o, n, d):
         if isinstance(o, dict) and isinstance(n, dict):
             out = dict(o)
@@ -59,6 +61,7 @@ def with_added_defaults(old: dict, new: dict) -> dict:
                     enumerate(zip(o, n))]
         return o
 
+    old = {k: v for k, v in old.items() if k != RECORD_KEY} if isinstance(old, dict) else old
     return fill(_norm(old), _norm(new), _norm(_defaults_like(new)))
 
 

@@ -19,7 +19,9 @@ summary.json next to the last stage:
  "hacking": {rl stage: rl.hacking.stage_report(...)},
  "best": {"stage", "unit", "global_unit", "val_pass@1", "test": {...}, and "note" when every validation pass@1 was 0},
  "numbering": rl.checkpoint.UNIT_NUMBERING (units from 1 within a stage; global_unit = the checkpoint number),
- "wall_seconds", "compile": {"seconds", "compiles", "cache_hits", "cache_misses", "cache_dir"}, "config"}.
+ "wall_seconds", "compile": {"seconds", "compiles", "cache_hits", "cache_misses", "cache_dir"}, "config",
+ "kernels": rl.context.backend_kernels() - the expert / attention kernels traced and whether the native CPU kernels
+ ran (their library name and SHA-256), as config.json's "kernels" planned them}.
 `compile` counts every process of the run (rl/compile_cache.py; run.compile_cache turns the persistent cache off).
 
 Every evaluation also appends complete samples (prompt, response, extracted answer, gold, reward parts) to
@@ -45,7 +47,7 @@ from rl import evaluation as ev
 from rl import hacking
 from rl import metrics as mlib
 from rl import stages as stage_lib
-from rl.context import build_context
+from rl.context import backend_kernels, build_context
 
 SUMMARY_KEYS = ("pass@1", "pass@1_se", "pass@1_ci95", "pass@k", "maj@k", "format_rate", "mean_length",
                 "language_consistency")
@@ -227,6 +229,9 @@ class Loop:
 
 
 def write_summary(workdir: str, summary: dict) -> None:
+    """summary.json, with "kernels": the expert / attention kernels the compiled programs contain (traced counts)
+    and whether the native CPU kernels were used (rl.context.backend_kernels)."""
+    summary = {**summary, "kernels": backend_kernels()}
     with open(os.path.join(workdir, "summary.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2)
 

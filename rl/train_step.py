@@ -204,14 +204,14 @@ def _abstract_params(model_cfg, loss_cfg):
 def state_shardings(model_cfg, loss_cfg, optim_cfg, mesh, rules=None) -> dict:
     """NamedShardings for every leaf of the train state on `mesh`.
 
-    Params follow models.sharding.param_shardings; the optimizer moments mirror their parameter;
+    Params follow models.transformer.param_shardings; the optimizer moments mirror their parameter;
     counters, RNG and the value head are replicated.
     """
-    from models import sharding
+    from models import sharding, transformer
 
     rules = sharding.DEFAULT_RULES if rules is None else rules
     rep = NamedSharding(mesh, PartitionSpec())
-    p_sh = dict(sharding.param_shardings(model_cfg, mesh, rules))
+    p_sh = dict(transformer.param_shardings(model_cfg, mesh, rules))
     if loss_cfg.mode in HEAD_MODES:
         p_sh["value_head"] = {"w": rep, "b": rep}
     opt = make_optimizer(optim_cfg)
@@ -235,7 +235,8 @@ def init_train_state(model_cfg, loss_cfg: LossConfig, optim_cfg: OptimConfig, ke
         if mesh is None:
             params = transformer.init(model_cfg, k_params)
         else:
-            params = sharding.init_sharded(model_cfg, k_params, mesh, sharding.DEFAULT_RULES if rules is None else rules)
+            params = transformer.init_sharded(model_cfg, k_params, mesh,
+                                              sharding.DEFAULT_RULES if rules is None else rules)
     params = dict(params)
     if loss_cfg.mode in HEAD_MODES:
         params.setdefault("value_head", _value_head(model_cfg.d_model))
@@ -414,12 +415,12 @@ def make_loss_fn(model_cfg, loss_cfg: LossConfig, mesh, rules):
         if grouped:
             logits, aux = shared_prompt.forward(_model_params(params), batch["prompt_tokens"], batch["prompt_mask"],
                                                 tokens, batch["attn_mask"], model_cfg, return_logits=not chunked,
-                                                mesh=mesh, rules=rules, moe_impl="auto_grad")
+                                                mesh=mesh, rules=rules)
         else:
             logits, aux = transformer.forward(_model_params(params), tokens, model_cfg, attn_mask=batch["attn_mask"],
                                               return_hidden=is_ppo or is_prm, return_logits=not chunked, mesh=mesh,
                                               rules=rules, routes=batch.get("routes"),
-                                              replay_routes=loss_cfg.routing_replay, moe_impl="auto_grad")
+                                              replay_routes=loss_cfg.routing_replay)
         if is_prm:
             z = _head(params, aux["hidden"])
             if "step_prev" in batch:  # + each step's log-likelihood under the model's own LM head

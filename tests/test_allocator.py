@@ -1,10 +1,10 @@
-"""experiments/allocator.py: the huge-page malloc tunable is added to a child's environment without losing other
+"""models/cpu/allocator.py: the huge-page malloc tunable is added to a child's environment without losing other
 tunables, honours the opt-out, and the launcher's re-exec happens at most once."""
 import sys
 
 import pytest
 
-from experiments import allocator
+from models.cpu import allocator
 
 
 @pytest.fixture
@@ -80,7 +80,7 @@ def test_a_compile_hands_freed_heap_back():
 
     code = """
 import ctypes, jax, jax.numpy as jnp
-from experiments import allocator
+from models.cpu import allocator
 libc = ctypes.CDLL("libc.so.6"); libc.malloc.restype = ctypes.c_void_p; libc.free.argtypes = [ctypes.c_void_p]
 rss = lambda: int([l.split()[1] for l in open("/proc/self/status") if l.startswith("VmRSS")][0]) // 1024
 blocks = [libc.malloc(2048) for _ in range(65536)]

@@ -76,9 +76,9 @@ def test_profile_w1_decode_loop(tmp_path):
 def test_native_moe_bench_quick(tmp_path):
     """The kernels' A/B runs every arm of its four tables; the native results agree with XLA's."""
     from experiments.bench import native_moe as bench
-    from models import cpu_kernels
+    from models.cpu import native_kernels
 
-    if not cpu_kernels.available():
+    if not native_kernels.available():
         pytest.skip("no C++ compiler to build the native kernel")
     bench.main(["--quick", "--json", str(tmp_path / "n.json")])
     d = json.loads((tmp_path / "n.json").read_text())

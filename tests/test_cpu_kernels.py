@@ -1,5 +1,5 @@
-"""The native CPU kernels (models/cpu_kernels.py): expert FFN and decode attention against float64 references, every
-tile tail, the build cache, the fallback without a compiler."""
+"""The native CPU kernels (models/cpu/native_kernels.py): expert FFN and decode attention against float64 references,
+every tile tail, the build cache, the fallback without a compiler (the cache's failure cases: test_native_cache.py)."""
 
 import subprocess
 import sys
@@ -9,8 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models import cpu_kernels, layers, moe, transformer
+import models.cpu  # noqa: F401 - registers the CPU wing's kernels
+from models import layers, moe, transformer
 from models.config import ModelConfig
+from models.cpu import native_kernels as cpu_kernels
 
 pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason="no C++ compiler to build the native kernel")
 
@@ -139,7 +141,7 @@ def test_model_forward_equals_blocked_dispatch():
     params = transformer.init(cfg, jax.random.PRNGKey(0))
     tokens = jax.random.randint(jax.random.PRNGKey(1), (3, 10), 0, 64)
     native, _ = jax.jit(lambda p, t: transformer.forward(p, t, cfg))(params, tokens)
-    blocked, _ = jax.jit(lambda p, t: transformer.forward(p, t, cfg, moe_impl="auto_grad"))(params, tokens)
+    blocked, _ = jax.jit(lambda p, t: transformer.forward(p, t, cfg, moe_impl="blocked"))(params, tokens)
     np.testing.assert_allclose(native, blocked, rtol=1e-5, atol=1e-5)
 
 
@@ -189,11 +191,11 @@ def test_decode_attention_equals_xla_inside_the_layer():
         v = jnp.asarray(rng.normal(size=(2, 2, 24, 16)), jnp.float32)
         mask = jnp.asarray(rng.random((2, T, 24)) < 0.5)
         f = lambda native: jax.jit(lambda *a: layers.dot_product_attention(*a, keys_slots_last=True,  # noqa: E731
-                                                                             native=native))(q, k, v, mask)
+                                                                             use_kernel=native))(q, k, v, mask)
         np.testing.assert_allclose(f(True), f(False), rtol=1e-5, atol=1e-6)
         # Differentiable (a shared-prompt train step may run a short cached completion): XLA's gradient.
         loss = lambda native: lambda q, k, v: jnp.sum(jnp.sin(layers.dot_product_attention(  # noqa: E731
-            q, k, v, mask, keys_slots_last=True, native=native)))
+            q, k, v, mask, keys_slots_last=True, use_kernel=native)))
         for got, want in zip(jax.grad(loss(True), (0, 1, 2))(q, k, v), jax.grad(loss(False), (0, 1, 2))(q, k, v)):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
@@ -219,7 +221,7 @@ def test_library_is_built_once_and_reused(tmp_path, monkeypatch):
     monkeypatch.setenv("MATHRL_NATIVE_DIR", str(tmp_path))
     path = cpu_kernels.library_path()
     assert path.parent == tmp_path and not path.exists()
-    assert cpu_kernels.build() == path and path.exists()
+    assert cpu_kernels.build() == path and path.exists() and cpu_kernels.verified(path)
     stamp = path.stat().st_mtime_ns
     assert cpu_kernels.build() == path and path.stat().st_mtime_ns == stamp  # a second build is a lookup
     assert cpu_kernels.library_path() == path  # the key is stable
@@ -228,7 +230,8 @@ def test_library_is_built_once_and_reused(tmp_path, monkeypatch):
 def test_disabled_or_unbuildable_kernel_falls_back_to_xla(tmp_path):
     # A fresh process: MATHRL_NATIVE=0, or a compiler that fails, leaves "auto" on XLA's dispatch (with one warning
     # for the failure), and asking for impl="native" explicitly is a clear error.
-    prog = ("import warnings, jax.numpy as jnp; from models import moe, cpu_kernels; from models.config import "
+    prog = ("import warnings, jax.numpy as jnp, models.cpu; from models import moe; from models.cpu import "
+            "native_kernels as cpu_kernels; from models.config import "
             "ModelConfig; cfg = ModelConfig(d_model=8, d_ff=12, n_experts=4, experts_per_token=2, moe_every=1); "
             "p = {'router': jnp.ones((8, 4)), 'w_gate': jnp.ones((4, 8, 12)), 'w_up': jnp.ones((4, 8, 12)), "
             "'w_down': jnp.ones((4, 12, 8))}\n"
@@ -243,7 +246,7 @@ def test_disabled_or_unbuildable_kernel_falls_back_to_xla(tmp_path):
     outs = {}
     for name, env in {"off": {"MATHRL_NATIVE": "0"}, "broken": {"CXX": "/bin/false"}}.items():
         done = subprocess.run([sys.executable, "-c", prog], env={**base, **env}, capture_output=True, text=True,
-                              cwd=str(cpu_kernels.NATIVE_DIR.parents[1]), timeout=120)
+                              cwd=str(cpu_kernels.NATIVE_DIR.parents[2]), timeout=120)
         assert done.returncode == 0, done.stderr
         outs[name] = done.stdout.split()
     assert outs["off"][:2] == ["False", "0"] and outs["broken"][:2] == ["False", "1"]

@@ -77,7 +77,7 @@ def test_sharded_load_reads_only_each_devices_slices(monkeypatch):
     monkeypatch.setattr(hf, "_read_slice", recording)
     mesh = sharding.make_mesh({"fsdp": 2, "expert": 2, "tensor": 2})
     cfg, params = hf.load(DATA / "qwen3_moe", mesh=mesh)
-    shardings = sharding.param_shardings(cfg, mesh, sharding.DEFAULT_RULES)
+    shardings = transformer.param_shardings(cfg, mesh, sharding.DEFAULT_RULES)
     for got, want, s in zip(jax.tree.leaves(params), jax.tree.leaves(plain), jax.tree.leaves(shardings)):
         assert got.sharding.is_equivalent_to(s, got.ndim)
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

@@ -277,7 +277,10 @@ def test_forward_with_padding_matches_numpy_reference(cfg):
     np.testing.assert_allclose(aux["expert_load"].sum(-1), 1.0, rtol=1e-6)
 
 
-def test_cached_decoding_matches_full_forward(params):
+@pytest.mark.parametrize("layout", ["keys_slots_last", "keys_like_values"])
+def test_cached_decoding_matches_full_forward(params, layout, monkeypatch):
+    # Both KV-cache layouts (a per-backend choice, models/layers.py CACHE_LAYOUTS) give the full forward's logits.
+    monkeypatch.setitem(layers.CACHE_LAYOUTS, jax.default_backend(), layout)
     P, S = 5, 12  # prefill 5 slots, then decode one token at a time into a 12-slot cache
     tokens = _tokens()
     positions = jnp.asarray(POSITIONS)
@@ -297,7 +300,8 @@ def test_cached_decoding_matches_full_forward(params):
     real = MASK.astype(bool)
     np.testing.assert_allclose(cached[real], np.asarray(full)[real], rtol=1e-5, atol=1e-5)
     assert len(aux["cache"]["k"]) == len(aux["cache"]["v"]) == CFG.n_layers
-    assert aux["cache"]["k"][0].shape == (B, CFG.n_kv_heads, CFG.head_dim, S)  # slots last: a plain score matmul
+    k_shape = (B, CFG.n_kv_heads) + ((CFG.head_dim, S) if layout == "keys_slots_last" else (S, CFG.head_dim))
+    assert aux["cache"]["k"][0].shape == k_shape
     assert aux["cache"]["v"][0].shape == (B, CFG.n_kv_heads, S, CFG.head_dim)
 
 

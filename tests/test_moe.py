@@ -7,8 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models import moe
+import models.cpu  # noqa: F401 - registers the CPU wing's kernels ("native", "windowed")
+from models import kernels, moe, moe_kernels
 from models.config import ModelConfig
+from models.cpu import native_kernels, windowed
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
@@ -95,14 +97,12 @@ X = np.random.default_rng(1).normal(size=(24, D))
 
 
 def skip_without_native(impl):
-    if impl == "native" and not moe.cpu_kernels.available():
+    if impl == "native" and not native_kernels.available():
         pytest.skip("no C++ compiler to build the native expert kernel")
 
 
 @pytest.mark.parametrize("impl, block_size", [("native", None), ("blocked", None), ("blocked", 4), ("windowed", None),
-                                             ("windowed", 2),
-                                              ("windowed", 64), ("ragged_dot", None), ("hybrid", None),
-                                              ("hybrid", 4)])
+                                             ("windowed", 2), ("windowed", 64), ("ragged_dot", None)])
 def test_dropless_paths_match_loop_reference(impl, block_size):
     skip_without_native(impl)
     p = make_params()
@@ -135,7 +135,7 @@ def test_capacity_drops_and_counts_in_constructed_case():
     p["router"][:, 0] = 100.0
     x = np.abs(np.random.default_rng(4).normal(size=(8, D))) + 0.1  # positive, so x @ router favours expert 0
     cfg = CFG.replace(experts_per_token=1, capacity_factor=1.0)
-    assert moe.capacity(8, 1, E, 1.0) == 2
+    assert moe_kernels.capacity(8, 1, E, 1.0) == 2
     y, stats = run(p, x, cfg)
     assert float(stats["dropped_fraction"]) == pytest.approx(0.75)
     np.testing.assert_allclose(stats["expert_load"], [1.0, 0.0, 0.0, 0.0])
@@ -181,7 +181,7 @@ def dense_moe(p, x_ND, k):
     return jnp.einsum("NED,NE->ND", y, combine_NE)
 
 
-@pytest.mark.parametrize("impl, block_size", [("blocked", 4), ("windowed", 3), ("ragged_dot", None), ("hybrid", 4),
+@pytest.mark.parametrize("impl, block_size", [("blocked", 4), ("windowed", 3), ("ragged_dot", None),
                                              ("native", None)])
 def test_dropless_gradients_match_dense_reference(impl, block_size):
     skip_without_native(impl)
@@ -211,51 +211,73 @@ def test_windowed_overflow_when_every_token_picks_one_expert():
     mask[[3, 17]] = False
     y_ref, ref = np_moe(p, x, K, mask=mask)
     for impl, window in (("windowed", 5), ("windowed", 24), ("windowed", None), ("native", None)):
-        if impl == "native" and not moe.cpu_kernels.available():
+        if impl == "native" and not native_kernels.available():
             continue
         y, stats = run(p, x, CFG, mask=mask, impl=impl, block_size=window)
         np.testing.assert_allclose(y, y_ref, rtol=1e-4, atol=1e-4, err_msg=f"{impl} window {window}")
         check_stats(stats, ref)
 
 
-def test_auto_picks_native_for_float32_on_cpu(monkeypatch):
-    # "auto" (forward passes) and "auto_grad" (the train step) take the native kernel on CPU in float32; bfloat16
-    # activations keep XLA's dispatch (windowed for few tokens).
+def _picked(fn):
+    """The expert kernels "auto" resolved to while tracing fn() (models/kernels.py counts them)."""
+    before = kernels.traced()
+    fn()
+    return {k[4:]: v - before.get(k, 0) for k, v in kernels.traced().items() if k.startswith("moe/")
+            and v != before.get(k, 0)}
+
+
+def test_auto_picks_native_for_float32_on_cpu():
+    # One "auto" for forward passes and gradients: the native kernel on CPU in float32; bfloat16 activations keep
+    # XLA's dispatch (windowed for few tokens).
     skip_without_native("native")
-    picked = []
-    for name in ("_experts_windowed", "_experts_blocked"):
-        orig = getattr(moe, name)
-        monkeypatch.setattr(moe, name, lambda *a, _n=name, _o=orig: (picked.append(_n), _o(*a))[1])
-    orig_native = moe.cpu_kernels.expert_ffn
-    monkeypatch.setattr(moe.cpu_kernels, "expert_ffn", lambda *a: (picked.append("native"), orig_native(*a))[1])
     p = to_jax(make_params())
     x = jnp.ones((1, 6, D))
-    moe.moe_layer(p, x, CFG)
-    moe.moe_layer(p, x, CFG, impl="auto_grad")
-    moe.moe_layer(p, x.astype(jnp.bfloat16), CFG)
-    assert picked == ["native", "native", "_experts_windowed"]
+    assert _picked(lambda: moe.moe_layer(p, x, CFG)) == {"native": 1}
+    assert _picked(lambda: jax.grad(lambda x: jnp.sum(moe.moe_layer(p, x, CFG)[0]))(x)) == {"native": 1}
+    assert _picked(lambda: moe.moe_layer(p, x.astype(jnp.bfloat16), CFG)) == {"windowed": 1}
 
 
 def test_auto_picks_windowed_for_few_tokens_on_cpu(monkeypatch):
     # Without the native kernel: auto = windowed up to WINDOWED_MAX_LOAD assignments per expert (decode steps),
     # blocked above.
-    monkeypatch.setattr(moe.cpu_kernels, "applies", lambda *a: False)
-    picked = []
-    for name in ("_experts_windowed", "_experts_blocked"):
-        orig = getattr(moe, name)
-        monkeypatch.setattr(moe, name, lambda *a, _n=name, _o=orig: (picked.append(_n), _o(*a))[1])
+    monkeypatch.setattr(native_kernels, "applies", lambda *a: False)
     p = to_jax(make_params())
-    small = moe.WINDOWED_MAX_LOAD * E // K          # tokens at the threshold
-    for n in (small, small + 1):
-        moe.moe_layer(p, jnp.ones((1, n, D)), CFG)
-    assert picked == ["_experts_windowed", "_experts_blocked"]
+    small = windowed.WINDOWED_MAX_LOAD * E // K          # tokens at the threshold
+    assert _picked(lambda: moe.moe_layer(p, jnp.ones((1, small, D)), CFG)) == {"windowed": 1}
+    assert _picked(lambda: moe.moe_layer(p, jnp.ones((1, small + 1, D)), CFG)) == {"blocked": 1}
+
+
+def test_auto_without_a_wing_takes_the_portable_kernel(monkeypatch):
+    # The core alone (no models/cpu registered): "blocked" on CPU; names only a wing registers are refused with
+    # a message saying where they come from.
+    monkeypatch.setattr(kernels, "_MOE", {n: e for n, e in kernels._MOE.items() if n in ("blocked", "ragged_dot")})
+    p = to_jax(make_params())
+    assert _picked(lambda: moe.moe_layer(p, jnp.ones((1, 6, D)), CFG)) == {"blocked": 1}
+    with pytest.raises(ValueError, match="models.cpu"):
+        moe.moe_layer(p, jnp.ones((1, 6, D)), CFG, impl="native")
+
+
+def test_windowed_gradient_is_the_blocked_kernels():
+    # The windowed kernel's custom VJP differentiates the blocked kernel: same gradients (float32 rounding aside)
+    # on a routing with overflow windows.
+    p = to_jax(make_params(seed=21))
+    x = jnp.asarray(np.random.default_rng(22).normal(size=(1, 24, D)), jnp.float32)
+
+    def grads(impl):
+        return jax.grad(lambda p, x: jnp.sum(jnp.sin(moe.moe_layer(p, x, CFG, impl=impl, block_size=3)[0])),
+                        argnums=(0, 1))(p, x)
+
+    for got, want in zip(jax.tree.leaves(grads("windowed")), jax.tree.leaves(grads("blocked"))):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_block_size_heuristic_and_bad_impl():
-    assert moe._default_block_size(128, 8) == 32 and moe._default_block_size(12288, 8) == 128
-    assert moe._default_window(128, 8) == 24 and moe._default_window(3, 8) == 8
+    assert moe_kernels.default_block_size(128, 8) == 32 and moe_kernels.default_block_size(12288, 8) == 128
+    assert windowed.default_window(128, 8) == 24 and windowed.default_window(3, 8) == 8
     with pytest.raises(ValueError, match="impl"):
         run(make_params(), X, CFG, impl="dense")
+    with pytest.raises(ValueError, match="impl"):
+        run(make_params(), X, CFG, impl="hybrid")  # deleted: its speed-up did not reproduce
 
 
 def test_expert_ffn_blocks_and_gradients_match_float64_reference():
@@ -271,10 +293,10 @@ def test_expert_ffn_blocks_and_gradients_match_float64_reference():
 
     def loss(x, wg, wu, wd):
         w_gu = jnp.concatenate([wg, wu], axis=2)
-        return jnp.sum(moe.expert_ffn(x, w_gu, wd, jnp.asarray(expert, jnp.int32), jnp.int32(n_used)) * dy)
+        return jnp.sum(moe_kernels.expert_ffn(x, w_gu, wd, jnp.asarray(expert, jnp.int32), jnp.int32(n_used)) * dy)
 
     args = [jnp.asarray(a, jnp.float32) for a in (x, w_gate, w_up, w_down)]
-    y = moe.expert_ffn(args[0], jnp.concatenate(args[1:3], axis=2), args[3], jnp.asarray(expert, jnp.int32),
+    y = moe_kernels.expert_ffn(args[0], jnp.concatenate(args[1:3], axis=2), args[3], jnp.asarray(expert, jnp.int32),
                        jnp.int32(n_used))
     for g in range(G):
         want = np_swiglu(w_gate[expert[g]], w_up[expert[g]], w_down[expert[g]], x[g]) if g < n_used else 0 * x[g]
@@ -292,19 +314,3 @@ def test_expert_ffn_blocks_and_gradients_match_float64_reference():
             num[j] = (ref_loss(*[plus.reshape(a.shape) if k == i else r for k, r in enumerate(ref_args)])
                       - ref_loss(*[minus.reshape(a.shape) if k == i else r for k, r in enumerate(ref_args)])) / (2 * eps)
         np.testing.assert_allclose(g_fast, num.reshape(a.shape), rtol=1e-4, atol=1e-4, err_msg=f"argument {i}")
-
-
-def test_hybrid_overflow_and_padding_when_every_token_picks_one_expert():
-    # All tokens route to expert 0 first: its rows past the dense capacity C must take the blocked overflow path,
-    # the other experts' dense buffers are mostly padding, and masked tokens stay out of both.
-    p = make_params(seed=14)
-    p["router"] = np.zeros((D, E))
-    p["router"][:, 0] = 50.0
-    x = np.abs(np.random.default_rng(15).normal(size=(24, D))) + 0.1
-    assert moe._hybrid_capacity(24, 24 * K, E, moe.HYBRID_DENSE_SHARE) < 24  # expert 0's 24 rows overflow
-    mask = np.random.default_rng(16).random(24) < 0.8
-    y, stats = run(p, x, CFG, impl="hybrid", block_size=4, mask=mask)
-    y_ref, ref = np_moe(p, x, K, mask=mask)
-    np.testing.assert_allclose(y, y_ref, rtol=1e-4, atol=1e-4)
-    check_stats(stats, ref)
-    assert np.all(y[~mask] == 0)

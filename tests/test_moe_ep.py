@@ -219,7 +219,7 @@ def test_model_on_expert_mesh(mesh):
     """Logits and gradients equal the single-device model's; the compiled forward exchanges tokens with all-to-all;
     each device holds 2 of the 8 experts, and the experts are never gathered whole."""
     params = transformer.init(MODEL_CFG, jax.random.key(0))
-    sharded = sharding.init_sharded(MODEL_CFG, jax.random.key(0), mesh, sharding.DEFAULT_RULES)
+    sharded = transformer.init_sharded(MODEL_CFG, jax.random.key(0), mesh, sharding.DEFAULT_RULES)
     w_gate = sharded["block_0"]["moe"]["w_gate"]
     assert {s.data.shape for s in w_gate.addressable_shards} == {(2, D, F)}
     assert {(s.index[0].start, s.index[0].stop) for s in w_gate.addressable_shards} == {(0, 2), (2, 4), (4, 6), (6, 8)}

@@ -96,7 +96,7 @@ def full_run(full_output):
 
 def test_tiny_run_writes_everything(full_run, capsys):
     summary = json.loads((full_run / "summary.json").read_text())
-    assert set(summary) == {"eval", "best", "numbering", "wall_seconds", "compile", "config", "hacking"}
+    assert set(summary) == {"eval", "best", "numbering", "wall_seconds", "compile", "config", "hacking", "kernels"}
     assert summary["compile"]["seconds"] > 0 and summary["compile"]["compiles"] > 0  # rl/compile_cache.py
     assert summary["hacking"]["grpo"]["iterations"] == 3  # the report of the RL stage (3 iterations: not judged)
     assert list(summary["eval"]) == ["initial", "cold_start", "rejection", "grpo"]
@@ -116,6 +116,28 @@ def test_tiny_run_writes_everything(full_run, capsys):
     evals = [r for r in recs if r["phase"] == "eval" and r.get("stage") == "cold_start"]
     assert len(evals) >= 3  # validation every 2 SFT epochs, plus the stage end: a curve for the cold start
     assert (full_run / "curves.png").stat().st_size > 10_000
+
+
+def test_config_and_summary_record_the_kernels(full_run):
+    # Which MoE expert kernels the run's programs contain and whether the native CPU kernels ran (with their
+    # library's name and SHA-256), before the run (config.json) and after it (summary.json).
+    import jax
+
+    planned = json.loads((full_run / "config.json").read_text())["kernels"]
+    done = json.loads((full_run / "summary.json").read_text())["kernels"]
+    for rec in (planned, done):
+        assert rec["backend"] == jax.default_backend() and {"blocked", "ragged_dot"} <= set(rec["moe_kernels"])
+    ran = {k for k in done["traced"] if k.startswith("moe/")}
+    assert ran, "no MoE kernel recorded"
+    if jax.default_backend() == "cpu":
+        from models.cpu import native_kernels
+
+        cpu = done["wings"]["cpu"]
+        assert cpu["native"] == native_kernels.available() == planned["wings"]["cpu"]["native"]
+        if cpu["native"]:
+            assert len(cpu["sha256"]) == 64 and cpu["library"].endswith(".so") and "moe/native" in ran
+        else:
+            assert cpu["reason"]
 
 
 def test_every_eval_writes_complete_samples(full_run):

@@ -260,7 +260,7 @@ def test_sharded_generation_matches_single_device(params, batch):
     kw = dict(prompt_mask=mask, num_samples=K, max_new_tokens=N_NEW, eos_id=-1)
     ref = sampling.generate(params, CFG, ids, jax.random.PRNGKey(1), **kw)
     mesh = sharding.make_mesh({"data": 2, "expert": 2, "tensor": 2})
-    sharded = jax.device_put(params, sharding.param_shardings(CFG, mesh, sharding.DEFAULT_RULES))
+    sharded = jax.device_put(params, transformer.param_shardings(CFG, mesh, sharding.DEFAULT_RULES))
     out = sampling.generate(sharded, CFG, ids, jax.random.PRNGKey(1), mesh=mesh, rules=sharding.DEFAULT_RULES, **kw)
     np.testing.assert_array_equal(out.tokens, ref.tokens)
     np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=1e-5)

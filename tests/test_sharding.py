@@ -62,7 +62,7 @@ def test_logical_to_spec_rules():
 def setup():
     mesh = sharding.make_mesh(MESH_SIZES)
     params = transformer.init(CFG, jax.random.key(0))
-    sharded = sharding.init_sharded(CFG, jax.random.key(0), mesh, sharding.DEFAULT_RULES)
+    sharded = transformer.init_sharded(CFG, jax.random.key(0), mesh, sharding.DEFAULT_RULES)
     rng = np.random.default_rng(0)
     tokens = jnp.asarray(rng.integers(3, CFG.vocab_size, size=(4, 8)), jnp.int32)
     mask = jnp.asarray(np.concatenate([np.ones((4, 6)), rng.integers(0, 2, size=(4, 2))], axis=1), jnp.int32)

@@ -11,6 +11,9 @@ shared machine moves numerator and denominator together:
 model_step.py runs each measured phase in its own subprocess. Every script takes `--json PATH` and writes its
 figures there with `write_json` (add_json_arg / write_json). On a shared machine, `wait_quiet(max_s)` waits (a
 bounded time) for the 1-minute load average to drop before a measurement and returns the load it saw.
+
+Importing this module registers the backend's kernel wing (rl.context.backend_kernels: models/cpu on a CPU), so
+a benchmark measures the kernels a run uses; `machine_info()` records which ("kernels").
 """
 from __future__ import annotations
 
@@ -23,6 +26,10 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from rl.context import backend_kernels
+
+backend_kernels()  # the kernels a run uses (the native CPU kernels on a CPU host), as rl/context.py registers them
 
 
 def block(tree):
@@ -91,6 +98,7 @@ def machine_info() -> dict:
         "devices": len(jax.devices()),
         "jax": jax.__version__,
         "numpy": np.__version__,
+        "kernels": backend_kernels()["wings"],
     }
 
 

@@ -1,4 +1,4 @@
-"""The native CPU kernels (models/cpu_kernels.py) against XLA's ops, on W1's shapes, in one process.
+"""The native CPU kernels (models/cpu/native_kernels.py) against XLA's ops, on W1's shapes, in one process.
 
     python -m experiments.bench.native_moe                      # ~1 min
     python -m experiments.bench.native_moe --json runs/bench/native_moe.json
@@ -26,7 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments.bench import common
-from models import cpu_kernels, layers, moe
+from models import layers, moe_kernels
+from models.cpu import native_kernels, windowed
 
 E, D, F, K = 8, 256, 512, 2  # W1: 8 experts top-2, d_model 256, SwiGLU width 512
 
@@ -41,9 +42,9 @@ def routing(rng, n: int):
             jnp.ones((n, K), bool))
 
 
-ARMS = {"native": cpu_kernels.expert_ffn,
-        "windowed": lambda p, x, e, v: moe._experts_windowed(p, x, e, v, None),
-        "blocked": lambda p, x, e, v: moe._experts_blocked(p, x, e, v, None)}
+ARMS = {"native": native_kernels.expert_ffn,
+        "windowed": lambda p, x, e, v: windowed.experts_windowed(p, x, e, v, None),
+        "blocked": lambda p, x, e, v: moe_kernels.experts_blocked(p, x, e, v, None)}
 
 
 def interleaved(fns: dict, args, reps: int) -> dict:
@@ -87,7 +88,7 @@ def attention(rng, steps: int, reps: int) -> list[dict]:
     def loop(native: bool):
         def body(_, q):
             for k, v in caches:
-                q = q + 0.01 * layers.dot_product_attention(q, k, v, mask, keys_slots_last=True, native=native)
+                q = q + 0.01 * layers.dot_product_attention(q, k, v, mask, keys_slots_last=True, use_kernel=native)
             return q
         return jax.jit(lambda q: jax.lax.fori_loop(0, steps, body, q))
 
@@ -139,7 +140,7 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="smoke run: small sizes, 2 reps")
     common.add_json_arg(ap)
     args = ap.parse_args(argv)
-    if not cpu_kernels.available():
+    if not native_kernels.available():
         raise SystemExit("the native CPU kernels could not be built here (see the warning); nothing to compare")
     rng = np.random.default_rng(0)
     reps = 2 if args.quick else args.reps

@@ -23,7 +23,7 @@ The batch is the sampler's output as is, in the grouped layout (models/shared_pr
 the update compute each of the 8 prompts once for its 8 answers, not 8 times; --layout flat builds the 64 rows of
 prompt + answer instead (same loss and gradients, 29% more token-passes).
 Each KL setting runs in its own subprocess so its peak resident memory (ru_maxrss) is its own, with the allocator
-as the launcher runs it (experiments/allocator.py: glibc's huge-page malloc tunable, and the heap the compiler freed
+as the launcher runs it (models/cpu/allocator.py: glibc's huge-page malloc tunable, and the heap the compiler freed
 handed back after each compile; --allocator default runs without both).
 
 The peer: right after our measurement the script runs the TRL harness (../shared/peers/trl/trl_w1.py, by path,
@@ -120,7 +120,7 @@ def run_setting(kl: float, steps: int, quick: bool, microbatches: int = 2, layou
     from rl import advantages
     from rl.train_step import LossConfig, OptimConfig, init_train_state, make_logprob_fn, make_train_step
 
-    from experiments import allocator
+    from models.cpu import allocator
 
     allocator.trim_after_compiles()  # as the launcher runs (MATHRL_TRIM=0, i.e. --allocator default: not)
     n_prompts, new_tokens = (4, 16) if quick else (N_PROMPTS, NEW_TOKENS)
@@ -218,9 +218,9 @@ def run_ours(kl: float, args) -> dict:
            "--microbatches", str(args.microbatches), "--layout", args.layout] + (["--quick"] if args.quick else [])
     wait = common.wait_quiet(args.wait_quiet, args.quiet_load) if args.wait_quiet else None
     load_start = common.load1()
-    from experiments import allocator
+    from models.cpu import allocator
 
-    # Our process runs with the allocator setting the launcher uses (experiments/allocator.py); the peer keeps its
+    # Our process runs with the allocator setting the launcher uses (models/cpu/allocator.py); the peer keeps its
     # default, with which it ran faster (BENCHMARKS.md).
     env = allocator.tuned_env() if args.allocator == "hugepages" else {**os.environ, allocator.TRIM_OPT_OUT: "0"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -308,7 +308,7 @@ def main(argv=None):
                     help="update / reference batch: each prompt once for its 8 answers (grouped) or 64 full rows")
     ap.add_argument("--allocator", choices=("hugepages", "default"), default="hugepages",
                     help="our process's malloc as the launcher runs it (transparent huge pages, heap trimmed after "
-                         "each compile: experiments/allocator.py) or as is")
+                         "each compile: models/cpu/allocator.py) or as is")
     ap.add_argument("--reps", type=int, default=1, help="repetitions of the pair (ours, then the peer)")
     ap.add_argument("--peer", default=_default_peer(), help="the TRL harness, run by path (default: ../shared)")
     ap.add_argument("--peer_python", default="/tmp/peer-trl-venv/bin/python", help="python of the peer's venv")

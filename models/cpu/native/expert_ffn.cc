@@ -6,10 +6,10 @@
 // Why it exists: at a decode step every expert gets a handful of rows, and the layer is bound by streaming the
 // experts' weights (W1: 12 MiB per layer, 48 MiB for four, more than a small VM's usable cache). XLA's CPU batched
 // matmul at these shapes read the weights at roughly half the rate PyTorch's kernels did on the same machine
-// (BENCHMARKS.md). Here each expert's weights are streamed once, in column panels, and every row routed to that
+// (git show 013a184:BENCHMARKS.md). Here each expert's weights are streamed once, in column panels, and every row routed to that
 // expert is multiplied against a panel while it is in cache. Experts are spread over XLA's intra-op thread pool.
 //
-// Built by models/cpu_kernels.py with the host compiler (-O3 -march=native); GCC vector extensions keep it portable
+// Built by models/cpu/native_kernels.py with the host compiler (-O3 -march=native); GCC vector extensions keep it portable
 // (512-bit vectors lower to AVX-512 where the CPU has it, to pairs of AVX2 registers otherwise).
 #include <algorithm>
 #include <atomic>

@@ -1,0 +1,111 @@
+"""The layering, checked from the code's own imports (ast, every import statement, function-level ones included):
+the model core imports no CPU-wing module, directly or through other modules; no import circle within models/;
+no package imports one above it (models <- rewards <- rl <- experiments). The known exceptions are listed here, in
+KNOWN_UPWARD and KNOWN_CIRCLES, and a later change may only shrink them (a stale entry fails too)."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("models", "rewards", "rl", "experiments")
+LAYER = {name: i for i, name in enumerate(PACKAGES)}  # a module may import its own layer and the ones before it
+CORE = ("models.layers", "models.moe", "models.moe_ep", "models.transformer", "models.sampling")
+WING = "models.cpu"
+
+# Imports that run up the house today: the process reward model's pipeline in rewards/prm/ uses rl/'s training
+# pieces; they go away when the PRM becomes its own wing above rl/ (issue 38, item 3).
+KNOWN_UPWARD = {
+    ("rewards.prm.data", "rl.tasks.render"),
+    ("rewards.prm.model", "rl.losses"),
+    ("rewards.prm.model", "rl.rollout"),
+    ("rewards.prm.train", "rl.config_fields"),
+    ("rewards.prm.train", "rl.rollout"),
+    ("rewards.prm.train", "rl.schedules"),
+    ("rewards.prm.train", "rl.train_step"),
+}
+# Modules of models/ that reach themselves through their imports: none left (moe_ep no longer imports moe; the
+# parameter shardings moved from sharding.py next to init in transformer.py).
+KNOWN_CIRCLES: set[str] = set()
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def project_modules() -> dict[str, Path]:
+    return {module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+
+
+def imports_of(path: Path, modules: dict) -> set[str]:
+    """Project modules `path` imports anywhere in its body (`from a import b` counts a.b when that is a module)."""
+    me = module_name(path)
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative import
+                pkg = me.split(".")[: len(me.split(".")) - node.level + (path.name == "__init__.py")]
+                base = ".".join(pkg + ([base] if base else []))
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        else:
+            continue
+        for name in names:
+            while name and name not in modules:  # import a.b.c of a package: the deepest project module
+                name = name.rpartition(".")[0]
+            if name and name != me and name.split(".")[0] in PACKAGES and name not in PACKAGES:
+                found.add(name)
+    return found
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    modules = project_modules()
+    return {name: imports_of(path, modules) for name, path in modules.items()}
+
+
+def reach(graph, start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in graph.get(todo.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+def test_the_model_core_imports_no_cpu_wing_module(graph):
+    for core in CORE:
+        assert core in graph, f"{core} moved: update CORE"
+        wing = sorted(m for m in reach(graph, core) if m == WING or m.startswith(WING + "."))
+        assert not wing, f"{core} reaches the CPU wing through its imports: {wing}"
+
+
+def test_the_wing_registers_into_the_core_not_the_other_way(graph):
+    assert "models.kernels" in graph[WING]  # it registers itself
+    assert not any(m.startswith(WING) for m in reach(graph, "models.kernels"))
+
+
+def test_no_import_circle_within_models(graph):
+    models = {m for m in graph if m.startswith("models.")}
+    circles = {m for m in models if m in reach({k: v & models for k, v in graph.items()}, m)}
+    assert circles - KNOWN_CIRCLES == set(), "modules of models/ that reach themselves through their imports"
+    assert KNOWN_CIRCLES - circles == set(), "a known circle is gone: remove it from KNOWN_CIRCLES"
+
+
+def test_no_package_imports_one_above_it_except_the_known_ones(graph):
+    upward = {(a, b) for a, deps in graph.items() for b in deps
+              if LAYER[b.split(".")[0]] > LAYER[a.split(".")[0]]}
+    assert upward - KNOWN_UPWARD == set(), "new imports up the layers (models <- rewards <- rl <- experiments)"
+    assert KNOWN_UPWARD - upward == set(), "a known exception is gone: remove it from KNOWN_UPWARD"
+
+
+def test_the_checker_sees_imports():
+    # The ast walk finds module-level, function-level, `from a import b` and `import a.b` forms.
+    modules = project_modules()
+    assert {"models.kernels", "models.moe_ep", "models.moe_kernels"} <= imports_of(ROOT / "models/moe.py", modules)
+    assert "models.cpu" in imports_of(ROOT / "rl/context.py", modules)  # a deliberate function-level import
