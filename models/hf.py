@@ -42,7 +42,7 @@ from flax import traverse_util
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from models import hf_checks, sharding
+from models import sharding
 from models.config import ModelConfig
 
 ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
@@ -51,6 +51,14 @@ _SINGLE_FILE, _INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
 
 
 # ---- config.json <-> ModelConfig -------------------------------------------------------------------------------------
+
+def require_finite(array: np.ndarray, names, path) -> None:
+    """models.hf.load's hook: a tensor with inf / nan values is an error naming it (NaN weights never load)."""
+    a = np.asarray(array)
+    if a.dtype.kind == "f" or a.dtype.name == "bfloat16":
+        if not np.isfinite(a.astype(np.float32) if a.dtype.name == "bfloat16" else a).all():
+            raise ValueError(f"{path}: tensor {', '.join(names)[:200]} holds inf/nan values")
+
 def _rope_theta(hf: dict, model_type: str) -> float:
     """The rotary base; only the default (unscaled) rotary embedding is implemented."""
     params = hf.get("rope_parameters") or {}
@@ -346,7 +354,7 @@ def load(path, *, dtype: str = "float32", mesh=None, rules=None, param_dtype: st
             if shardings is None:
                 full = tuple(slice(None) for _ in shape)
                 host = _read(handles, weight_map, spec, full)
-                hf_checks.require_finite(host, spec.names, path)  # NaN weights never load silently
+                require_finite(host, spec.names, path)  # NaN weights never load silently
                 leaves[key] = jnp.asarray(host.astype(target))
                 continue
             cache = {}  # devices holding the same slice (replicated dims) share one read
@@ -355,7 +363,7 @@ def load(path, *, dtype: str = "float32", mesh=None, rules=None, param_dtype: st
                 key_ = tuple(_bounds(s, n) for s, n in zip(index, shape))
                 if key_ not in cache:
                     host = _read(handles, weight_map, spec, index)
-                    hf_checks.require_finite(host, spec.names, path)
+                    require_finite(host, spec.names, path)
                     cache[key_] = host.astype(target)
                 return cache[key_]
 

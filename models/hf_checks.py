@@ -7,7 +7,7 @@
     check_tokenizer_files(path)                    # tokenizer.json / tokenizer_config.json / generation_config.json
     check_template(tok, where)                     # the chat template renders a probe conversation, bounded
     text = bounded(lambda: tok.render_chat_template(messages))   # any render under a step and time limit
-    require_finite(array, "model.norm.weight", path)             # the hook models.hf.load calls on every tensor
+    (models.hf.require_finite is the matching hook models.hf.load calls on every tensor)
 
 What each check costs: the headers are read (a few KiB per file); the finiteness scan reads every weight once,
 memory-mapped, in chunks (measured with the file in the page cache on the loaded 2-core machine: 2.3 GB/s float32,
@@ -190,14 +190,6 @@ def check_finite(headers) -> None:
         name, n = bad[0]
         raise ValueError(f"{headers[name][0]}: tensor {name!r} holds {n} inf/nan value(s)"
                          + (f" ({len(bad)} tensors do)" if len(bad) > 1 else ""))
-
-
-def require_finite(array: np.ndarray, names, path) -> None:
-    """models.hf.load's hook: a tensor with inf / nan values is an error naming it (NaN weights never load)."""
-    a = np.asarray(array)
-    if a.dtype.kind == "f" or a.dtype.name == "bfloat16":
-        if not np.isfinite(a.astype(np.float32) if a.dtype.name == "bfloat16" else a).all():
-            raise ValueError(f"{path}: tensor {', '.join(names)[:200]} holds inf/nan values")
 
 
 # ---- tokenizer files --------------------------------------------------------------------------------------------------

@@ -157,6 +157,8 @@ def test_a_run_that_never_wrote_a_checkpoint_does_not_pin_its_config(good, tmp_p
     old = _cfg("/wrong/folder")
     (wd / "config.json").write_text(json.dumps(old))
     assert launch.main(["--config", QUICKSTART, "--dry_run", "--workdir", str(wd), f"--config.model.hf_path={good}"]) == 0
-    (wd / "checkpoints" / "last" / "3").mkdir()
+    from rl.checkpoint import Checkpointer  # a written checkpoint (with its checksums) pins the config
+
+    Checkpointer(str(wd / "checkpoints")).save(3, {"x": np.zeros(2, np.float32)}, {"unit": 3})
     assert launch.main(["--config", QUICKSTART, "--dry_run", "--workdir", str(wd), f"--config.model.hf_path={good}"]) == 2
     assert "holds a run with a different config" in capsys.readouterr().err
