@@ -209,7 +209,8 @@ def check_resume_compatible(workdir: str, cfg_dict: dict) -> None:
         return  # a run that stopped before its first checkpoint was written: nothing to resume, the config may differ
     from rl.prefix import with_added_defaults
 
-    strip = lambda d: {k: v for k, v in d.items() if k not in ("run", "log")}  # noqa: E731
+    # run.* / log.* may change on resume; "kernels" (prefix.RECORD_KEY) is a fact about the machine, not config
+    strip = lambda d: {k: v for k, v in d.items() if k not in ("run", "log", "kernels")}  # noqa: E731
     old = with_added_defaults(old, cfg_dict)  # fields added to the code since, at their default, are no change
     if json.loads(json.dumps(strip(old))) != json.loads(json.dumps(strip(cfg_dict))):
         raise cv.ConfigError(
