@@ -6,7 +6,7 @@
 
 The quickstart policy (2 layers, d_model 64, 4 experts top-2, byte vocabulary) on three families at small settings,
 so that a two-layer byte model has something to learn in minutes:
-    basic_arithmetic   "Calculate 7 * 3." (two one-digit terms, + - *; floor division is left out)
+    basic_arithmetic   "Calculate -3 + 7 * 2." (2-3 one-digit terms, + - *, precedence; no floor division)
     chain_sum          "State the final answer to the following arithmetic problem: 4 + 3 - 2 =" (2-3 one-digit terms)
     countdown          "Find a way to make 21 using all of these numbers: 7, 3. ..." (2-3 numbers up to 10, target <= 50)
 Their items have no worked steps, so the cold start is SFT on the generators' gold answers alone (the answer line:
@@ -20,7 +20,7 @@ Variants: variant=full (default, ~5 min on 2 cores) | tiny (the tests' seconds-l
 from experiments.configs.common import SMALL_MOE, base_config, check_variant, parse_arg, stage, tiny_variant
 
 FAMILIES = (
-    "gym@basic_arithmetic@min_terms=2,max_terms=2,min_digits=1,max_digits=1,allow_parentheses=false,operators=+|-|*",
+    "gym@basic_arithmetic@min_terms=2,max_terms=3,min_digits=1,max_digits=1,allow_negation=false,operators=+|-|*",
     "gym@chain_sum@min_terms=2,max_terms=3,min_digits=1,max_digits=1",
     "gym@countdown@min_numbers=2,max_numbers=3,min_value=1,max_value=10,min_target=1,max_target=50",
 )
