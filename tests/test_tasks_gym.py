@@ -327,3 +327,32 @@ def test_jsonl_round_trip(tmp_path):
     probs = load_mix("gym@countdown:1,gym@polynomial_equations:1", 6, 0, "train")
     jsonl_io.write_jsonl(probs, tmp_path / "g.jsonl")
     assert jsonl_io.read_jsonl(tmp_path / "g.jsonl") == probs
+
+
+def _exact_reference(expression: str) -> Fraction:
+    """An independent exact evaluation of a generator's arithmetic (Python's own grammar via ast, Fractions)."""
+    import ast
+
+    def walk(node):
+        if isinstance(node, ast.Expression):
+            return walk(node.body)
+        if isinstance(node, ast.Constant):
+            return Fraction(node.value)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -walk(node.operand)
+        ops = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+               ast.Div: lambda a, b: a / b}
+        return ops[type(node.op)](walk(node.left), walk(node.right))
+
+    return walk(ast.parse(expression, mode="eval"))
+
+
+@needs_gym
+@pytest.mark.parametrize("settings", ["", "@allow_parentheses=false,min_terms=3,max_terms=3,operators=+|-|*"])
+def test_basic_arithmetic_gold_is_the_exact_value(settings):
+    # reasoning-gym's own answers use floor division (default settings) or left-to-right order (no parentheses)
+    probs = load_mix(f"gym@basic_arithmetic{settings}", 300, 0, "train")
+    for p in probs:
+        expression = p.question.removeprefix("Calculate ").removesuffix(".")
+        assert Fraction(p.answer) == _exact_reference(expression), p.question
+        assert _solved(f"Answer: {p.answer}", p) == 1.0

@@ -10,7 +10,7 @@ eval() or sympy's parse_expr on the answer) are never imported or called. Each p
 check payload naming one of our graders (rewards/gym_check.py), so `rewards.task_score.score_task` grades it:
 
     family                     grader     Problem.answer (the SFT target)      notes
-    basic_arithmetic           number     "-4"                                 gold = the generator's (integer, floor division)
+    basic_arithmetic           number     "-4"                                 gold recomputed exactly (see _arithmetic)
     chain_sum                  number     "214"
     simple_equations           number     "13"                                 "e = 13" also accepted
     gsm_symbolic               number     "288"
@@ -52,6 +52,22 @@ _ROOT_DIGITS = 40  # decimals kept of an irrational root in the gold (as an exac
 def _number(item: dict) -> dict:
     return {"question": item["question"], "answer": item["answer"].strip(),
             "check": {"grader": "number", "gold": item["answer"].strip()}}
+
+
+def _fraction_text(value: Fraction) -> str:
+    return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
+
+
+def _arithmetic(item: dict) -> dict:
+    """basic_arithmetic with the gold recomputed exactly from the expression (rewards.mathparse's arithmetic parser,
+    exact rationals): reasoning-gym 0.1.25 answers with floor division where a division is not exact (about 1% of
+    items at default settings: "-1 / -( -( -( -2 - 9 ) ) + -3 + -13 )" gives -1, the value is -1/27) and, with
+    allow_parentheses=false, evaluates left to right ("8 - 3 * 6" gives 30)."""
+    from rewards._verify_eval import exact
+    from rewards.mathparse import parse_arithmetic
+
+    gold = _fraction_text(exact(parse_arithmetic(item["metadata"]["expression"])))
+    return {"question": item["question"], "answer": gold, "check": {"grader": "number", "gold": gold}}
 
 
 def _equation(item: dict) -> dict:
@@ -107,14 +123,14 @@ def _polynomial(item: dict) -> dict:
     question = item["question"].split(_POLY_FORMAT)[0].strip()
     roots = roots_gold(m["polynomial_expr"], m["variable"])
     answer = ", ".join(_decimal4(r) for r in roots) or "no real solutions"
-    gold = ", ".join(f"{r.numerator}/{r.denominator}" if r.denominator != 1 else str(r.numerator) for r in roots)
+    gold = ", ".join(_fraction_text(r) for r in roots)
     return {"question": question, "answer": answer,
             "check": {"grader": "roots", "gold": gold or "none", "n_roots": len(roots), "variable": m["variable"]}}
 
 
 # name -> item converter; docs/tasks.md lists which other generators the number grader would serve unchanged
 FAMILIES = {
-    "basic_arithmetic": _number,
+    "basic_arithmetic": _arithmetic,
     "chain_sum": _number,
     "simple_equations": _equation,
     "gsm_symbolic": _number,
