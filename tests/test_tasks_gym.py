@@ -356,3 +356,26 @@ def test_basic_arithmetic_gold_is_the_exact_value(settings):
         expression = p.question.removeprefix("Calculate ").removesuffix(".")
         assert Fraction(p.answer) == _exact_reference(expression), p.question
         assert _solved(f"Answer: {p.answer}", p) == 1.0
+
+
+@needs_gym
+@pytest.mark.slow  # a tiny run (~2 min on 2 cores)
+def test_gym_mix_recipe_eval_cli_and_family_table(tmp_path, capsys):
+    from experiments import eval as eval_cmd
+    from experiments import family_table, launch
+
+    wd = tmp_path / "gym"
+    assert launch.main(["--config", str(ROOT / "experiments/configs/gym_mix.py") + ":variant=tiny",
+                        "--workdir", str(wd)]) == 0
+    summary = json.loads((wd / "summary.json").read_text())
+    assert list(summary["eval"]) == ["cold_start", "grpo"]
+    fams = ("gym/basic_arithmetic", "gym/chain_sum", "gym/countdown")
+    for entry in summary["eval"].values():
+        assert all(0.0 <= entry[f"pass@1/{f}"] <= 1.0 and entry[f"n_problems/{f}"] > 0 for f in fams)
+    capsys.readouterr()
+    assert family_table.main([str(wd)]) == 0
+    assert "| stage | gym/basic_arithmetic pass@1 | gym/chain_sum pass@1 | gym/countdown pass@1 |" in capsys.readouterr().out
+    mix = "gym@chain_sum@max_terms=2,max_digits=1:1,gym@basic_arithmetic@max_terms=2,max_digits=1:1"
+    assert eval_cmd.main(["--workdir", str(wd), "--ckpt", "last", "--mix", mix, "--n", "8", "--k", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "gym/chain_sum" in out and "gym/basic_arithmetic" in out

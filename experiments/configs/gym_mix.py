@@ -6,23 +6,24 @@
 
 The quickstart policy (2 layers, d_model 64, 4 experts top-2, byte vocabulary) on three families at small settings,
 so that a two-layer byte model has something to learn in minutes:
-    basic_arithmetic   "Calculate -3 + 7 * 2." (2-3 one-digit terms, + - *, precedence; no floor division)
-    chain_sum          "State the final answer to the following arithmetic problem: 4 + 3 - 2 =" (2-3 one-digit terms)
-    countdown          "Find a way to make 21 using all of these numbers: 7, 3. ..." (2-3 numbers up to 10, target <= 50)
+    basic_arithmetic   "Calculate -3 * 7." (two one-digit terms, + - *; gold recomputed exactly, rl/tasks/gym.py)
+    chain_sum          "State the final answer to the following arithmetic problem: 41 - 7 =" (two terms of 1-2 digits)
+    countdown          "Find a way to make 21 using all of these numbers: 7, 3. ..." (two numbers up to 20, target <= 100)
 Their items have no worked steps, so the cold start is SFT on the generators' gold answers alone (the answer line:
-"Answer: 21", "Answer: 7*3"), 3 x 400 problems; then GRPO on the same mix (outcome reward only: our grader's 0/1).
-Each problem is scored by its family's grader (rewards/gym_check.py: numbers through rewards.verify, countdown by an
-exact walk of the parsed expression: each number at most once, all of them, equal to the target). The test split
-(128 problems per family, greedy) is evaluated after each stage: `family_table` prints cold start vs GRPO per family.
+"Answer: 21", "Answer: 7*3"), 3 x 400 problems, 10 epochs in minibatches of 8; then 80 GRPO iterations on the same
+mix (32 prompts x 8 samples, outcome reward only: our grader's 0/1). Each problem is scored by its family's grader
+(rewards/gym_check.py: numbers through rewards.verify, countdown by an exact walk of the parsed expression: each
+number at most once, all of them, equal to the target). The test split (128 problems per family, greedy) is
+evaluated after each stage: `family_table` prints cold start vs GRPO per family (REPRODUCING.md has three seeds).
 
-Variants: variant=full (default, ~5 min on 2 cores) | tiny (the tests' seconds-long run); seed=N.
+Variants: variant=full (default, ~5 min on 2 idle cores) | tiny (the tests' seconds-long run); seed=N.
 """
 from experiments.configs.common import SMALL_MOE, base_config, check_variant, parse_arg, stage, tiny_variant
 
 FAMILIES = (
-    "gym@basic_arithmetic@min_terms=2,max_terms=3,min_digits=1,max_digits=1,allow_negation=false,operators=+|-|*",
-    "gym@chain_sum@min_terms=2,max_terms=3,min_digits=1,max_digits=1",
-    "gym@countdown@min_numbers=2,max_numbers=3,min_value=1,max_value=10,min_target=1,max_target=50",
+    "gym@basic_arithmetic@min_terms=2,max_terms=2,min_digits=1,max_digits=1,allow_negation=false,operators=+|-|*",
+    "gym@chain_sum@min_terms=2,max_terms=2,min_digits=1,max_digits=2",
+    "gym@countdown@min_numbers=2,max_numbers=2,min_value=1,max_value=20,min_target=1,max_target=100",
 )
 MIX = ",".join(f"{f}:1" for f in FAMILIES)
 
@@ -39,9 +40,9 @@ def get_config(arg=None):
     c.checkpoint.update(dict(keep=1, every=10))
     c.run.update(dict(reward_workers=1))
     c.stages = [
-        stage("sft", "cold_start", epochs=12, n_problems=1200, batch_size=32, lr=3e-3, warmup_steps=10),
-        stage("grpo", "grpo", iterations=40, n_prompts=32, samples=8, temperature_start=1.0, temperature_end=0.7,
-              lr=2e-4, warmup_steps=5, epochs=1, token_budget=4096, clip_low=0.2, clip_high=0.28, kl_coef=0.02,
+        stage("sft", "cold_start", epochs=10, n_problems=1200, batch_size=8, lr=1.5e-3, warmup_steps=10),
+        stage("grpo", "grpo", iterations=80, n_prompts=32, samples=8, temperature_start=1.0, temperature_end=0.7,
+              lr=3e-4, warmup_steps=5, epochs=1, token_budget=4096, clip_low=0.2, clip_high=0.28, kl_coef=0.02,
               agg="token-mean", filter_zero_variance=True),
     ]
     if variant == "tiny":
