@@ -252,9 +252,9 @@ def test_malformed_payloads_are_refused_and_score_zero(bad):
 @needs_gym
 def test_deterministic_prefix_stable_and_seeded():
     spec = "gym@basic_arithmetic:1,gym@countdown:1,gym@gsm_symbolic:1"
-    a = load_mix(spec, 12, 3, "validation")
-    assert a == load_mix(spec, 12, 3, "validation")
-    assert [p.id for p in a] != [p.id for p in load_mix(spec, 12, 4, "validation")]
+    a = load_mix(spec, 12, 3, "train")
+    assert a == load_mix(spec, 12, 3, "train")
+    assert [p.id for p in a] != [p.id for p in load_mix(spec, 12, 4, "train")]
     src = tasks.get_source("gym@chain_sum")
     assert src.sample(40, 1, "train")[:25] == src.sample(25, 1, "train")
 
