@@ -9,6 +9,8 @@ evaluates them exactly as the trainer does (rl.evaluation.evaluate: greedy pass@
 95 % Wilson interval, pass@k, maj@k, format rate, length; per task family for mixed problem sets). Prints a
 table and writes workdir/evals/<ckpt>-<split>[-<mix>].json with the samples (prompt, response, extracted answer,
 gold, reward parts) in the .samples.jsonl beside it. Runs on one device whatever the run's mesh was.
+`--mix` takes any mix spec, reasoning-gym families too (`--mix "gym@countdown:1,gym@chain_sum:1"`, per-family rows
+gym/countdown, gym/chain_sum; needs `pip install -e '.[gym]'`).
 """
 from __future__ import annotations
 

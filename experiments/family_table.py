@@ -2,8 +2,9 @@
 
     python -m experiments.family_table runs/r1/seed0 runs/r1/seed1 runs/r1/seed2 [--md out.md]
 
-One row per stage, one column per family: held-out test pass@1 (math: verified answer; code: every hidden test
-passes; instructions: every constraint met) as mean +- sample sd over the runs with each run's value, then the
+One row per stage, one column per family found in the runs: held-out test pass@1 (math: verified answer; code:
+every hidden test passes; instructions: every constraint met; gym/<generator>: our grader of that reasoning-gym
+family accepts the answer, rl/tasks/gym.py) as mean +- sample sd over the runs with each run's value, then the
 language consistency of all answers. It answers the R1 pipeline's question from the numbers: did reasoning RL
 (math + code) cost instruction following, and did the all-scenario stage restore it?
 """
@@ -33,19 +34,27 @@ def cell(vals: list[float]) -> str:
     return f"{v.mean():.3f}{sd} ({', '.join(f'{x:.3f}' for x in v)})"
 
 
+def families(evals: list[dict]) -> list[str]:
+    """The families with a per-family pass@1 in any eval: math, code, instructions first, then gym/<generator>."""
+    found = {key.split("/", 1)[1] for e in evals for m in e.values() for key in m if key.startswith("pass@1/")}
+    found.discard("")
+    return [f for f in FAMILIES if f in found] + sorted(found - set(FAMILIES))
+
+
 def table(evals: list[dict]) -> str:
     """Markdown: stages (in run order, those every run evaluated) x families + language consistency."""
     stages = [s for s in evals[0] if all(s in e for e in evals)]
-    head = ["stage"] + [f"{f} pass@1" for f in FAMILIES] + ["language consistency"]
+    fams = families(evals)
+    head = ["stage"] + [f"{f} pass@1" for f in fams] + ["language consistency"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for s in stages:
         row = [s]
-        for f in FAMILIES:
+        for f in fams:
             vals = [e[s].get(f"pass@1/{f}") for e in evals]
             row.append(cell(vals) if all(v is not None for v in vals) else "-")
         row.append(cell([e[s]["language_consistency"] for e in evals]))
         lines.append("| " + " | ".join(row) + " |")
-    n = {f: evals[0][stages[0]].get(f"n_problems/{f}") for f in FAMILIES} if stages else {}
+    n = {f: evals[0][stages[0]].get(f"n_problems/{f}") for f in fams} if stages else {}
     sizes = ", ".join(f"{f} {int(v)}" for f, v in n.items() if v)
     return "\n".join(lines) + f"\n\nmean +- sample sd over {len(evals)} run(s) (each run's value); test problems per run: {sizes}"
 

@@ -18,6 +18,10 @@ gold answer; rl.tasks.base validates payloads). How each family is scored:
     instructions  outcome = share of constraints met (rewards.instructions); the constraints are this task's
                   format, so `format` reports that share and w_format adds nothing; the language penalty uses
                   the language the constraints require
+    gym           outcome = 1 when our grader of the reasoning-gym family accepts the final answer
+                  (rewards.gym_check: number / fraction / roots through rewards.verify, countdown by an exact
+                  literal tree walk; never reasoning-gym's own score_answer); process, format and penalties as
+                  for math; `family` is "gym/<generator>"
 
 `solved` is 1.0 when the problem counts as solved (math: outcome; code: every test passes; instructions: every
 constraint holds): pass@1, accuracies and rejection sampling read it. `family` names the reward used.
@@ -36,7 +40,7 @@ from rewards.penalties import text_length
 __all__ = ["SEP", "FAMILIES", "FORMAT_IS_OUTCOME", "target_of", "split_target", "score_task", "format_counts"]
 
 SEP = "\x1f"
-FAMILIES = ("math", "code", "instructions")
+FAMILIES = ("math", "code", "instructions", "gym")
 FORMAT_IS_OUTCOME = ("instructions",)  # families whose `format` reports their outcome: no format weight applies
 _FENCED = re.compile(r"^[ \t]{0,3}(`{3,}|~{3,})[^\n]*\n.*?(?:^[ \t]{0,3}\1[ \t]*$|\Z)", re.MULTILINE | re.DOTALL)
 _DEFAULT = RewardConfig()
@@ -86,6 +90,13 @@ def score_task(text, target, cfg: RewardConfig | None = None, *, n_tokens=None) 
             outcome = float(code_score(text, payload))
             r = score(_strip_code(text), "", cfg, n_tokens=n_tokens)  # format, steps and penalties only
             r["total"] += cfg.w_outcome * outcome
+        elif family == "gym":
+            from rewards.gym_check import gym_score
+
+            outcome = float(gym_score(text, payload))
+            r = score(text, "", cfg, n_tokens=n_tokens)  # format, steps and penalties only
+            r["total"] += cfg.w_outcome * outcome
+            family = f"gym/{json.loads(payload)['family']}"
         else:
             from rewards.instructions import instruction_score
 

@@ -260,7 +260,8 @@ def load_problems(cfg: dict):
     filled or two splits share a question.
 
     Difficulty: generated sources take tasks.difficulty, stored problems (files, datasets: rl.tasks.is_fixed)
-    keep their own levels; tasks.source_difficulty overrides either per source (0 = every level)."""
+    keep their own levels and reasoning-gym generators their settings (rl.tasks.takes_difficulty);
+    tasks.source_difficulty overrides either per source (0 = every level)."""
     from rl import tasks
 
     t = cfg["tasks"]
@@ -269,8 +270,8 @@ def load_problems(cfg: dict):
     names = list(dict.fromkeys(name for spec in specs for name, _ in tasks.parse_mix(spec)))
     levels = cv.parse_source_levels(t.get("source_difficulty", ""))
     difficulty = t["difficulty"]
-    if levels or any(tasks.is_fixed(n) for n in names):
-        difficulty = {n: (levels[n] or None) if n in levels else None if tasks.is_fixed(n) else t["difficulty"]
+    if levels or not all(tasks.takes_difficulty(n) for n in names):
+        difficulty = {n: (levels[n] or None) if n in levels else t["difficulty"] if tasks.takes_difficulty(n) else None
                       for n in names}
     counts = {split: t[n] for split, _, n in cv.SPLIT_SOURCES}
     try:

@@ -107,7 +107,7 @@ class ProblemSamples:
     greedy_correct: bool
     greedy_format: float
     greedy_text: str
-    family: str = "math"  # the problem's task family (rl.tasks Problem.reward)
+    family: str = "math"  # the problem's task family (rl.tasks Problem.family: the reward, or gym/<generator>)
     language: float = 1.0  # language consistency of the greedy answer (rewards.penalties.language_consistency)
     correct: list[bool] = field(default_factory=list)  # k sampled answers verified
     answers: list[str | None] = field(default_factory=list)  # extracted final answers of the samples
@@ -233,7 +233,7 @@ def evaluate(ctx, params, problems, key, k: int, temperature: float, samples_out
         p = problems[i]
         lang = p.check_data["lang"] if p.reward == "instructions" else ctx.lang
         r = ProblemSamples(greedy_correct=bool(g_scores[i]["solved"] > 0.5), greedy_format=float(g_scores[i]["format"]),
-                           greedy_text=greedy.texts[i], family=p.reward,
+                           greedy_text=greedy.texts[i], family=p.family,
                            language=language_consistency(greedy.texts[i], lang))
         if samples is not None:
             sl = slice(i * k, (i + 1) * k)

@@ -27,3 +27,17 @@ def test_table_rows_are_stages_columns_families(tmp_path, capsys):
     assert "over 2 run(s)" in text and "math 96, code 48, instructions 48" in text
     assert (tmp_path / "t.md").read_text().strip() == text.strip()
     assert family_table.main([str(tmp_path / "nowhere")]) == 2
+
+
+def test_gym_families_get_their_own_columns(tmp_path, capsys):
+    d = tmp_path / "g0"
+    d.mkdir()
+    ev = {stage: {"pass@1/gym/chain_sum": a, "pass@1/gym/countdown": b, "language_consistency": 1.0,
+                  "n_problems/gym/chain_sum": 64.0, "n_problems/gym/countdown": 64.0}
+          for stage, (a, b) in {"cold_start": (0.25, 0.0), "grpo": (0.5, 0.125)}.items()}
+    (d / "summary.json").write_text(json.dumps({"eval": ev}))
+    assert family_table.main([str(d)]) == 0
+    text = capsys.readouterr().out
+    assert "| stage | gym/chain_sum pass@1 | gym/countdown pass@1 | language consistency |" in text
+    assert "| grpo | 0.500 (0.500) | 0.125 (0.125) | 1.000 (1.000) |" in text
+    assert "math pass@1" not in text and "gym/chain_sum 64, gym/countdown 64" in text

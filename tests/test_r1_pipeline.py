@@ -72,3 +72,19 @@ def test_source_difficulty_sets_levels_per_source():
     c.tasks.source_difficulty = "code=9"
     with pytest.raises(cv.ConfigError, match="tasks.source_difficulty"):
         cv.validate(c)
+
+
+def test_gym_families_join_the_pipeline_and_the_all_scenario_stage():
+    c = r1_pipeline.get_config("variant=tiny,gym=chain_sum+countdown")
+    assert c.tasks.mix == r1_pipeline.MIX + ",gym@chain_sum:0.125,gym@countdown:0.125"
+    cv.validate(c)  # the mix is checked without importing reasoning-gym
+    with pytest.raises(cv.ConfigError, match="unknown reasoning-gym family 'sudoku'; supported: basic_arithmetic"):
+        r1_pipeline.get_config("gym=sudoku")
+    pytest.importorskip("reasoning_gym", reason="optional extra not installed: pip install -e '.[gym]'")
+    from rl import context
+
+    train, _, test = context.load_problems(cv.to_dict(c))  # tasks.difficulty is not passed to the gym sources
+    assert {p.family for p in train} >= {"gym/chain_sum", "gym/countdown", "math"}
+    assert not any(p.reward == "gym" for p in stage_problems(train, c.stages[1].families))  # reasoning RL: math, code
+    assert any(p.reward == "gym" for p in stage_problems(train, c.stages[3].families))      # all-scenario: every family
+    preflight.check_environment(cv.to_dict(c))  # prompts fit, every stage has problems

@@ -13,20 +13,40 @@ hidden tests in the sandbox) and verifiable instructions (language, length, word
 Every problem is scored by its own family's reward (rewards.task_score); groups stay per problem. The eval
 table reports pass@1 per family (instructions: every constraint met) and language consistency after each
 stage: did reasoning RL cost instruction following, and did the all-scenario stage restore it?
-Variants: variant=full (default, ~15-20 min on 2 cores) | tiny (tests); seed=N.
+Variants: variant=full (default, ~15-20 min on 2 cores) | tiny (tests); seed=N; gym=NAME+NAME adds reasoning-gym
+families (rl/tasks/gym.py, `pip install -e '.[gym]'`) to the mix with weight 0.25 shared among them: they join the
+cold start, the rejection step and the all-scenario stage (reasoning RL stays math + code), and the per-family
+table gets a gym/NAME column each.
     python -m experiments.launch --config experiments/configs/r1_pipeline.py:variant=tiny --workdir runs/r1_tiny
+    python -m experiments.launch --config experiments/configs/r1_pipeline.py:gym=chain_sum+countdown --workdir runs/r1_gym
 """
-from experiments.configs.common import SMALL_MOE, base_config, check_variant, parse_arg, stage, tiny_variant
+from experiments.configs.common import SMALL_MOE, ConfigError, base_config, check_variant, parse_arg, stage, tiny_variant
 
 MIX = "add:0.5,code:0.25,instructions:0.25"
+GYM_WEIGHT = 0.25  # of the reasoning-gym families together, next to MIX's 1.0
+
+
+def with_gym(mix: str, names: str) -> str:
+    """MIX plus the reasoning-gym families "countdown+chain_sum" (their default settings), GYM_WEIGHT shared."""
+    fams = [n.strip() for n in str(names).split("+") if n.strip()]
+    if not fams:
+        return mix
+    from rl.tasks import gym
+
+    unknown = [f for f in fams if f not in gym.FAMILIES]
+    if unknown:
+        raise ConfigError(f"config arg gym: unknown reasoning-gym family {unknown[0]!r}; supported: "
+                          f"{', '.join(gym.FAMILIES)}")
+    return mix + "".join(f",gym@{f}:{GYM_WEIGHT / len(fams):g}" for f in fams)
 
 
 def get_config(arg=None):
-    args = parse_arg(arg, {"variant": "full", "seed": 0})
+    args = parse_arg(arg, {"variant": "full", "seed": 0, "gym": ""})
     variant = check_variant(args, ("full", "tiny"))
+    mix = with_gym(MIX, args["gym"])
     c = base_config(args)
     c.model.update(dict(SMALL_MOE, max_seq_len=544))  # code prompts reach ~300 bytes, their solutions ~250
-    c.tasks.update(dict(mix=MIX, lang="en", difficulty=2, source_difficulty="code=1", n_train=1600, n_val=64, n_test=192, max_prompt_len=320))
+    c.tasks.update(dict(mix=mix, lang="en", difficulty=2, source_difficulty="code=1", n_train=1600, n_val=64, n_test=192, max_prompt_len=320))
     c.sampling.update(dict(max_new_tokens=224))
     # greedy evals at stage ends only (the per-family table); the random initial policy scores 0 everywhere
     c.eval.update(dict(every=0, k=0, n_val=64, n_test=192, initial=False))
@@ -50,7 +70,7 @@ def get_config(arg=None):
     if variant == "tiny":
         tiny_variant(c)
         c.model.update(dict(max_seq_len=544))
-        c.tasks.update(dict(mix=MIX, n_train=64, n_val=12, n_test=12, max_prompt_len=320, source_difficulty=""))
+        c.tasks.update(dict(mix=mix, n_train=64, n_val=12, n_test=12, max_prompt_len=320, source_difficulty=""))
         c.sampling.update(dict(max_new_tokens=224, batch_rows=16))
         c.eval.update(dict(n_val=12, n_test=12))
         for s in c.stages:

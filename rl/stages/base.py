@@ -27,7 +27,7 @@ from rl import grouped_batch, rollout, schedules
 from rl.config_fields import Checked, choice, field, integer, name, num
 
 KINDS = ("sft", "rejection", "grpo", "ppo")
-FAMILIES = ("math", "code", "instructions")
+FAMILIES = ("math", "code", "instructions", "gym")  # rewards; gym problems report as gym/<generator>
 
 
 def parse_families(v: str) -> tuple[str, ...]:
@@ -64,7 +64,7 @@ class StageConfig(Checked):
     weight_decay: float = field(0.0, "AdamW weight decay (matrices only)", num(0.0, 10.0))
     grad_clip: float = field(1.0, "global-norm gradient clip (0 = off)", num(0.0, 1e6))
     families: str = field("", "task families this stage draws from: '' = every problem of tasks.mix, else a comma "
-                              "list of math, code, instructions", families_check)
+                              "list of math, code, instructions, gym", families_check)
 
     KIND = "sft"  # class attributes: the kind this config class describes and the field counting its units
     UNIT_FIELD = "epochs"

@@ -18,9 +18,12 @@ Source names (`list_sources()` prints them with descriptions):
     gsm8k@PATH  math@PATH        a GSM8K-style / MATH-style JSONL file (rl/tasks/gsm8k_math.py)
     tfds@NAME[@DATA_DIR]         a locally prepared TFDS dataset: a project one (rl/tasks/tfds_builder.py) or
                                  a catalog one (math_dataset/..., huggingface:gsm8k/main, ...)
+    gym@NAME[@key=value,...]     a reasoning-gym generator with its settings (reward "gym", graded by
+                                 rewards/gym_check.py; optional extra: pip install -e '.[gym]'; rl/tasks/gym.py)
 
 Mix spec: comma-separated `name[:weight]` items, e.g. "arith:0.5,linear:0.5", "word,word_zh" (equal
-weights), "mathdataset@numbers__gcd:1,arith:3". Weights are positive numbers, normalised to sum to 1; counts
+weights), "mathdataset@numbers__gcd:1,arith:3", "gym@chain_sum@max_terms=3,max_digits=2:1,arith:1" (the commas
+of a gym item's settings belong to it: a `key=value` item after a gym@ item continues it). Weights are positive numbers, normalised to sum to 1; counts
 are allocated by largest remainder, so they always add up to n. Splits: see rl/tasks/base.py (by question
 hash, disjoint, 80/10/10; `split` may also be a base.Split: an explicit source served whole, or the hash split
 over fewer splits, with questions of other splits excluded). A mix may combine families ("code:0.3,instructions:0.3,add:0.4"): each problem's
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import random
+import re
 
 from rl.tasks import arith, code, fractions_, instructions, linear, word
 from rl.tasks.base import (
@@ -40,7 +44,7 @@ from rl.tasks.render import render_example, render_prompt, render_solution
 
 __all__ = [
     "Problem", "SPLITS", "LEVELS", "REWARDS", "Split", "split_of", "get_source", "list_sources", "parse_mix", "allocate",
-    "load_mix", "load_splits", "SplitSourceError", "is_fixed", "mix_error", "split_source_errors",
+    "load_mix", "load_splits", "SplitSourceError", "is_fixed", "takes_difficulty", "mix_error", "split_source_errors",
     "render_prompt", "render_solution", "render_example",
 ]
 
@@ -54,6 +58,8 @@ _PARAMETERISED = {
     "gsm8k": "a GSM8K-style JSONL file (question, answer ending in '#### N'): `gsm8k@path/to/test.jsonl`",
     "math": "a MATH-style JSONL file (problem, solution with a final \\boxed{}, level): `math@path/to/test.jsonl`",
     "tfds": "a prepared TFDS dataset: `tfds@name` or `tfds@name@data_dir` (array_record, read offline)",
+    "gym": "a reasoning-gym generator graded by rewards/gym_check.py: `gym@countdown` or "
+           "`gym@chain_sum@max_terms=3,max_digits=2` (optional extra: pip install -e '.[gym]')",
 }
 
 
@@ -95,6 +101,9 @@ def get_source(name: str):
         ds_name, _, data_dir = arg.partition("@")
         return FixedSource.build(name, tfds_builder.load_problems(ds_name, data_dir=data_dir or None),
                                  description=f"TFDS dataset {ds_name}")
+    if base == "gym":
+        from rl.tasks import gym
+        return gym.from_spec(arg)
     raise ValueError(f"unknown task source {name!r}; known: {sorted(list_sources())}")
 
 
@@ -107,6 +116,26 @@ def is_fixed(name: str) -> bool:
     return name.strip().partition("@")[0] in FIXED
 
 
+def takes_difficulty(name: str) -> bool:
+    """Whether a mix item's source takes the run's tasks.difficulty: not stored problems (is_fixed) nor reasoning-gym
+    generators, whose own settings set their difficulty (rl/tasks/gym.py)."""
+    return not is_fixed(name) and name.strip().partition("@")[0] != "gym"
+
+
+_GYM_SETTING = re.compile(r"\s*[A-Za-z_][A-Za-z0-9_]*\s*=")
+
+
+def _split_items(spec: str) -> list[str]:
+    """The comma-separated items of a mix spec, a gym item's `key=value` settings kept with it."""
+    parts: list[str] = []
+    for part in spec.split(","):
+        if parts and parts[-1].strip().startswith("gym@") and _GYM_SETTING.match(part):
+            parts[-1] += "," + part
+        else:
+            parts.append(part)
+    return parts
+
+
 def parse_mix(spec: str) -> list[tuple[str, float]]:
     """"arith:0.5,linear:0.5" -> [("arith", 0.5), ("linear", 0.5)], weights normalised to sum 1.
 
@@ -115,7 +144,7 @@ def parse_mix(spec: str) -> list[tuple[str, float]]:
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"mix spec must be a non-empty string like 'arith:0.5,linear:0.5', got {spec!r}")
     items: list[tuple[str, float]] = []
-    for part in spec.split(","):
+    for part in _split_items(spec):
         part = part.strip()
         if not part:
             raise ValueError(f"mix spec {spec!r} has an empty item (check the commas)")
@@ -132,6 +161,12 @@ def parse_mix(spec: str) -> list[tuple[str, float]]:
         base = name.partition("@")[0]
         if name not in _GENERATED and base not in _PARAMETERISED:
             raise ValueError(f"mix spec {spec!r}: unknown source {name!r}; known: {sorted(list_sources())}")
+        if base == "gym":
+            from rl.tasks import gym
+            try:
+                gym.check_spec(name.partition("@")[2])
+            except ValueError as e:
+                raise ValueError(f"mix spec {spec!r}: {e}") from None
         if any(name == other for other, _ in items):
             raise ValueError(f"mix spec {spec!r} names {name!r} twice")
         items.append((name, weight))

@@ -4,14 +4,18 @@ A `Problem` is what every stage consumes: a question, a gold answer string that 
 accepts, optional gold steps (for the cold-start SFT target), a difficulty level and the source name. Problems
 of the other task families also name the reward that scores them and carry its payload:
     reward  "math" (default: rewards.verify on `answer`), "code" (rewards.code_reward: hidden tests run in the
-            sandbox; `answer` is the gold Python source) or "instructions" (rewards.instructions: the share of
-            constraints met; `answer` is a gold response)
+            sandbox; `answer` is the gold Python source), "instructions" (rewards.instructions: the share of
+            constraints met; `answer` is a gold response) or "gym" (a reasoning-gym generator's problem, graded by
+            rewards.gym_check; `answer` is the gold answer line's value)
     check   "" for math; otherwise the payload as canonical JSON text (sorted keys, no spaces), so a Problem
             stays hashable and serialisable. Construct with a dict or its JSON text; `check_data` parses it.
             Both families' payloads hold "prompt": {"zh": ..., "en": ...}, the task statement in each language
             (rl/tasks/render.py renders it); code adds "func", "tests" [[args, expected], ...] and optionally
             "plan": {"zh", "en"}; instructions add "lang" (the language the response must be in) and
-            "constraints". The payload is validated on construction by the family's reward module.
+            "constraints". gym payloads name their grader and generator instead ("grader", "family", the gold
+            or the countdown numbers; rewards/gym_check.py) and render the question itself. The payload is
+            validated on construction by the family's reward module. `Problem.family` is the name metrics use:
+            the reward, or "gym/<generator>".
 
 Splits. A problem's split is a pure function of its normalised question (`split_of`): a SHA-256 of the
 normalised text is mapped to train (80%), validation (10%) or test (10%). Two problems with the same normalised
@@ -51,7 +55,7 @@ SPLITS = ("train", "validation", "test")
 # Fractions of the 2**64 hash range given to each split, in SPLITS order.
 SPLIT_FRACTIONS = (0.8, 0.1, 0.1)
 LEVELS = (1, 2, 3, 4, 5)
-REWARDS = ("math", "code", "instructions")
+REWARDS = ("math", "code", "instructions", "gym")
 LANGS = ("zh", "en")
 
 _WS = re.compile(r"\s+")
@@ -85,6 +89,11 @@ class Problem:
         object.__setattr__(self, "check", canonical_check(self.reward, self.check))
 
     @property
+    def family(self) -> str:
+        """The task family metrics are reported under: the reward, or "gym/<generator>" for reasoning-gym problems."""
+        return f"gym/{self.check_data['family']}" if self.reward == "gym" else self.reward
+
+    @property
     def check_data(self) -> dict | None:
         """The parsed check payload (None for math problems)."""
         return json.loads(self.check) if self.check else None
@@ -105,6 +114,13 @@ def canonical_check(reward: str, check) -> str:
         if check not in ("", None):
             raise ValueError(f"Problem.check must be empty for reward 'math', got {check!r}"[:300])
         return ""
+    if reward == "gym":  # a reasoning-gym problem: the grader's payload, no prompt of its own (rl/tasks/gym.py)
+        from rewards.gym_check import parse_check as parse_gym_check
+        try:
+            data = parse_gym_check(check)
+            return json.dumps(data, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"Problem.check for reward 'gym': {e}"[:500]) from None
     data = check
     if isinstance(check, str):
         try:

@@ -15,6 +15,7 @@ The other task families render from their payload (`Problem.check`), so one prob
                            format_reward's steps-then-answer shape; rewards.code_reward reads the code block.
     instructions  prompt   the payload's task and constraint sentences in `lang`
                   solution the gold response (`answer`), in the language its constraints require
+    gym           as math: the generator's question (English whatever `lang`), the answer line alone (no steps)
 
 Chat checkpoints (model.hf_path with a chat template) get the prompt as one user turn instead,
 `render_user_message(p, lang)`: the question followed by an instruction asking for this layout, e.g.
@@ -31,6 +32,7 @@ from __future__ import annotations
 from rl.tasks.base import Problem
 
 LANGS = ("zh", "en")
+_OWN_QUESTION = ("math", "gym")  # families whose question is Problem.question (the others render their payload)
 _CN_DIGITS = "零一二三四五六七八九"
 
 
@@ -62,7 +64,8 @@ def _check_lang(lang: str) -> str:
 
 def render_prompt(problem: Problem, lang: str = "zh") -> str:
     """The prompt the model continues with its solution."""
-    question = problem.question if problem.reward == "math" else problem.check_data["prompt"][_check_lang(lang)]
+    question = (problem.question if problem.reward in _OWN_QUESTION
+                else problem.check_data["prompt"][_check_lang(lang)])
     if _check_lang(lang) == "zh":
         return f"问题：{question}\n解答：\n"
     return f"Question: {question}\nSolution:\n"
@@ -78,7 +81,7 @@ _INSTRUCTION = {
 def render_user_message(problem: Problem, lang: str = "zh") -> str:
     """The user turn for a chat template: the question and the layout instruction (the statement alone for the
     code and instruction families, whose statements carry their own)."""
-    if problem.reward != "math":
+    if problem.reward not in _OWN_QUESTION:
         return problem.check_data["prompt"][_check_lang(lang)]
     return f"{problem.question}\n{_INSTRUCTION[_check_lang(lang)]}"
 
