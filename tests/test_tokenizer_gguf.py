@@ -49,10 +49,16 @@ def tiny_vocab() -> list[str]:
 
 
 def write_tiny_gguf(path: Path, *, pre: str = "smollm", model: str = "gpt2", add_bos: bool = False,
-                    template: str | None = TEMPLATE, drop: tuple = ()) -> Path:
+                    template: str | None = TEMPLATE, drop: tuple = (), llama: dict | None = None) -> Path:
+    """A GGUF file with the tiny tokenizer; with `llama` ({"meta": {key: int | float}, "tensors": {name: float32
+    array}}) also a llama model's metadata and weights (tests/test_eval_pretrained.py)."""
     tokens = tiny_vocab()
     types = [3 if t in SPECIALS else 4 if t == "<think>" else 1 for t in tokens]
     w = gguf.GGUFWriter(str(path), arch="llama")
+    for key, value in (llama or {}).get("meta", {}).items():
+        (w.add_float32 if isinstance(value, float) else w.add_uint32)(f"llama.{key}", value)
+    for name, array in (llama or {}).get("tensors", {}).items():
+        w.add_tensor(name, array)
     w.add_tokenizer_model(model)
     w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
