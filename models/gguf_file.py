@@ -129,9 +129,10 @@ def hf_config(reader, path: Path) -> dict:
         if dense or not norm:
             raise ValueError(f"{path}: a llama file with experts is read as Mixtral, which routes every block and "
                              f"renormalises the top-k weights (blocks without a router: {dense})")
-        expert_ff = next(int(t.shape[1]) for t in reader.tensors if t.name.endswith("ffn_gate_exps.weight"))
+        # GGUF dims fastest first: an experts tensor is [d_model, expert width, experts]
+        widths = [int(t.shape[1]) for t in reader.tensors if t.name.endswith("ffn_gate_exps.weight")]
         hf.update(model_type="mixtral", num_local_experts=n_experts, num_experts_per_tok=used,
-                  intermediate_size=int(get("expert_feed_forward_length", expert_ff)))
+                  intermediate_size=int(get("expert_feed_forward_length", widths[0] if widths else _REQUIRED)))
     else:
         hf.update(model_type="qwen3_moe", num_experts=n_experts, num_experts_per_tok=used, decoder_sparse_step=1,
                   moe_intermediate_size=int(get("expert_feed_forward_length")), mlp_only_layers=dense,
