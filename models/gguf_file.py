@@ -29,6 +29,7 @@ file and the key or tensor.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -58,11 +59,20 @@ DEQUANTIZED = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6
 
 
 # ---- the file ------------------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=2)
+def _parsed(path: str, mtime_ns: int, size: int):
+    """GGUFReader of an unchanged file, parsed once per process: a run reads the config, then the weights, of the same
+    file, and parsing a real file's metadata (its vocabulary and merges) takes seconds. The reader only maps the
+    file; the tensors are read on demand."""
+    return GGUFReader(path)
+
+
 def _reader(path: Path):
     if not path.is_file():
         raise ValueError(f"{path}: no such GGUF file")
+    stat = path.stat()
     try:
-        return GGUFReader(path)
+        return _parsed(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
     except (ValueError, IndexError, KeyError, OverflowError, TypeError) as e:
         # GGUFReader maps the file and slices each tensor out of it: a file cut short fails to reshape its last
         # tensors (or its header), a corrupt one in the header.
