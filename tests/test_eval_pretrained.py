@@ -73,3 +73,19 @@ def test_bad_model_and_arguments(tmp_path, capsys):
     assert "missing-model" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         ev_cli.main(["--model", "x", "--workdir", "y"])
+
+
+def test_smollm2_sampler_bench_json_on_a_tiny_gguf(tmp_path, capsys):
+    """The sampler benchmark's own side on a tiny GGUF (the peer's python missing: reported, no ratio)."""
+    from experiments.bench import smollm2_sampler
+
+    model = tiny_llama_gguf(tmp_path / "tiny.gguf")
+    out = tmp_path / "b.json"
+    assert smollm2_sampler.main(["--model", str(model), "--rows", "2", "--new-tokens", "3", "--reps", "1",
+                                 "--peer-python", str(tmp_path / "no-python"), "--json", str(out)]) == 0
+    saved = json.loads(out.read_text())
+    ours = saved["ours"]
+    assert ours["rows"] == 2 and ours["new_tokens"] == 3 and ours["prefill_tok_per_s"] > 0
+    assert ours["decode_tok_per_s"] == pytest.approx(2 * 2 / (ours["full_s_median"] - ours["prefill_s_median"]))
+    assert "no peer python" in saved["peer"]["error"] and saved["ratios"] == {}
+    assert "no peer python" in capsys.readouterr().out
