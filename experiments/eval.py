@@ -108,10 +108,11 @@ class PretrainedContext(context.RunContext):
 
 
 def open_pretrained(path: str, *, mix: str, n: int, lang: str = "en", difficulty: int = 1, max_new_tokens: int = 256,
-                    max_prompt_len: int = 512, batch_rows: int = 64, seed: int = 0, out_dir: str = ""):
+                    max_prompt_len: int = 0, batch_rows: int = 64, seed: int = 0, out_dir: str = ""):
     """(ctx, params): a PretrainedContext on one device over n test problems of `mix` with the model at `path` (its
     weights by models.hf.load, its tokenizer and chat template by HFTokenizer.from_pretrained) and an in-process
-    reward pool; the evaluation settings are a default run config's with these fields set."""
+    reward pool; the evaluation settings are a default run config's with these fields set. The sampler pads every
+    prompt to max_prompt_len (0: the longest prompt's length rounded up to 32)."""
     from models import hf
     from models.tokenizer import HFTokenizer
     from rl import config_validation as cv
@@ -120,7 +121,7 @@ def open_pretrained(path: str, *, mix: str, n: int, lang: str = "en", difficulty
     cfg = cv.to_dict(cv.default_config())
     cfg["seed"] = seed
     cfg["tasks"].update(mix=mix, lang=lang, difficulty=difficulty, n_test=n, n_val=1, n_train=1,
-                        max_prompt_len=max_prompt_len)
+                        max_prompt_len=max_prompt_len or 4096)
     cfg["sampling"].update(max_new_tokens=max_new_tokens, batch_rows=batch_rows)
     cfg["run"]["reward_workers"] = 0
     cfg["model"]["hf_path"] = path
@@ -131,7 +132,10 @@ def open_pretrained(path: str, *, mix: str, n: int, lang: str = "en", difficulty
     _, _, test = context.load_problems(cfg)
     ctx = PretrainedContext(cfg=cfg, workdir=out_dir, model_cfg=model_cfg, tok=tok, mesh=None, rules=None,
                             row_multiple=1, train=[], val=[], test=list(test))
-    too_long = [p for p in ctx.test if len(tok.encode(ctx.prompt(p))) > max_prompt_len]
+    lengths = [len(tok.encode(ctx.prompt(p))) for p in ctx.test]
+    if not max_prompt_len:  # the sampler pads every prompt to tasks.max_prompt_len: keep it tight
+        ctx.cfg["tasks"]["max_prompt_len"] = max_prompt_len = -(-max(lengths) // 32) * 32
+    too_long = [p for p, n in zip(ctx.test, lengths) if n > max_prompt_len]
     if too_long:
         raise ValueError(f"--max-prompt-len ({max_prompt_len}) is too small for {len(too_long)} prompts, e.g. "
                          f"{too_long[0].question[:80]!r}")
@@ -235,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     pre.add_argument("--lang", default="en", choices=("en", "zh"), help="the answers' language (reward, metrics)")
     pre.add_argument("--difficulty", type=int, default=2, help="of generated families (add: digits)")
     pre.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=256)
-    pre.add_argument("--max-prompt-len", dest="max_prompt_len", type=int, default=512)
+    pre.add_argument("--max-prompt-len", dest="max_prompt_len", type=int, default=0,
+                     help="prompt width in tokens (every prompt is padded to it; 0: the longest, rounded up to 32)")
     pre.add_argument("--batch-rows", dest="batch_rows", type=int, default=64, help="rows per sampler call")
     pre.add_argument("--write-gsm8k", dest="write_gsm8k", default="",
                      help="write --n GSM8K-format problems from the word generator to this JSONL file and exit")
