@@ -11,14 +11,28 @@ table and writes workdir/evals/<ckpt>-<split>[-<mix>].json with the samples (pro
 gold, reward parts) in the .samples.jsonl beside it. Runs on one device whatever the run's mesh was.
 `--mix` takes any mix spec, reasoning-gym families too (`--mix "gym@countdown:1,gym@chain_sum:1"`, per-family rows
 gym/countdown, gym/chain_sum; needs `pip install -e '.[gym]'`).
+
+A pretrained model, no run directory (a named model, a .gguf file or a Hugging Face folder):
+
+    python -m experiments.eval --model smollm2-135m-instruct --mix add --difficulty 2 --n 256 --k 4 \
+        --temperature 0.8 --max-new-tokens 256 --out runs/eval_smollm2/add
+
+The problems come from `--mix` (any task mix: add, word, word_zh, gsm8k@FILE, ...; `--lang` sets the reward's and
+the prompts' language), each prompt is a system turn asking for steps and a final `Answer:` line plus the question
+as the user turn, through the checkpoint's chat template; the table is the same, and --out receives summary.json
+and samples.jsonl. `python -m experiments.eval --write-gsm8k FILE --n 256` writes a GSM8K-format JSONL file
+(question, reasoning lines, `#### answer`) from the project's English word-problem generator, for `gsm8k@FILE`.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
 import sys
+
+from rl import context
 
 SPLITS = ("train", "validation", "test")
 
@@ -62,9 +76,157 @@ def problems_of(ctx, split: str):
     return {"train": ctx.train, "validation": ctx.val, "test": ctx.test}[split]
 
 
+# ---- a pretrained model without a run ----------------------------------------------------------------------------
+SYSTEM_PROMPT = ("You are a careful math assistant. Solve the problem step by step, one short step per line, "
+                 "then give the final answer on a last line of the form 'Answer: <number>'.")
+
+
+def resolve_model(spec: str) -> str:
+    """A .gguf file or a Hugging Face folder: `spec` itself when it exists, else the named pretrained model's file
+    (models.pretrained). ValueError naming the spec otherwise."""
+    import os
+
+    if os.path.exists(spec):
+        return spec
+    from models import pretrained
+
+    return str(pretrained.resolve(spec))
+
+
+@dataclasses.dataclass
+class PretrainedContext(context.RunContext):
+    """A RunContext whose prompts are a system turn plus the problem as the user turn, through the chat template."""
+
+    system: str = SYSTEM_PROMPT
+
+    def prompt(self, problem) -> str:
+        from rl.tasks.render import render_user_message
+
+        msgs = [{"role": "system", "content": self.system}, {"role": "user", "content": problem.question}]
+        if problem.reward != "math":  # code / instruction problems carry their own statement
+            msgs[1]["content"] = render_user_message(problem, self.lang)
+        return self.tok.render_chat_template(msgs)
+
+
+def open_pretrained(path: str, *, mix: str, n: int, lang: str = "en", difficulty: int = 1, max_new_tokens: int = 256,
+                    max_prompt_len: int = 0, batch_rows: int = 64, seed: int = 0, out_dir: str = ""):
+    """(ctx, params): a PretrainedContext on one device over n test problems of `mix` with the model at `path` (its
+    weights by models.hf.load, its tokenizer and chat template by HFTokenizer.from_pretrained) and an in-process
+    reward pool; the evaluation settings are a default run config's with these fields set. The sampler pads every
+    prompt to max_prompt_len (0: the longest prompt's length rounded up to 32)."""
+    from models import hf
+    from models.tokenizer import HFTokenizer
+    from rl import config_validation as cv
+    from rl import rollout
+
+    cfg = cv.to_dict(cv.default_config())
+    cfg["seed"] = seed
+    cfg["tasks"].update(mix=mix, lang=lang, difficulty=difficulty, n_test=n, n_val=1, n_train=1,
+                        max_prompt_len=max_prompt_len or 4096)
+    cfg["sampling"].update(max_new_tokens=max_new_tokens, batch_rows=batch_rows)
+    cfg["run"]["reward_workers"] = 0
+    cfg["model"]["hf_path"] = path
+    model_cfg, params = hf.load(path)
+    tok = HFTokenizer.from_pretrained(path)
+    if tok.chat_template is None:
+        raise ValueError(f"{path}: no chat template")
+    _, _, test = context.load_problems(cfg)
+    ctx = PretrainedContext(cfg=cfg, workdir=out_dir, model_cfg=model_cfg, tok=tok, mesh=None, rules=None,
+                            row_multiple=1, train=[], val=[], test=list(test))
+    lengths = [len(tok.encode(ctx.prompt(p))) for p in ctx.test]
+    if not max_prompt_len:  # the sampler pads every prompt to tasks.max_prompt_len: keep it tight
+        ctx.cfg["tasks"]["max_prompt_len"] = max_prompt_len = -(-max(lengths) // 32) * 32
+    too_long = [p for p, n in zip(ctx.test, lengths) if n > max_prompt_len]
+    if too_long:
+        raise ValueError(f"--max-prompt-len ({max_prompt_len}) is too small for {len(too_long)} prompts, e.g. "
+                         f"{too_long[0].question[:80]!r}")
+    ctx.scorer = rollout.Scorer(context.make_reward_pool(cfg))
+    return ctx, params
+
+
+def write_gsm8k_file(path: str, n: int, seed: int = 0, difficulty: int = 1) -> int:
+    """n English template word problems (rl.tasks `word`) as GSM8K JSONL lines: {"question", "answer": reasoning
+    lines + "\n#### <answer>"}; returns n."""
+    from rl import tasks
+
+    problems = tasks.load_mix("word", n=n, seed=seed, split="test", difficulty=difficulty)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for p in problems:
+            steps = "\n".join(p.steps or ())
+            f.write(json.dumps({"question": p.question, "answer": f"{steps}\n#### {p.answer}".lstrip()},
+                               ensure_ascii=False) + "\n")
+    return len(problems)
+
+
+def print_metrics(label: str, m: dict) -> dict:
+    """Print the pass@1 +- SE [95 % interval] / pass@k / maj@k table (and per family) of evaluate's metrics;
+    returns the summary entry."""
+    from rl import metrics as mlib
+    from rl.run import summary_entry
+
+    entry = summary_entry(m)
+    cols = ["pass@1", "pass@1_se", "pass@k", "maj@k", "format_rate", "mean_length"]
+    row = {**entry, "n": m["n_problems"], "95% CI": "[{:.3f}, {:.3f}]".format(*entry["pass@1_ci95"])}
+    print(mlib.format_table({label: row}, cols + ["95% CI", "n"], row_header="checkpoint"))
+    fams = sorted({key.split("/", 1)[1] for key in entry if key.startswith("n_problems/")})
+    if fams:
+        print(mlib.format_table({f: {c: entry.get(f"{c}/{f}") for c in ("pass@1", "pass@1_se", "format_rate")}
+                                 for f in fams}, ["pass@1", "pass@1_se", "format_rate"], row_header="family"))
+    return entry
+
+
+def main_pretrained(args) -> int:
+    """--model: evaluate a pretrained model on args.mix (see the module docstring)."""
+    import time
+
+    import jax
+
+    from rl import evaluation as ev
+
+    t0 = time.perf_counter()
+    try:
+        path = resolve_model(args.model)
+        ctx, params = open_pretrained(path, mix=args.mix or "add", n=args.n or 256, lang=args.lang,
+                                      difficulty=args.difficulty, max_new_tokens=args.max_new_tokens,
+                                      max_prompt_len=args.max_prompt_len, batch_rows=args.batch_rows, seed=args.seed,
+                                      out_dir=args.out)
+    except (OSError, ValueError) as e:
+        print(f"eval error: {e}", file=sys.stderr)
+        return 2
+    k = max(args.k, 0)
+    temp = args.temperature or 1.0
+    print(f"model {path}\nevaluating {len(ctx.test)} test problems of {ctx.cfg['tasks']['mix']} (difficulty "
+          f"{args.difficulty}, lang {args.lang}): greedy + {k} samples at T={temp}, up to {args.max_new_tokens} new "
+          f"tokens", flush=True)
+    samples: list = []
+    try:
+        m = ev.evaluate(ctx, params, ctx.test, jax.random.key(args.seed), k, temp, samples_out=samples,
+                        n_show=max(args.samples, k))
+    finally:
+        ctx.scorer.close()
+    entry = print_metrics(f"{os.path.basename(path.rstrip('/'))} ({ctx.cfg['tasks']['mix']})", m)
+    wall = time.perf_counter() - t0
+    print(f"wall time {wall:.0f} s")
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "summary.json"), "w", encoding="utf-8") as f:
+            json.dump({"model": path, "mix": ctx.cfg["tasks"]["mix"], "difficulty": args.difficulty,
+                       "lang": args.lang, "system": ctx.system, "k": k, "temperature": temp, "seed": args.seed,
+                       "max_new_tokens": args.max_new_tokens, "wall_seconds": wall, "metrics": m, "summary": entry},
+                      f, indent=2)
+        with open(os.path.join(args.out, "samples.jsonl"), "w", encoding="utf-8") as f:
+            for s in samples:
+                f.write(json.dumps(s, ensure_ascii=False) + "\n")
+        print(f"written {os.path.join(args.out, 'summary.json')} and samples.jsonl")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m experiments.eval", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workdir", required=True)
+    ap.add_argument("--workdir", help="a run directory (or --model)")
+    ap.add_argument("--model", default="", help="a pretrained model instead of a run: a name (smollm2-135m-instruct), "
+                    "a .gguf file or a Hugging Face folder")
     ap.add_argument("--ckpt", default="best", help="best | last | a global unit number")
     ap.add_argument("--split", default="test", choices=SPLITS)
     ap.add_argument("--n", type=int, default=0, help="problems (default: the run's count for that split)")
@@ -73,15 +235,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mix", default="", help="a task mix spec instead of the run's tasks.mix, e.g. add:1.0")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--samples", type=int, default=2, help="samples per problem written to the .samples.jsonl")
+    pre = ap.add_argument_group("with --model")
+    pre.add_argument("--out", default="", help="folder for summary.json and samples.jsonl")
+    pre.add_argument("--lang", default="en", choices=("en", "zh"), help="the answers' language (reward, metrics)")
+    pre.add_argument("--difficulty", type=int, default=2, help="of generated families (add: digits)")
+    pre.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=256)
+    pre.add_argument("--max-prompt-len", dest="max_prompt_len", type=int, default=0,
+                     help="prompt width in tokens (every prompt is padded to it; 0: the longest, rounded up to 32)")
+    pre.add_argument("--batch-rows", dest="batch_rows", type=int, default=64, help="rows per sampler call")
+    pre.add_argument("--write-gsm8k", dest="write_gsm8k", default="",
+                     help="write --n GSM8K-format problems from the word generator to this JSONL file and exit")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.write_gsm8k:
+        print(f"wrote {write_gsm8k_file(args.write_gsm8k, args.n or 256, args.seed)} problems to {args.write_gsm8k}")
+        return 0
+    if bool(args.model) == bool(args.workdir):
+        ap.error("give exactly one of --workdir and --model")
+    if args.model:
+        return main_pretrained(args)
 
     import jax
 
     from rl import evaluation as ev
-    from rl import metrics as mlib
     from rl.checkpoint import CheckpointError
     from rl.config_validation import ConfigError
-    from rl.run import summary_entry
 
     try:
         ctx, params, where = open_run(args.workdir, args.ckpt, mix=args.mix, split=args.split, n=args.n)
@@ -100,14 +277,7 @@ def main(argv: list[str] | None = None) -> int:
                         n_show=args.samples)
     finally:
         ctx.scorer.close()
-    entry = summary_entry(m)
-    cols = ["pass@1", "pass@1_se", "pass@k", "maj@k", "format_rate", "mean_length"]
-    row = {**entry, "n": m["n_problems"], "95% CI": "[{:.3f}, {:.3f}]".format(*entry["pass@1_ci95"])}
-    print(mlib.format_table({f"{args.ckpt} ({args.split})": row}, cols + ["95% CI", "n"], row_header="checkpoint"))
-    fams = sorted({key.split("/", 1)[1] for key in entry if key.startswith("n_problems/")})
-    if fams:
-        print(mlib.format_table({f: {c: entry.get(f"{c}/{f}") for c in ("pass@1", "pass@1_se", "format_rate")}
-                                 for f in fams}, ["pass@1", "pass@1_se", "format_rate"], row_header="family"))
+    entry = print_metrics(f"{args.ckpt} ({args.split})", m)
     out_dir = os.path.join(args.workdir, "evals")
     os.makedirs(out_dir, exist_ok=True)
     name = f"{args.ckpt}-{args.split}" + (f"-{re.sub(r'[^A-Za-z0-9_.@-]+', '_', args.mix)}" if args.mix else "")

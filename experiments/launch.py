@@ -233,7 +233,7 @@ def _has_checkpoint(workdir: str | None) -> bool:
 def on_checkpoint(cfg_dict: dict, recipe_hf: bool) -> tuple[dict, list[str]]:
     """(the config the run uses, notes): a recipe written for the byte tokenizer (`recipe_hf`: its get_config set
     model.hf_path) run on model.hf_path gets its lengths in the checkpoint's tokens (rl/pretrained.py)."""
-    if cfg_dict["model"]["hf_path"] and not recipe_hf:
+    if (cfg_dict["model"]["hf_path"] or cfg_dict["model"].get("pretrained")) and not recipe_hf:
         from rl import preflight
 
         return preflight.port_to_checkpoint(cfg_dict)
@@ -245,7 +245,7 @@ def checked_config(args, overrides) -> tuple[dict, bool]:
     override and field errors are reported together; once the config is valid, the workdir, the machine and the
     data are checked and their problems reported together (rl/preflight.py)."""
     config = get_config(args.config)
-    recipe_hf = bool(config.model.get("hf_path"))
+    recipe_hf = bool(config.model.get("hf_path") or config.model.get("pretrained"))
     errors = []
 
     def note(fn):

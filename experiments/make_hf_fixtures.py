@@ -3,8 +3,9 @@
     python3.11 -m venv /tmp/hfref
     /tmp/hfref/bin/pip install torch==2.13.0 transformers==5.23.0 safetensors numpy   # the hf-reference extra
     /tmp/hfref/bin/python experiments/make_hf_fixtures.py                              # from the repository root
+    /tmp/hfref/bin/python experiments/make_hf_fixtures.py llama                        # only the named fixture(s)
 
-For each of qwen2, qwen3, qwen3_moe and mixtral it writes a tiny random checkpoint folder (config.json +
+For each of qwen2, qwen3, qwen3_moe, mixtral and llama it writes a tiny random checkpoint folder (config.json +
 safetensors; qwen3_moe sharded over several files with model.safetensors.index.json) and expected.npz with
 transformers' float32 logits for a fixed batch, and its greedy continuation (KV cache) of left-padded prompts. The
 weights are random with unit-scale logits, norm scales around 1 and non-zero biases, so a wrong name mapping, a
@@ -51,6 +52,11 @@ ARCHS = {
     "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM,
                 dict(num_local_experts=4, num_experts_per_tok=2, rms_norm_eps=1e-5, sliding_window=None,
                      rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+    # Llama: no biases, untied embeddings, head_dim 8 with 4 heads, one key/value head, rope base 5e5
+    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM,
+              dict(head_dim=8, num_key_value_heads=1, tie_word_embeddings=False, rms_norm_eps=1e-5,
+                   attention_bias=False, mlp_bias=False,
+                   rope_parameters={"rope_type": "default", "rope_theta": 500000.0})),
 }
 MIN_MARGIN = 1e-3  # top-1 minus top-2 logit at every greedy step; float32 differences are ~1e-6
 NEW_TOKENS = 8
@@ -222,16 +228,24 @@ def make_tokenizer() -> None:
           f"{sorted(p.name for p in folder.iterdir())}")
 
 
-def main() -> None:
+def main(names: list[str]) -> None:
+    """Every fixture, or only the named ones (architectures and/or "tokenizer")."""
+    unknown = sorted(set(names) - set(ARCHS) - {"tokenizer"})
+    if unknown:
+        raise SystemExit(f"unknown fixture(s) {unknown}; known: {sorted(ARCHS)} and tokenizer")
     OUT.mkdir(parents=True, exist_ok=True)
     torch.set_default_dtype(torch.float32)
     for arch in ARCHS:
-        make_model(arch)
-    make_tokenizer()
+        if not names or arch in names:
+            make_model(arch)
+    if not names or "tokenizer" in names:
+        make_tokenizer()
     total = sum(p.stat().st_size for p in OUT.rglob("*") if p.is_file())
     print(f"total fixture size: {total / 1024:.0f} KiB (transformers {transformers.__version__}, torch "
           f"{torch.__version__})")
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    main(sys.argv[1:])

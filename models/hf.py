@@ -1,6 +1,7 @@
-"""Hugging Face checkpoint folders (config.json + *.safetensors) <-> ModelConfig and the params pytree.
+"""Hugging Face checkpoint folders (config.json + *.safetensors) <-> ModelConfig and the params pytree; GGUF files in.
 
     cfg, params = hf.load("ckpt/Qwen3-1.7B", dtype="bfloat16")               # on one host
+    cfg, params = hf.load("SmolLM2-135M-Instruct.Q4_1.gguf")                 # a GGUF file, dequantized to float32
     cfg, params = hf.load(path, dtype="bfloat16", mesh=mesh, rules=rules)     # sharded: each device reads its slices
     cfg, params = hf.load(path, dtype="bfloat16", param_dtype="float32")     # float32 master weights, bf16 compute
     hf.save("out/folder", cfg, params)                                        # transformers' from_pretrained reads it
@@ -18,6 +19,9 @@ through `safe_open(...).get_slice`: without a mesh the whole tensor, with a mesh
 device's shard (jax.make_array_from_callback asks for the slices the addressable devices hold), so no host ever holds
 a full copy of a model larger than its memory. An unsupported model_type or option, a missing tensor, an unused one, or
 a shape that disagrees with config.json fails with a ValueError that names it.
+
+A `.gguf` file goes through the same mapping: models/gguf_file.py turns its metadata into a config.json dict and serves
+its tensors, dequantized and under Hugging Face names, through the same get_slice interface.
 
 `save` writes the Hub layout back (sharded when `max_shard_bytes` is given), choosing the model_type from the config
 (MoE: qwen3_moe with q/k norm, else mixtral; dense: qwen2 with attention bias, qwen3 with q/k norm, else llama). A
@@ -302,16 +306,21 @@ def _read(handles, weight_map, spec: _Spec, index: tuple[slice, ...]) -> np.ndar
                      for e in range(e0, e1)])
 
 
-def _check_tensors(specs, weight_map, handles, cfg: ModelConfig, model_type: str) -> None:
+def where_file(root: Path, weight_map: dict, spec) -> str:
+    """The file a spec's first tensor is read from (for error messages)."""
+    return str(root / weight_map.get(spec.names[0], "?"))
+
+
+def _check_tensors(specs, weight_map, handles, cfg: ModelConfig, model_type: str, where: str = "config.json") -> None:
     used = set()
     for spec in specs.values():
         for name in spec.names:
             if name not in weight_map:
-                raise ValueError(f"checkpoint tensor {name} is missing (config.json describes a {model_type} model "
+                raise ValueError(f"checkpoint tensor {name} is missing ({where} describes a {model_type} model "
                                  f"that needs it)")
             shape = tuple(handles[weight_map[name]].get_slice(name).get_shape())
             if shape != spec.hf_shape:
-                raise ValueError(f"checkpoint tensor {name} has shape {shape}, config.json implies {spec.hf_shape}")
+                raise ValueError(f"checkpoint tensor {name} has shape {shape}, {where} implies {spec.hf_shape}")
             used.add(name)
     ignorable = {"lm_head.weight"} if cfg.tie_embeddings else set()  # some tied checkpoints store the copy
     unused = sorted(n for n in set(weight_map) - used - ignorable if not n.endswith("rotary_emb.inv_freq"))
@@ -321,21 +330,66 @@ def _check_tensors(specs, weight_map, handles, cfg: ModelConfig, model_type: str
 
 
 def load(path, *, dtype: str = "float32", mesh=None, rules=None, param_dtype: str | None = None):
-    """(ModelConfig, params) from a Hugging Face checkpoint folder.
+    """(ModelConfig, params) from a Hugging Face checkpoint folder or a GGUF file (`*.gguf`, models/gguf_file.py).
 
     dtype: compute dtype, and storage dtype of the params unless param_dtype says otherwise (e.g. dtype="bfloat16",
     param_dtype="float32" for float32 master weights). With a mesh, params are created in the layout of
-    models.transformer.param_shardings(cfg, mesh, rules) and each device's slice is read from the files directly.
+    models.transformer.param_shardings(cfg, mesh, rules) and each device's slice is read from the files directly
+    (a GGUF tensor is dequantized whole, once, then sliced). A tensor with inf / nan values is an error naming it.
     """
-    from models.transformer import init, param_shardings  # local import, as before
-
     path = Path(path)
+    if is_gguf(path):
+        from models import gguf_file
+
+        hf_cfg, handle = gguf_file.open_checkpoint(path)
+        cfg = _gguf_config(path, hf_cfg, dtype, param_dtype)
+        weight_map = {name: path.name for name in handle.keys()}
+        return cfg, _assemble(cfg, hf_cfg["model_type"], weight_map, {path.name: handle}, mesh, rules,
+                              where=f"{path} (its metadata)", root=path.parent)
+    hf_cfg = _read_config_json(path)
+    cfg = config_from_hf(hf_cfg, dtype=dtype, param_dtype=param_dtype)
+    weight_map = _weight_map(path)
+    with ExitStack() as stack:
+        handles = {f: stack.enter_context(safe_open(path / f, framework="numpy")) for f in set(weight_map.values())}
+        return cfg, _assemble(cfg, hf_cfg["model_type"], weight_map, handles, mesh, rules, where="config.json",
+                              root=path)
+
+
+def load_config(path, *, dtype: str = "float32", param_dtype: str | None = None) -> ModelConfig:
+    """The ModelConfig of a checkpoint folder or GGUF file, without reading the weights."""
+    path = Path(path)
+    if is_gguf(path):
+        from models import gguf_file
+
+        hf_cfg, _ = gguf_file.open_checkpoint(path)
+        return _gguf_config(path, hf_cfg, dtype, param_dtype)
+    return config_from_hf(_read_config_json(path), dtype=dtype, param_dtype=param_dtype)
+
+
+def is_gguf(path) -> bool:
+    """True for a GGUF file (by its extension; a folder is a Hugging Face checkpoint)."""
+    return Path(path).suffix.lower() == ".gguf"
+
+
+def _read_config_json(path: Path) -> dict:
     config_path = path / "config.json"
     if not config_path.exists():
-        raise ValueError(f"{path}: no config.json (expected a Hugging Face checkpoint folder)")
-    hf_cfg = json.loads(config_path.read_text())
-    cfg = config_from_hf(hf_cfg, dtype=dtype, param_dtype=param_dtype)
-    model_type = hf_cfg["model_type"]
+        raise ValueError(f"{path}: no config.json (expected a Hugging Face checkpoint folder or a .gguf file)")
+    return json.loads(config_path.read_text())
+
+
+def _gguf_config(path: Path, hf_cfg: dict, dtype: str, param_dtype: str | None) -> ModelConfig:
+    try:
+        return config_from_hf(hf_cfg, dtype=dtype, param_dtype=param_dtype)
+    except ValueError as e:  # the dict was derived from the file's metadata: name the file
+        raise ValueError(f"{path}: {str(e).replace('config.json: ', '')}") from None
+
+
+def _assemble(cfg: ModelConfig, model_type: str, weight_map: dict, handles: dict, mesh, rules, *, where: str,
+              root: Path):
+    """The params pytree read through safetensors-like handles (get_slice(name)[index], .get_shape())."""
+    from models.transformer import init, param_shardings  # local: transformer imports sharding, as this module does
+
     specs = _tensor_specs(cfg, model_type)
     shapes = traverse_util.flatten_dict(jax.eval_shape(partial(init, cfg), jax.random.key(0)))
     assert set(shapes) == set(specs), sorted(set(shapes) ^ set(specs))  # the mapping covers the whole pytree
@@ -344,31 +398,28 @@ def load(path, *, dtype: str = "float32", mesh=None, rules=None, param_dtype: st
     if mesh is not None:
         rules = sharding.DEFAULT_RULES if rules is None else rules
         shardings = traverse_util.flatten_dict(param_shardings(cfg, mesh, rules))
-    weight_map = _weight_map(path)
+    _check_tensors(specs, weight_map, handles, cfg, model_type, where)
     leaves = {}
-    with ExitStack() as stack:
-        handles = {f: stack.enter_context(safe_open(path / f, framework="numpy")) for f in set(weight_map.values())}
-        _check_tensors(specs, weight_map, handles, cfg, model_type)
-        for key, spec in specs.items():
-            shape = shapes[key].shape
-            if shardings is None:
-                full = tuple(slice(None) for _ in shape)
-                host = _read(handles, weight_map, spec, full)
-                require_finite(host, spec.names, path)  # NaN weights never load silently
-                leaves[key] = jnp.asarray(host.astype(target))
-                continue
-            cache = {}  # devices holding the same slice (replicated dims) share one read
+    for key, spec in specs.items():
+        shape = shapes[key].shape
+        if shardings is None:
+            full = tuple(slice(None) for _ in shape)
+            host = _read(handles, weight_map, spec, full)
+            require_finite(host, spec.names, where_file(root, weight_map, spec))  # NaN weights never load silently
+            leaves[key] = jnp.asarray(host.astype(target))
+            continue
+        cache = {}  # devices holding the same slice (replicated dims) share one read
 
-            def shard(index, spec=spec, shape=shape, cache=cache):
-                key_ = tuple(_bounds(s, n) for s, n in zip(index, shape))
-                if key_ not in cache:
-                    host = _read(handles, weight_map, spec, index)
-                    require_finite(host, spec.names, path)
-                    cache[key_] = host.astype(target)
-                return cache[key_]
+        def shard(index, spec=spec, shape=shape, cache=cache):
+            key_ = tuple(_bounds(s, n) for s, n in zip(index, shape))
+            if key_ not in cache:
+                host = _read(handles, weight_map, spec, index)
+                require_finite(host, spec.names, where_file(root, weight_map, spec))
+                cache[key_] = host.astype(target)
+            return cache[key_]
 
-            leaves[key] = jax.make_array_from_callback(shape, shardings[key], shard)
-    return cfg, traverse_util.unflatten_dict(leaves)
+        leaves[key] = jax.make_array_from_callback(shape, shardings[key], shard)
+    return traverse_util.unflatten_dict(leaves)
 
 
 # ---- writing ---------------------------------------------------------------------------------------------------------

@@ -153,7 +153,12 @@ def attention(p, x_BTD, positions_BT, mask_BTS, *, rope_theta: float, cache=None
         cache = {**cache, "k": replace(tuple(cache["k"]), k_new), "v": replace(tuple(cache["v"]), v_new)}
         out_BTNH = dot_product_attention(q_BTNH, k_new.astype(dtype), v_new.astype(dtype), mask_BTS,
                                          keys_slots_last=slots_last, use_kernel=use_kernel)
-    return jnp.einsum("BTNH,NHD->BTD", out_BTNH, p["wo"].astype(dtype)), cache
+    # Heads merged into one contraction axis on both sides (free reshapes of row-major arrays): contracting (N, H)
+    # as two axes let XLA transpose wo to the activation's order on every call, a copy of the weight per layer and
+    # decode step (SmolLM2 sampling, docs/model.md).
+    B, T, N, H = out_BTNH.shape
+    wo_ED = p["wo"].astype(dtype).reshape(N * H, -1)
+    return jnp.einsum("BTE,ED->BTD", out_BTNH.reshape(B, T, N * H), wo_ED), cache
 
 
 def swiglu(p, x_BTD):

@@ -80,22 +80,55 @@ def _filter_logits(logits_BV, top_k, top_p):
     return jax.lax.cond((top_k > 0) | (top_p < 1.0), truncate, lambda x: x, logits_BV)
 
 
+SAMPLE_BLOCK = 256  # tokens per block of the two-level draw in sample_rows
+
+
+def sample_rows(keys_B, z_BV):
+    """One token per row drawn from softmax(z_BV) (z may hold -inf), exactly, with V / 256 + 256 random numbers per
+    row instead of V: first a block of SAMPLE_BLOCK consecutive ids by its probability mass (Gumbel-max over the
+    log block masses), then a token inside that block (Gumbel-max over its logits). P(token) = P(block) x P(token |
+    block) = softmax(z)[token]. Why: at a 49k-150k vocabulary a Gumbel draw over every logit (jax.random.categorical)
+    costs more on CPU than the model's whole decode step (random bits and two logs per entry); the masses come from
+    one exp pass."""
+    B, V = z_BV.shape
+    S = SAMPLE_BLOCK
+    nb = -(-V // S)
+    if nb * S != V:
+        z_BV = jnp.pad(z_BV, ((0, 0), (0, nb * S - V)), constant_values=-jnp.inf)
+    z_BNS = z_BV.reshape(B, nb, S)
+    m_B11 = jnp.max(z_BNS, axis=(1, 2), keepdims=True)
+    mass_BN = jnp.sum(jnp.exp(z_BNS - m_B11), axis=-1)
+    g_BG = jax.vmap(lambda k: jax.random.gumbel(k, (nb + S,), jnp.float32))(keys_B)
+    block_B = jnp.argmax(jnp.log(mass_BN) + g_BG[:, :nb], axis=-1)
+    inner_BS = jnp.take_along_axis(z_BNS, block_B[:, None, None], axis=1)[:, 0]
+    return (block_B * S + jnp.argmax(inner_BS + g_BG[:, nb:], axis=-1)).astype(jnp.int32)
+
+
+def argmax_rows(x_BV):
+    """jnp.argmax(x, axis=-1) (the first index of the maximum) as two plain reductions, a max and a min over the
+    indices holding it: XLA's CPU argmax is one reduction over (value, index) pairs that does not vectorise and
+    took longer than the model's decode step at a 49k vocabulary."""
+    V = x_BV.shape[-1]
+    hit_BV = x_BV == jnp.max(x_BV, axis=-1, keepdims=True)
+    return jnp.min(jnp.where(hit_BV, jnp.arange(V, dtype=jnp.int32), V), axis=-1).astype(jnp.int32)
+
+
 def choose_tokens(logits_BV, keys_B, temperature, top_p, top_k):
     """One token per row and its logprob under softmax(logits / T).
 
     temperature == 0 -> argmax (and logprobs under T = 1). Sampling draws from the
-    top-k / top-p truncated, renormalised softmax(logits / T).
+    top-k / top-p truncated, renormalised softmax(logits / T) (sample_rows). Only the branch asked for runs
+    (lax.cond on the traced temperature), and the logprob is the chosen logit minus one logsumexp, so no
+    [rows, vocab] log-softmax is written.
     """
     logits_BV = logits_BV.astype(jnp.float32)
     greedy = temperature <= 0.0
     t_eff = jnp.where(greedy, 1.0, temperature).astype(jnp.float32)
     scaled_BV = logits_BV / t_eff
-    filtered_BV = _filter_logits(scaled_BV, top_k, top_p)
-    sampled_B = jax.vmap(jax.random.categorical)(keys_B, filtered_BV)
-    tokens_B = jnp.where(greedy, jnp.argmax(logits_BV, axis=-1), sampled_B).astype(jnp.int32)
-    logp_BV = jax.nn.log_softmax(scaled_BV, axis=-1)
-    logp_B = jnp.take_along_axis(logp_BV, tokens_B[:, None], axis=-1)[:, 0]
-    return tokens_B, logp_B
+    tokens_B = jax.lax.cond(greedy, argmax_rows,
+                            lambda x: sample_rows(keys_B, _filter_logits(x, top_k, top_p)), scaled_BV)
+    chosen_B = jnp.take_along_axis(scaled_BV, tokens_B[:, None], axis=-1)[:, 0]
+    return tokens_B, chosen_B - jax.nn.logsumexp(scaled_BV, axis=-1)
 
 
 # ----------------------------------------------------------------------------------------

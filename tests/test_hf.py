@@ -1,4 +1,5 @@
-"""models/hf.py against transformers' reference outputs (tests/data/hf, made by experiments/make_hf_fixtures.py).
+"""models/hf.py against transformers' reference outputs (tests/data/hf, made by experiments/make_hf_fixtures.py):
+qwen2, qwen3, qwen3_moe, mixtral and llama checkpoint folders.
 
 Per architecture: float32 logits equal to 1e-4, the same greedy continuation through the KV-cache sampler, loading
 sharded over a mesh with per-device slice reads, save -> load round trips, errors that name the tensor or field, and
@@ -21,7 +22,7 @@ from models.config import ModelConfig
 jax.config.update("jax_default_matmul_precision", "highest")
 
 DATA = Path(__file__).parent / "data" / "hf"
-ARCHS = ["qwen2", "qwen3", "qwen3_moe", "mixtral"]
+ARCHS = ["qwen2", "qwen3", "qwen3_moe", "mixtral", "llama"]
 FWD = jax.jit(transformer.forward, static_argnames=("cfg", "mesh", "rules"))
 
 
@@ -54,12 +55,14 @@ def test_greedy_continuation_with_kv_cache_matches_transformers(loaded):
 
 def test_configs_map_the_architecture_options():
     cfgs = {arch: hf.config_from_hf(json.loads((DATA / arch / "config.json").read_text())) for arch in ARCHS}
-    q2, q3, moe, mix = (cfgs[a] for a in ARCHS)
+    q2, q3, moe, mix, llama = (cfgs[a] for a in ARCHS)
     assert q2.attn_bias and not q2.qk_norm and q2.tie_embeddings and not q2.scale_tied_unembed
     assert q3.qk_norm and q3.head_dim == 8 and q3.n_heads * q3.head_dim == 2 * q3.d_model and q3.rope_theta == 1e6
     assert moe.moe_layers == (1, 2) and moe.dense_layers == (0,) and not moe.norm_topk_prob
     assert moe.expert_ff == 16 and moe.d_ff == 32 and moe.n_experts == 4 and moe.router_aux_coef == 0.001
     assert mix.moe_layers == (0, 1) and mix.norm_topk_prob and mix.norm_eps == 1e-5 and not mix.tie_embeddings
+    assert not (llama.attn_bias or llama.qk_norm or llama.tie_embeddings or llama.is_moe_model)
+    assert llama.n_kv_heads == 1 and llama.head_dim == 8 and llama.rope_theta == 5e5 and llama.norm_eps == 1e-5
     assert all(c.capacity_factor is None and c.dtype == "float32" for c in cfgs.values())
 
 

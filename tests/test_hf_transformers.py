@@ -28,7 +28,7 @@ def _transformers_logits(folder, tokens):
         return model(torch.tensor(np.asarray(tokens), dtype=torch.long)).logits.numpy()
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "qwen3_moe", "mixtral", "llama"])
 def test_saved_fixture_models_load_in_transformers(arch, tmp_path):
     cfg, params = hf.load(DATA / arch)
     hf.save(tmp_path, cfg, params, max_shard_bytes=30_000 if arch == "qwen3_moe" else None)

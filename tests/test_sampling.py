@@ -264,3 +264,30 @@ def test_sharded_generation_matches_single_device(params, batch):
     out = sampling.generate(sharded, CFG, ids, jax.random.PRNGKey(1), mesh=mesh, rules=sharding.DEFAULT_RULES, **kw)
     np.testing.assert_array_equal(out.tokens, ref.tokens)
     np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=1e-5)
+
+
+def test_sample_rows_draws_from_the_softmax_across_blocks():
+    """The two-level draw (block by mass, then token inside it) against the float64 softmax, on a vocabulary of
+    three blocks with a padded last block, heavy tokens in each block and forbidden (-inf) ones."""
+    S = sampling.SAMPLE_BLOCK
+    V = 2 * S + 37
+    rng = np.random.default_rng(1)
+    z = rng.normal(size=V) - 2.0
+    heavy = [3, S - 1, S + 5, 2 * S + 1, 2 * S + 36]
+    z[heavy] = [2.0, 1.0, 2.5, 0.5, 1.5]
+    z[[0, S, 2 * S]] = -np.inf
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    n = 20000
+    keys = jax.random.split(jax.random.PRNGKey(3), n)
+    tokens = np.asarray(jax.jit(sampling.sample_rows)(keys, jnp.asarray(np.tile(z, (n, 1)), jnp.float32)))
+    assert tokens.min() >= 0 and tokens.max() < V and not np.isin(tokens, [0, S, 2 * S]).any()
+    freq = np.bincount(tokens, minlength=V) / n
+    np.testing.assert_allclose(freq[heavy], p[heavy], atol=0.015)
+    blocks = np.add.reduceat(freq, [0, S, 2 * S]), np.add.reduceat(p, [0, S, 2 * S])
+    np.testing.assert_allclose(*blocks, atol=0.015)
+
+
+def test_argmax_rows_is_the_first_maximum():
+    x = jnp.asarray([[0.0, 3.0, 3.0, 1.0], [-1.0, -2.0, -1.0, -5.0], [7.0, 7.0, 7.0, 7.0]], jnp.float32)
+    np.testing.assert_array_equal(sampling.argmax_rows(x), np.argmax(np.asarray(x), axis=-1))

@@ -1,0 +1,91 @@
+"""experiments.eval --model: a pretrained model (a tiny GGUF file written here) evaluated without a run directory."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("gguf")
+
+from test_tokenizer_gguf import tiny_vocab, write_tiny_gguf  # noqa: E402
+
+from experiments import eval as ev_cli  # noqa: E402
+
+
+def tiny_llama_gguf(path, seed: int = 0):
+    """A 2-layer llama (d_model 32, 4 / 2 heads of 8) over the tiny tokenizer's vocabulary, float32 weights."""
+    rng = np.random.default_rng(seed)
+    V, D, F, N, K, H = len(tiny_vocab()), 32, 64, 4, 2, 8
+    lin = lambda o, i: rng.normal(0, i ** -0.5, (o, i)).astype(np.float32)  # noqa: E731
+    norm = lambda: rng.uniform(0.5, 1.5, D).astype(np.float32)  # noqa: E731
+    tensors = {"token_embd.weight": rng.normal(0, 1, (V, D)).astype(np.float32), "output_norm.weight": norm()}
+    for i in range(2):
+        tensors.update({f"blk.{i}.attn_norm.weight": norm(), f"blk.{i}.ffn_norm.weight": norm(),
+                        f"blk.{i}.attn_q.weight": lin(N * H, D), f"blk.{i}.attn_k.weight": lin(K * H, D),
+                        f"blk.{i}.attn_v.weight": lin(K * H, D), f"blk.{i}.attn_output.weight": lin(D, N * H),
+                        f"blk.{i}.ffn_gate.weight": lin(F, D), f"blk.{i}.ffn_up.weight": lin(F, D),
+                        f"blk.{i}.ffn_down.weight": lin(D, F)})
+    meta = {"block_count": 2, "embedding_length": D, "feed_forward_length": F, "attention.head_count": N,
+            "attention.head_count_kv": K, "context_length": 1024, "rope.freq_base": 10000.0,
+            "attention.layer_norm_rms_epsilon": 1e-5, "rope.dimension_count": H, "vocab_size": V}
+    return write_tiny_gguf(path, llama={"meta": meta, "tensors": tensors})
+
+
+def test_model_path_evaluates_through_the_chat_template(tmp_path, capsys):
+    model = tiny_llama_gguf(tmp_path / "tiny.gguf")
+    out = tmp_path / "out"
+    rc = ev_cli.main(["--model", str(model), "--mix", "add", "--n", "6", "--k", "2", "--temperature", "0.9",
+                      "--max-new-tokens", "6", "--out", str(out)])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "pass@1" in printed and "maj@k" in printed and "95% CI" in printed
+    summary = json.loads((out / "summary.json").read_text())
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert summary["metrics"]["n_problems"] == 6 and summary["k"] == 2
+    assert len(samples) == 6 * 3  # per problem: greedy + both samples
+    greedy = [s for s in samples if s["kind"] == "greedy"]
+    # pass@1 is the fraction of greedy answers the reward marked solved, recomputed from the written samples
+    assert summary["summary"]["pass@1"] == pytest.approx(np.mean([s["reward"]["solved"] > 0.5 for s in greedy]))
+    lo, hi = summary["summary"]["pass@1_ci95"]
+    assert 0.0 <= lo <= summary["summary"]["pass@1"] <= hi <= 1.0
+    for s in greedy:  # a system turn asking for steps and an Answer line, then the question, then the reply's header
+        assert s["prompt"].startswith("<|im_start|>system\n" + ev_cli.SYSTEM_PROMPT + "<|im_end|>\n<|im_start|>user\n")
+        assert s["prompt"].endswith("<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_write_gsm8k_file_reads_back_as_a_gsm8k_source(tmp_path):
+    from rl import tasks
+    from rl.tasks import gsm8k_math
+
+    path = tmp_path / "g.jsonl"
+    assert ev_cli.main(["--write-gsm8k", str(path), "--n", "12"]) == 0
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    word = tasks.load_mix("word", n=12, seed=0, split="test", difficulty=1)
+    assert [r["question"] for r in lines] == [p.question for p in word]
+    back = gsm8k_math.read(str(path), "gsm8k")  # the gsm8k@FILE source's reader
+    assert [(p.question, p.answer) for p in back] == [(p.question, p.answer) for p in word]
+    assert all(p.steps for p in back)
+
+
+def test_bad_model_and_arguments(tmp_path, capsys):
+    assert ev_cli.main(["--model", str(tmp_path / "missing-model")]) == 2
+    assert "missing-model" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        ev_cli.main(["--model", "x", "--workdir", "y"])
+
+
+def test_smollm2_sampler_bench_json_on_a_tiny_gguf(tmp_path, capsys):
+    """The sampler benchmark's own side on a tiny GGUF (the peer's python missing: reported, no ratio)."""
+    from experiments.bench import smollm2_sampler
+
+    model = tiny_llama_gguf(tmp_path / "tiny.gguf")
+    out = tmp_path / "b.json"
+    assert smollm2_sampler.main(["--model", str(model), "--rows", "2", "--new-tokens", "3", "--reps", "1",
+                                 "--peer-python", str(tmp_path / "no-python"), "--json", str(out)]) == 0
+    saved = json.loads(out.read_text())
+    ours = saved["ours"]
+    assert ours["rows"] == 2 and ours["new_tokens"] == 3 and ours["prefill_tok_per_s"] > 0
+    assert ours["decode_tok_per_s"] == pytest.approx(2 * 2 / (ours["full_s_median"] - ours["prefill_s_median"]))
+    assert "no peer python" in saved["peer"]["error"] and saved["ratios"] == {}
+    assert "no peer python" in capsys.readouterr().out
