@@ -467,13 +467,13 @@ def test_run_config_takes_the_checkpoint_from_model_pretrained_or_a_gguf_hf_path
 
 
 def test_sharded_load_from_gguf_equals_the_single_device_load(tmp_path):
-    from models import sharding
+    from models import sharding, transformer
 
     path, _, _ = tiny_llama(tmp_path, tied=False)
     cfg, plain = hf.load(path)
     mesh = sharding.make_mesh({"fsdp": 2, "tensor": 2, "data": -1})
     cfg_s, params = hf.load(path, mesh=mesh)
-    shardings = sharding.param_shardings(cfg, mesh, sharding.DEFAULT_RULES)
+    shardings = transformer.param_shardings(cfg, mesh, sharding.DEFAULT_RULES)
     assert cfg_s == cfg
     jax.tree.map(lambda a, s: a.sharding.is_equivalent_to(s, a.ndim) or pytest.fail(str(a.sharding)), params,
                  shardings)
