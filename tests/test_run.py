@@ -237,7 +237,8 @@ def test_resume_after_stop_is_exact(full_run, tmp_path, capsys):
     full = json.loads((full_run / "summary.json").read_text())
     assert resumed["eval"] == full["eval"] and resumed["best"] == full["best"]
     for k in ("seconds", "compiles"):  # compile time counts the stopped process too, as wall_seconds does
-        assert resumed["compile"][k] >= partial["compile"][k] > 0, k
+        # >= 0: programs this pytest process already compiled (another test's run) are not traced or compiled again
+        assert resumed["compile"][k] >= partial["compile"][k] >= 0, k
     _assert_same_records(_train_records(full_run), _train_records(part))
 
 

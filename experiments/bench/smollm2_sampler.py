@@ -49,6 +49,12 @@ def chat_prompts(tok, rows: int, seed: int = 0) -> list[str]:
                                       {"role": "user", "content": p.question}]) for p in problems]
 
 
+def decode_rate(rows: int, new_tokens: int, full_s: float, prefill_s: float):
+    """Tokens/s of the decode steps: the full call's time less the prefill call's; None when the difference is not
+    positive (a tiny model, where decoding is within the prefill's noise: not measurable this way)."""
+    return rows * (new_tokens - 1) / (full_s - prefill_s) if full_s > prefill_s else None
+
+
 def measure_ours(params, cfg, ids, mask, tok, new_tokens: int, reps: int) -> dict:
     from models import sampling
 
@@ -64,7 +70,7 @@ def measure_ours(params, cfg, ids, mask, tok, new_tokens: int, reps: int) -> dic
     return {"system": f"mathrl models.sampling.generate (JAX {jax.__version__}, float32)", "rows": rows,
             "prompt_width": int(ids.shape[1]), "prompt_tokens": prompt_tokens, "new_tokens": new_tokens,
             "prefill_s": p_all, "full_s": f_all, "prefill_s_median": p, "full_s_median": f,
-            "prefill_tok_per_s": prompt_tokens / p, "decode_tok_per_s": rows * (new_tokens - 1) / max(f - p, 1e-9),
+            "prefill_tok_per_s": prompt_tokens / p, "decode_tok_per_s": decode_rate(rows, new_tokens, f, p),
             "total_tok_per_s": rows * new_tokens / f, "load_before_after": load}
 
 
@@ -124,20 +130,22 @@ def main(argv=None) -> int:
         if a.wait_quiet:
             waits["peer"] = common.wait_quiet(a.wait_quiet)
         peer = run_peer(a.peer_python, path, ids, mask, tok.PAD, a.new_tokens, a.reps)
-    rows = [[ours["system"], ours["prefill_tok_per_s"], ours["decode_tok_per_s"], ours["full_s_median"],
+    rows = [[ours["system"], ours["prefill_tok_per_s"], ours["decode_tok_per_s"] or "n/a", ours["full_s_median"],
              str(ours["load_before_after"])]]
     ratios = {}
     if peer and "error" not in peer:
-        rows.append([peer["system"], peer["prefill_tok_per_s"], peer["decode_tok_per_s"], peer["full_s_median"],
+        rows.append([peer["system"], peer["prefill_tok_per_s"], peer["decode_tok_per_s"] or "n/a", peer["full_s_median"],
                      str(peer["load_before_after"])])
         ratios = {"prefill": ours["prefill_tok_per_s"] / peer["prefill_tok_per_s"],
-                  "decode": ours["decode_tok_per_s"] / peer["decode_tok_per_s"],
+                  "decode": (ours["decode_tok_per_s"] / peer["decode_tok_per_s"]
+                             if ours["decode_tok_per_s"] and peer["decode_tok_per_s"] else None),
                   "full_call_time": ours["full_s_median"] / peer["full_s_median"]}
     print(f"\nSmolLM2 sampling, {a.rows} rows x {a.new_tokens} new tokens ({time.strftime('%Y-%m-%d %H:%M')}, "
           f"{info['nproc']} CPUs, load {info['loadavg']})")
     common.print_table(["system", "prefill tok/s", "decode tok/s", "full call s", "load before/after"], rows)
     if ratios:
-        print(f"ours / transformers: prefill {ratios['prefill']:.2f}x, decode {ratios['decode']:.2f}x "
+        decode = f"{ratios['decode']:.2f}x" if ratios["decode"] else "n/a"
+        print(f"ours / transformers: prefill {ratios['prefill']:.2f}x, decode {decode} "
               f"(target >= 2), full-call time {ratios['full_call_time']:.2f}x")
     elif peer:
         print(f"peer: {peer['error']}")
