@@ -97,7 +97,10 @@ def full_run(full_output):
 def test_tiny_run_writes_everything(full_run, capsys):
     summary = json.loads((full_run / "summary.json").read_text())
     assert set(summary) == {"eval", "best", "numbering", "wall_seconds", "compile", "config", "hacking", "kernels"}
-    assert summary["compile"]["seconds"] > 0 and summary["compile"]["compiles"] > 0  # rl/compile_cache.py
+    # rl/compile_cache.py; >= 0: programs this pytest worker already traced for another test are not compiled again
+    # (a fresh process's counts are tested in tests/test_compile_cache.py)
+    assert summary["compile"]["seconds"] >= 0 and summary["compile"]["compiles"] >= 0
+    assert set(summary["compile"]) >= {"seconds", "compiles", "cache_hits", "cache_misses", "cache_dir"}
     assert summary["hacking"]["grpo"]["iterations"] == 3  # the report of the RL stage (3 iterations: not judged)
     assert list(summary["eval"]) == ["initial", "cold_start", "rejection", "grpo"]
     for entry in summary["eval"].values():
