@@ -13,18 +13,32 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import prm  # noqa: F401  (registers the PRM reward term into rl/reward_terms.py; the experiments import does too)
+from experiments import launch, train_prm
+from experiments.configs.common import TINY_MODEL
 from models import transformer
 from models.config import ModelConfig
 from models.tokenizer import ByteTokenizer
 from prm import data as pd
 from prm import metrics as pm
 from prm.calibration import evaluate, fit_calibrations, fit_threshold, scored_steps
-from prm.checkpoint import load, save
+from prm.checkpoint import FORMAT, convert, load, load_npz, save
+from prm.loop import optimizer_steps
 from prm.model import PRM, encode, score_texts, step_logits, train_batch, utf8_safe
-from prm.train import PRMConfig, train
+from prm.pipeline import deploy_source, store_calibrations
+from prm.reward import PRMScorer, for_context, load_scorer
+from prm.train import PRMConfig, step_fn, train
+from rewards.combine import RewardConfig, score
 from rewards.parse import step_spans
 from rewards.steps import check_steps
+from rl import config_validation as cv
+from rl import reward_terms, rollout
 from rl.config_fields import FieldErrors
+from rl.context import cached
+from rl.stages.grpo import GRPOConfig
+from rl.stages.policy_gradient import step_scores
+from rl.tasks import load_mix
+from rl.train_step import LossConfig, OptimConfig, init_train_state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOK = ByteTokenizer()
@@ -69,8 +83,6 @@ def test_propagation_carries_the_wrong_value_forward():
 
 
 def test_gold_examples_are_labelled_exactly_and_deterministic():
-    from rl.tasks import load_mix
-
     probs = load_mix("add:1.0,mul:1.0", 40, 0, "train", difficulty=2)
     ex = pd.gold_examples(probs, "en", seed=3, corrupt_prob=0.8)
     assert len(ex) == 40 and ex == pd.gold_examples(probs, "en", seed=3, corrupt_prob=0.8)
@@ -115,8 +127,6 @@ def test_mc_labels_hard_estimate_is_monotone_and_counts_rollouts():
 
 # ---- rows, the train step's prm mode and a tiny PRM -----------------------------------------------------------------
 def _gold(n=24, seed=0):
-    from rl.tasks import load_mix
-
     return pd.gold_examples(load_mix("add:1.0", n, seed, "train", difficulty=2), "en", seed, corrupt_prob=0.8)
 
 
@@ -150,9 +160,6 @@ TRAIN_CFG = PRMConfig(steps=40, batch_size=16, lr=1e-2, warmup_steps=2, likeliho
 
 def _prm_step():
     """The step prm.train.train uses for TRAIN_CFG (cached: the tests share its compiles)."""
-    from prm.train import step_fn
-    from rl.train_step import LossConfig, OptimConfig
-
     return step_fn(TINY, LossConfig(mode="prm"), OptimConfig(weight_decay=0.0, grad_clip=1.0))
 
 
@@ -163,8 +170,6 @@ def _log_softmax64(x):
 
 
 def test_prm_mode_loss_matches_a_float64_reference():
-    from rl.train_step import LossConfig, OptimConfig, init_train_state
-
     ex = _gold(16)
     enc = encode(TOK, [e.prompt for e in ex], [e.solution for e in ex], 96, [e.labels for e in ex])
     params = transformer.init(TINY, jax.random.key(0))
@@ -287,8 +292,6 @@ def test_checkpoints_keep_dtypes_and_old_npz_files_load_for_one_release(tmp_path
     """An orbax checkpoint restores every leaf with its own dtype and bits (a bfloat16 tree too); an old .npz file
     loads (with a FutureWarning) into the same PRM and converts once into a checkpoint; a damaged checkpoint is a
     ValueError naming it."""
-    from prm.checkpoint import FORMAT, convert, load_npz
-
     params = {**transformer.init(TINY, jax.random.key(5)),
               "value_head": {"w": jnp.linspace(-1.0, 1.0, TINY.d_model), "b": jnp.float32(0.25)}}
     prm = PRM(TINY, params, CALIBS["platt"], 0.4, "mean", {"source": "mix", "seed": 2}, likelihood=True,
@@ -328,10 +331,6 @@ def test_prm_config_errors_name_the_field():
 
 # ---- the trainer side (prm/reward.py) -------------------------------------------------------------------------------
 def test_scorer_rows_match_the_trainers_step_positions(tiny_prm):
-    from rl import rollout
-    from prm.reward import PRMScorer
-    from rl.stages.policy_gradient import step_scores
-
     _, _, params, _ = tiny_prm
     prm = PRM(TINY, params, {"kind": "platt", "a": 0.5, "b": 0.1}, 0.5, "min", likelihood=True)
     texts = ["Step 1: 1+2=3\nStep 2: 3*3=10\nAnswer: 10", "Step 1: 2+2=4\nAnswer: 4", "no steps"]
@@ -368,9 +367,6 @@ def test_scorer_rows_match_the_trainers_step_positions(tiny_prm):
 
 
 def test_reward_config_prm_fields_are_checked():
-    from rewards.combine import RewardConfig, score
-    from rl import config_validation as cv
-
     with pytest.raises(ValueError, match="prm_path"):
         RewardConfig(w_prm=0.2)
     with pytest.raises(ValueError, match="prm_agg"):
@@ -396,8 +392,6 @@ class _Ctx:
     """What prm.reward.for_context and rl.reward_terms read of a run context."""
 
     def __init__(self, reward: dict, seed: int):
-        from rl.context import cached
-
         self.cfg, self.tok, self.cached = {"seed": seed, "reward": reward}, TOK, cached
 
 
@@ -414,10 +408,6 @@ def test_stage_calibration_choice_matches_hand_computed_maps(tmp_path):
     """Each choice of stages[i].prm_calibration scores the trainer's rows with sigmoid(a z + b) of the same raw step
     logits z: none (1, 0), temperature T = 2 (0.5, 0), platt (2, -1), "" the file's own (Platt); the stage's
     prm_weight adds to reward.w_prm; "{seed}" in the path picks the seed's file."""
-    from prm.reward import for_context
-    from rl import rollout
-    from rl.stages.grpo import GRPOConfig
-
     params, _ = _tiny_head_prm(tmp_path, "seed7")
     texts = ["Step 1: 1+2=3\nStep 2: 3*3=10\nAnswer: 10", "Step 1: 2+2=4\nAnswer: 4"]
     prompts = ["Question: 1+2\nSolution:\n"] * 2
@@ -448,11 +438,6 @@ def test_stage_calibration_choice_matches_hand_computed_maps(tmp_path):
 def test_older_prm_files_load_and_get_their_maps(tmp_path):
     """An old .npz file written before PRM.calibs existed still loads (its own map and none); asking it for another
     names the field; once converted into a checkpoint, prm.pipeline.store_calibrations adds the fitted maps once."""
-    from prm.checkpoint import convert
-    from prm.pipeline import store_calibrations
-    from prm.reward import for_context
-    from rl.stages.grpo import GRPOConfig
-
     params, _ = _tiny_head_prm(tmp_path, "new")
     path = tmp_path / "old.npz"
     _save_npz(PRM(TINY, params, CALIBS["platt"], 0.5, "min"), path, with_calibs=False)
@@ -474,12 +459,7 @@ def test_older_prm_files_load_and_get_their_maps(tmp_path):
 
 
 def test_stage_prm_fields_are_checked():
-    from rl import config_validation as cv
-    from rl import reward_terms
-
     spec = os.path.join(ROOT, "experiments/configs/claim_prm_calibration.py") + ":variant=tiny"
-    from experiments import launch
-
     c = launch.get_config(spec)
     cv.validate(c)
     assert "{seed}" in c.reward.prm_path and c.stages[1].prm_calibration == "platt"
@@ -501,10 +481,6 @@ def test_stage_prm_fields_are_checked():
 def test_the_prm_reaches_the_stages_through_its_registered_term(tmp_path, monkeypatch):
     """rl/reward_terms.py: `import prm` fills the "prm" slot; without a PRM path nothing is asked of it; with a path
     and no registered term the run fails naming the field, never running without its PRM."""
-    import prm
-    from rl import reward_terms
-    from rl.stages.grpo import GRPOConfig
-
     assert "prm" in reward_terms.registered()
     params, path = _tiny_head_prm(tmp_path, "slot")
     reward = {"prm_path": str(path), "w_prm": 0.2, "prm_agg": "min", "prm_steps": True}
@@ -520,14 +496,12 @@ def test_the_prm_reaches_the_stages_through_its_registered_term(tmp_path, monkey
     with pytest.raises(ValueError, match="import prm"):
         reward_terms.eval_metrics(_Ctx(reward, seed=0), ["q"], object(), [{}], 2)
     with pytest.raises(ValueError, match="no slot"):
-        reward_terms.register("value_model", scorer=prm._scorer, eval_rerank=prm._eval_rerank)
+        reward_terms.register("value_model", scorer=lambda *a: None, eval_rerank=lambda *a: {})
 
 
 def test_optimizer_steps_runs_one_step_per_minibatch_in_order():
     """prm/loop.py against a hand-written loop: the schedule's float32 hyper-parameters, the batches as device
     arrays, after_step after every step with the state so far, every step's metrics on the host in order."""
-    from prm.loop import optimizer_steps
-
     def step(state, batch, hyper):  # plain SGD on a quadratic: w <- w - lr * (w - mean(x))
         g = state["w"] - jnp.mean(batch["x"])
         return {"w": state["w"] - hyper["lr"] * g}, {"g": g, "lr": hyper["lr"]}
@@ -560,9 +534,6 @@ def test_plain_rewards_and_the_light_prm_modules_do_not_import_jax():
 def test_grpo_with_a_prm_file_end_to_end(tmp_path):
     """The tiny prm_arith GRPO variant with a PRM file: the process reward and the PRM step rewards are scored on
     the trainer side (their cost logged every iteration) and evaluation reranks samples with it (prm@k)."""
-    from experiments import launch
-    from experiments.configs.common import TINY_MODEL
-
     mcfg = ModelConfig(**{**TINY_MODEL, "max_seq_len": 96})
     params = {**transformer.init(mcfg, jax.random.key(0)),
               "value_head": {"w": jnp.full((mcfg.d_model,), 0.1), "b": jnp.float32(0.0)}}
@@ -578,14 +549,10 @@ def test_grpo_with_a_prm_file_end_to_end(tmp_path):
     bad = tmp_path / "bad.npz"
     np.savez(bad, x=np.zeros(1))
     with pytest.warns(FutureWarning), pytest.raises(ValueError, match="reward.prm_path"):
-        from prm.reward import load_scorer
-
         load_scorer(str(bad), TOK, {"w_prm": 0.2})
 
 
 def test_deploy_source_is_the_best_calibration_auroc_unless_named():
-    from prm.pipeline import deploy_source
-
     runs = {"prior": [{"calib_auroc": 0.80}], "mix": [{"calib_auroc": 0.91}, {"calib_auroc": 0.5}],
             "mc": [{"calib_auroc": 0.91}]}
     assert deploy_source(runs) == "mix"  # first seed decides; a tie goes to the source listed first
@@ -596,8 +563,6 @@ def test_deploy_source_is_the_best_calibration_auroc_unless_named():
 def test_train_prm_pipeline_tiny(tmp_path, capsys):
     """experiments/train_prm.py end to end on the tiny variant: policy, samples, labels, every source, the table,
     the deployed file; a second call with the same settings reuses everything."""
-    from experiments import train_prm
-
     config = os.path.join(ROOT, "experiments/configs/prm_arith.py")
     wd = tmp_path / "prm"
     assert train_prm.main(["--config", config + ":variant=tiny", "--workdir", str(wd)]) == 0
