@@ -33,7 +33,7 @@ from rl.checkpoint import Checkpointer, CheckpointError
 __all__ = ["FORMAT", "NPZ_FORMAT", "save", "load", "load_npz", "convert", "is_checkpoint"]
 
 FORMAT = "mathrl-prm-v3"  # an orbax directory (this module)
-NPZ_FORMAT = "mathrl-prm-v2"  # the old single .npz file: read until the next release
+NPZ_FORMAT = "mathrl-prm-v2"  # the old single .npz file: read until the next release (then drop load_npz, convert)
 _STEP = 0  # a PRM checkpoint holds one step
 
 

@@ -305,8 +305,8 @@ def table(summary: dict, stats: dict, cfg) -> str:
 
 
 def deploy_source(runs: dict, deploy: str = "auto") -> str:
-    """The label source whose PRM becomes the checkpoint workdir/prm: `deploy`, or for "auto" the best calibration-split AUROC
-    of its first seed (ties go to the source listed first). `runs` is results.json's "runs" (source -> per-seed
+    """The label source whose PRM becomes the checkpoint workdir/prm: `deploy`, or for "auto" the best
+    calibration-split AUROC of its first seed (ties go to the source listed first). `runs` is results.json's "runs" (source -> per-seed
     results); results.json also stores the answer as "deployed"."""
     if deploy != "auto":
         return deploy
