@@ -54,8 +54,8 @@ from rl.context import build_context
 from rl.evaluation import answer_clusters
 from rl.run import train as run_train
 
-__all__ = ["policy", "build_data", "label_stats", "run_source", "store_calibrations", "best_of_n_table",
-           "summarize", "table", "deploy_source", "run"]
+__all__ = ["policy", "build_data", "label_stats", "run_source", "store_calibrations", "reuse_checkpoint",
+           "best_of_n_table", "summarize", "table", "deploy_source", "run"]
 
 
 def policy(policy_cfg, workdir: str):
@@ -313,7 +313,7 @@ def deploy_source(runs: dict, deploy: str = "auto") -> str:
     return max(runs, key=lambda s: runs[s][0]["calib_auroc"])
 
 
-def _reuse(prm_dir: str, source: str, calibs: dict) -> bool:
+def reuse_checkpoint(prm_dir: str, source: str, calibs: dict) -> bool:
     """Whether the checkpoint of an already measured source is there (a workdir's old .npz converted once), its
     fitted maps stored."""
     path = os.path.join(prm_dir, source)
@@ -354,7 +354,7 @@ def run(policy_cfg, cfg: PRMConfig, workdir: str, *, tag: str = "", config_path:
             done = old["runs"]
     results = {}
     for source in cfg.source_list():
-        if source in done and _reuse(prm_dir, source, done[source][0]["calib"]):
+        if source in done and reuse_checkpoint(prm_dir, source, done[source][0]["calib"]):
             results[source] = done[source]
             continue
         results[source] = []

@@ -25,7 +25,7 @@ from prm.calibration import evaluate, fit_calibrations, fit_threshold, scored_st
 from prm.checkpoint import FORMAT, convert, load, load_npz, save
 from prm.loop import optimizer_steps
 from prm.model import PRM, encode, score_texts, step_logits, train_batch, utf8_safe
-from prm.pipeline import deploy_source, store_calibrations
+from prm.pipeline import deploy_source, reuse_checkpoint, store_calibrations
 from prm.reward import PRMScorer, for_context, load_scorer
 from prm.train import PRMConfig, step_fn, train
 from rewards.combine import RewardConfig, score
@@ -456,6 +456,21 @@ def test_older_prm_files_load_and_get_their_maps(tmp_path):
     back = load(ck)
     assert back.calibs == CALIBS and back.calibrated("temperature").calib == CALIBS["temperature"]
     assert back.calib == old.calib and back.threshold == old.threshold and back.meta == old.meta
+
+
+def test_a_workdir_from_before_the_orbax_format_is_converted_once(tmp_path):
+    """A rerun of the pipeline reuses an already measured source: its old prms/SOURCE.npz becomes the checkpoint
+    prms/SOURCE once, with the maps results.json kept; nothing there means the source is trained again."""
+    params, _ = _tiny_head_prm(tmp_path, "src")
+    prm_dir = tmp_path / "prms"
+    prm_dir.mkdir()
+    _save_npz(PRM(TINY, params, CALIBS["platt"], 0.5, "min"), prm_dir / "mix.npz", with_calibs=False)
+    assert reuse_checkpoint(str(prm_dir), "mix", CALIBS)
+    back = load(prm_dir / "mix")
+    assert back.calibs == CALIBS
+    _assert_same_tree(back.params, params)
+    assert reuse_checkpoint(str(prm_dir), "mix", CALIBS)  # now the checkpoint itself
+    assert not reuse_checkpoint(str(prm_dir), "mc", CALIBS)
 
 
 def test_stage_prm_fields_are_checked():
