@@ -18,8 +18,10 @@
                                              (always returned, whatever its weight: RL stages can add their own)
 
 The process reward model (prm_path, w_prm, prm_agg, prm_steps) is a model, not a text function: the trainer scores
-it in a batched forward beside the policy (rl/prm_reward.py) and adds w_prm * its score to this total; these
-fields only travel here with the rest of the reward section.
+it in a batched forward beside the policy (prm/reward.py, a wing above rl/) and adds w_prm * its score to this
+total; these fields only travel here with the rest of the reward section. The names prm_agg and a stage's
+prm_calibration accept are declared here (PRM_AGGREGATES, PRM_CALIBRATIONS), below the wing, so config validation
+reads them without importing the PRM; prm/metrics.py implements them under these names.
 
 Every penalty is stored as a non-negative magnitude and subtracted. score() never raises: any internal
 error gives total 0.0 with error=1 (and error_kind) in the returned dict. The length for the overlong penalty
@@ -47,11 +49,14 @@ import numbers
 from rewards import penalties
 from rewards.format import LANGS, MODES, FormatConfig, format_reward
 from rewards.parse import ANSWER_WINDOW, as_text, extract_answer
-from rewards.prm.metrics import AGGREGATES as PRM_AGGREGATES  # NumPy only: the PRM model itself is not imported
 from rewards.steps import check_steps, step_score
 from rewards.verify import is_equiv
 
-__all__ = ["RewardConfig", "RewardWeights", "score", "error_result", "gold_text", "RESULT_KEYS"]
+__all__ = ["RewardConfig", "RewardWeights", "score", "error_result", "gold_text", "RESULT_KEYS", "PRM_AGGREGATES",
+           "PRM_CALIBRATIONS"]
+
+PRM_AGGREGATES = ("min", "mean", "prod", "last")  # a response's PRM score from its step scores (prm.metrics.aggregate)
+PRM_CALIBRATIONS = ("none", "temperature", "platt")  # the maps a PRM checkpoint stores (prm.metrics.calibrate)
 
 MAX_ANSWER_LOG_CHARS = 200  # the answer is returned for logging only; hostile answers are cut
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rewards.penalties import language_consistency, repetition_share
+from rl import reward_terms
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -245,6 +246,5 @@ def evaluate(ctx, params, problems, key, k: int, temperature: float, samples_out
     if samples_out is not None:
         samples_out.extend(sample_records(problems, prompts, greedy.texts, g_scores, samples.texts if samples else [],
                                           s_scores or [], k, n_show))
-    from rl.prm_reward import eval_rerank  # reward.prm_path: PRM best-of-k (prm@k) and its cost, else nothing
-
-    return {**summarize(recs, k), **by_family(recs, k), **eval_rerank(ctx, prompts, samples, s_scores, k)}
+    prm = reward_terms.eval_metrics(ctx, prompts, samples, s_scores, k)  # reward.prm_path: prm@k and its cost, else {}
+    return {**summarize(recs, k), **by_family(recs, k), **prm}

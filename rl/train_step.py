@@ -43,7 +43,7 @@ prompts LEFT-padded and each computed once, with every per-row key above for the
 answers prompt r // K: the sampler's output as is, tokens = generate's tokens, old_logp its logprobs), column t
 being answer token t; same loss and gradients as the flat layout, ~29% fewer token-passes at W1's shapes.
 Microbatches then take whole prompts (G must divide by their number); not for "prm" or routing replay.
-PRM (mode "prm", the process reward model of rewards/prm/): tokens, attn_mask, loss_mask = 1 at each labelled
+PRM (mode "prm", the process reward model of the prm/ wing): tokens, attn_mask, loss_mask = 1 at each labelled
 step end and step_labels [B, T] in [0, 1] there; the loss is the binary cross-entropy of the value head's logit
 at token t (not shifted: it reads the prefix up to and including t), aggregated like a policy loss. With
 step_prev [B, T] (int: at a step end, the previous step's end) the logit also adds the step's log-likelihood

@@ -1,7 +1,8 @@
 """The layering, checked from the code's own imports (ast, every import statement, function-level ones included):
-the model core imports no CPU-wing module, directly or through other modules; no import circle within models/;
-no package imports one above it (models <- rewards <- rl <- experiments). The known exceptions are listed here, in
-KNOWN_UPWARD and KNOWN_CIRCLES, and a later change may only shrink them (a stale entry fails too)."""
+the model core imports no CPU-wing module, directly or through other modules; no import circle within models/ or
+through the PRM wing; no package imports one above it (models <- rewards <- rl <- prm <- experiments: the PRM wing
+sits above rl/, which it extends); rewards/ reaches nothing of rl/ or prm/. The known exceptions are listed here,
+in KNOWN_UPWARD and KNOWN_CIRCLES, and a later change may only shrink them (a stale entry fails too)."""
 
 import ast
 from pathlib import Path
@@ -9,22 +10,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("models", "rewards", "rl", "experiments")
+PACKAGES = ("models", "rewards", "rl", "prm", "experiments")
 LAYER = {name: i for i, name in enumerate(PACKAGES)}  # a module may import its own layer and the ones before it
 CORE = ("models.layers", "models.moe", "models.moe_ep", "models.transformer", "models.sampling")
 WING = "models.cpu"
 
-# Imports that run up the house today: the process reward model's pipeline in rewards/prm/ uses rl/'s training
-# pieces; they go away when the PRM becomes its own wing above rl/ (issue 38, item 3).
-KNOWN_UPWARD = {
-    ("rewards.prm.data", "rl.tasks.render"),
-    ("rewards.prm.model", "rl.losses"),
-    ("rewards.prm.model", "rl.rollout"),
-    ("rewards.prm.train", "rl.config_fields"),
-    ("rewards.prm.train", "rl.rollout"),
-    ("rewards.prm.train", "rl.schedules"),
-    ("rewards.prm.train", "rl.train_step"),
-}
+# Imports that run up the house: none left (the process reward model moved from rewards/prm/ and rl/prm_reward.py
+# to its own wing, prm/, above rl/; rl/ reaches it through the rl/reward_terms.py registry).
+KNOWN_UPWARD: set[tuple[str, str]] = set()
 # Modules of models/ that reach themselves through their imports: none left (moe_ep no longer imports moe; the
 # parameter shardings moved from sharding.py next to init in transformer.py).
 KNOWN_CIRCLES: set[str] = set()
@@ -37,6 +30,10 @@ def module_name(path: Path) -> str:
 
 def project_modules() -> dict[str, Path]:
     return {module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+
+
+def in_package(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
 
 
 def imports_of(path: Path, modules: dict) -> set[str]:
@@ -102,6 +99,21 @@ def test_no_package_imports_one_above_it_except_the_known_ones(graph):
               if LAYER[b.split(".")[0]] > LAYER[a.split(".")[0]]}
     assert upward - KNOWN_UPWARD == set(), "new imports up the layers (models <- rewards <- rl <- experiments)"
     assert KNOWN_UPWARD - upward == set(), "a known exception is gone: remove it from KNOWN_UPWARD"
+
+
+def test_rewards_reaches_nothing_of_rl_or_the_prm_wing(graph):
+    for mod in (m for m in graph if in_package(m, "rewards")):
+        above = sorted(m for m in reach(graph, mod) if in_package(m, "rl") or in_package(m, "prm"))
+        assert not above, f"{mod} reaches {above} through its imports (rewards/ sits below rl/ and prm/)"
+
+
+def test_rl_reaches_nothing_of_the_prm_wing_and_the_wing_has_no_circle(graph):
+    for mod in (m for m in graph if in_package(m, "rl")):
+        wing = sorted(m for m in reach(graph, mod) if in_package(m, "prm"))
+        assert not wing, f"{mod} reaches the PRM wing through its imports: {wing} (use rl/reward_terms.py)"
+    prm = [m for m in graph if in_package(m, "prm")]
+    assert "prm.reward" in prm and "rl.reward_terms" in graph["prm"]  # the wing registers into rl/
+    assert not [m for m in prm if m in reach(graph, m)], "a PRM module reaches itself through its imports"
 
 
 def test_the_checker_sees_imports():

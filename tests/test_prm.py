@@ -1,6 +1,7 @@
-"""The process reward model (rewards/prm/): steps and labels, Math-Shepherd MC labels, token rows, the train step's
-"prm" mode against a float64 NumPy reference, a tiny PRM that learns, save / load, and the trainer-side scorer
-(rl/prm_reward.py). Metric functions are in tests/test_prm_metrics.py."""
+"""The process reward model wing (prm/): steps and labels, Math-Shepherd MC labels, token rows, the train step's
+"prm" mode against a float64 NumPy reference, the optimizer loop, a tiny PRM that learns, checkpoints (orbax, and
+the old .npz files), the trainer-side scorer (prm/reward.py) and its plug-in point (rl/reward_terms.py). Metric
+functions are in tests/test_prm_metrics.py."""
 import json
 import os
 import random
@@ -12,16 +13,32 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import prm  # noqa: F401  (registers the PRM reward term into rl/reward_terms.py; the experiments import does too)
+from experiments import launch, train_prm
+from experiments.configs.common import TINY_MODEL
 from models import transformer
 from models.config import ModelConfig
 from models.tokenizer import ByteTokenizer
+from prm import data as pd
+from prm import metrics as pm
+from prm.calibration import evaluate, fit_calibrations, fit_threshold, scored_steps
+from prm.checkpoint import FORMAT, convert, load, load_npz, save
+from prm.loop import optimizer_steps
+from prm.model import PRM, encode, score_texts, step_logits, train_batch, utf8_safe
+from prm.pipeline import deploy_source, reuse_checkpoint, store_calibrations
+from prm.reward import PRMScorer, for_context, load_scorer
+from prm.train import PRMConfig, step_fn, train
+from rewards.combine import RewardConfig, score
 from rewards.parse import step_spans
-from rewards.prm import data as pd
-from rewards.prm import metrics as pm
-from rewards.prm.model import PRM, encode, load, save, score_texts, step_logits, train_batch, utf8_safe
-from rewards.prm.train import PRMConfig, evaluate, fit_calibrations, fit_threshold, scored_steps, train
 from rewards.steps import check_steps
+from rl import config_validation as cv
+from rl import reward_terms, rollout
 from rl.config_fields import FieldErrors
+from rl.context import cached
+from rl.stages.grpo import GRPOConfig
+from rl.stages.policy_gradient import step_scores
+from rl.tasks import load_mix
+from rl.train_step import LossConfig, OptimConfig, init_train_state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOK = ByteTokenizer()
@@ -66,8 +83,6 @@ def test_propagation_carries_the_wrong_value_forward():
 
 
 def test_gold_examples_are_labelled_exactly_and_deterministic():
-    from rl.tasks import load_mix
-
     probs = load_mix("add:1.0,mul:1.0", 40, 0, "train", difficulty=2)
     ex = pd.gold_examples(probs, "en", seed=3, corrupt_prob=0.8)
     assert len(ex) == 40 and ex == pd.gold_examples(probs, "en", seed=3, corrupt_prob=0.8)
@@ -112,8 +127,6 @@ def test_mc_labels_hard_estimate_is_monotone_and_counts_rollouts():
 
 # ---- rows, the train step's prm mode and a tiny PRM -----------------------------------------------------------------
 def _gold(n=24, seed=0):
-    from rl.tasks import load_mix
-
     return pd.gold_examples(load_mix("add:1.0", n, seed, "train", difficulty=2), "en", seed, corrupt_prob=0.8)
 
 
@@ -146,11 +159,8 @@ TRAIN_CFG = PRMConfig(steps=40, batch_size=16, lr=1e-2, warmup_steps=2, likeliho
 
 
 def _prm_step():
-    """The step rewards.prm.train.train uses for TRAIN_CFG (cached: the tests share its compiles)."""
-    from rewards.prm.train import _step_fn
-    from rl.train_step import LossConfig, OptimConfig
-
-    return _step_fn(TINY, LossConfig(mode="prm"), OptimConfig(weight_decay=0.0, grad_clip=1.0))
+    """The step prm.train.train uses for TRAIN_CFG (cached: the tests share its compiles)."""
+    return step_fn(TINY, LossConfig(mode="prm"), OptimConfig(weight_decay=0.0, grad_clip=1.0))
 
 
 def _log_softmax64(x):
@@ -160,8 +170,6 @@ def _log_softmax64(x):
 
 
 def test_prm_mode_loss_matches_a_float64_reference():
-    from rl.train_step import LossConfig, OptimConfig, init_train_state
-
     ex = _gold(16)
     enc = encode(TOK, [e.prompt for e in ex], [e.solution for e in ex], 96, [e.labels for e in ex])
     params = transformer.init(TINY, jax.random.key(0))
@@ -228,12 +236,13 @@ def test_calibrate_evaluate_save_load(tiny_prm, tmp_path):
     res = evaluate(z, enc, calibs, t)
     for key in ("auroc", "ece/none", "ece/temperature", "ece/platt", "first_error/f1", "first_error/acc_error"):
         assert np.isfinite(res[key])
-    prm = PRM(TINY, params, calibs["platt"], t, "min", {"note": "test"}, likelihood=True)
-    path = tmp_path / "prm.npz"
+    prm = PRM(TINY, params, calibs["platt"], t, "min", {"note": "test"}, likelihood=True, calibs=calibs)
+    path = tmp_path / "prm"
     save(prm, path)
     back = load(path)
     assert back.model_cfg == TINY and back.calib == prm.calib and back.threshold == t and back.meta == prm.meta
-    assert back.likelihood
+    assert back.likelihood and back.calibs == calibs and back.agg == "min"
+    _assert_same_tree(back.params, params)
     texts = [e.solution for e in ex[:3]]
     prompts = [e.prompt for e in ex[:3]]
     assert score_texts(back, TOK, prompts, texts) == score_texts(prm, TOK, prompts, texts)
@@ -242,8 +251,73 @@ def test_calibrate_evaluate_save_load(tiny_prm, tmp_path):
     a, b = score_texts(prm, TOK, ["Q\n", "Q\n"], ["Step 1: 3+4=7\nStep 2: 7*2=14", "Step 1: 3+4=7\nStep 2: 7*2=99"])
     assert a[0] == pytest.approx(b[0], abs=1e-6)
     np.savez(tmp_path / "other.npz", x=np.zeros(2))
-    with pytest.raises(ValueError, match="not a PRM file"):
+    with pytest.warns(FutureWarning), pytest.raises(ValueError, match="not a PRM file"):
         load(tmp_path / "other.npz")
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(ValueError, match="not a PRM checkpoint"):
+        load(tmp_path / "folder")
+    with pytest.raises(OSError, match="no PRM checkpoint"):
+        load(tmp_path / "missing")
+
+
+def _assert_same_tree(a, b):
+    """Same nested dict structure, dtypes and bits."""
+    fa, ta = jax.tree.flatten(a)
+    fb, tb = jax.tree.flatten(b)
+    assert ta == tb
+    for x, y in zip(fa, fb):
+        assert np.asarray(x).dtype == np.asarray(y).dtype
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def _save_npz(prm, path, with_calibs: bool = True):
+    """A PRM file in the old format (mathrl-prm-v2, written by the code before the orbax checkpoints): arrays under
+    "params/a/b", JSON metadata under "__meta__"; files from before PRM.calibs have no "calibs"."""
+    meta = {"format": "mathrl-prm-v2", "model_cfg": prm.model_cfg.to_dict(), "calib": prm.calib,
+            "threshold": prm.threshold, "agg": prm.agg, "meta": prm.meta, "likelihood": prm.likelihood}
+    if with_calibs:
+        meta["calibs"] = prm.calibs
+    flat = {}
+
+    def walk(tree, prefix):
+        for k, v in tree.items():
+            walk(v, f"{prefix}{k}/") if isinstance(v, dict) else flat.__setitem__(f"params/{prefix}{k}", np.asarray(v))
+
+    walk(prm.params, "")
+    with open(path, "wb") as fh:
+        np.savez(fh, __meta__=np.array(json.dumps(meta)), **flat)
+
+
+def test_checkpoints_keep_dtypes_and_old_npz_files_load_for_one_release(tmp_path):
+    """An orbax checkpoint restores every leaf with its own dtype and bits (a bfloat16 tree too); an old .npz file
+    loads (with a FutureWarning) into the same PRM and converts once into a checkpoint; a damaged checkpoint is a
+    ValueError naming it."""
+    params = {**transformer.init(TINY, jax.random.key(5)),
+              "value_head": {"w": jnp.linspace(-1.0, 1.0, TINY.d_model), "b": jnp.float32(0.25)}}
+    prm = PRM(TINY, params, CALIBS["platt"], 0.4, "mean", {"source": "mix", "seed": 2}, likelihood=True,
+              calibs=CALIBS)
+    half = {**params, "embed": params["embed"].astype(jnp.bfloat16)}  # (the old .npz format could not hold it)
+    save(PRM(TINY, half, CALIBS["platt"], 0.4, "mean", {"source": "mix", "seed": 2}, True, CALIBS), tmp_path / "ck")
+    back = load(tmp_path / "ck")
+    _assert_same_tree(back.params, half)
+    assert back.params["embed"].dtype == jnp.bfloat16
+    assert (back.calib, back.calibs, back.threshold, back.agg, back.meta) == (prm.calib, CALIBS, 0.4, "mean", prm.meta)
+    with open(tmp_path / "ck" / "last" / "0" / "meta" / "metadata", encoding="utf-8") as f:
+        assert json.load(f)["format"] == FORMAT
+    old = tmp_path / "prm.npz"
+    _save_npz(prm, old)
+    with pytest.warns(FutureWarning, match="convert"):
+        from_npz = load(old)
+    _assert_same_tree(from_npz.params, params)
+    assert (from_npz.calib, from_npz.calibs, from_npz.threshold, from_npz.agg) == (prm.calib, CALIBS, 0.4, "mean")
+    convert(old, tmp_path / "converted")
+    _assert_same_tree(load(tmp_path / "converted").params, load_npz(old).params)
+    save(prm, tmp_path / "damaged")
+    leaf = next(p for p in sorted((tmp_path / "damaged").rglob("*")) if p.is_file() and p.stat().st_size > 64
+                and p.name != "checksums.json")
+    leaf.write_bytes(leaf.read_bytes()[:-8])
+    with pytest.raises(ValueError, match=str(tmp_path / "damaged")):
+        load(tmp_path / "damaged")
 
 
 def test_prm_config_errors_name_the_field():
@@ -255,12 +329,8 @@ def test_prm_config_errors_name_the_field():
         PRMConfig(sources="mc", deploy="mix")
 
 
-# ---- the trainer side (rl/prm_reward.py) ----------------------------------------------------------------------------
+# ---- the trainer side (prm/reward.py) -------------------------------------------------------------------------------
 def test_scorer_rows_match_the_trainers_step_positions(tiny_prm):
-    from rl import rollout
-    from rl.prm_reward import PRMScorer
-    from rl.stages.policy_gradient import step_scores
-
     _, _, params, _ = tiny_prm
     prm = PRM(TINY, params, {"kind": "platt", "a": 0.5, "b": 0.1}, 0.5, "min", likelihood=True)
     texts = ["Step 1: 1+2=3\nStep 2: 3*3=10\nAnswer: 10", "Step 1: 2+2=4\nAnswer: 4", "no steps"]
@@ -297,9 +367,6 @@ def test_scorer_rows_match_the_trainers_step_positions(tiny_prm):
 
 
 def test_reward_config_prm_fields_are_checked():
-    from rewards.combine import RewardConfig, score
-    from rl import config_validation as cv
-
     with pytest.raises(ValueError, match="prm_path"):
         RewardConfig(w_prm=0.2)
     with pytest.raises(ValueError, match="prm_agg"):
@@ -322,30 +389,16 @@ HAND = {"": (2.0, -1.0), "none": (1.0, 0.0), "temperature": (0.5, 0.0), "platt":
 
 
 class _Ctx:
-    """What rl.prm_reward.for_context reads of a run context."""
+    """What prm.reward.for_context and rl.reward_terms read of a run context."""
 
     def __init__(self, reward: dict, seed: int):
-        from rl.context import cached
-
         self.cfg, self.tok, self.cached = {"seed": seed, "reward": reward}, TOK, cached
-
-
-def _drop_calibs(path):
-    """Rewrite a PRM file as one written before PRM.calibs existed (no "calibs" in its metadata)."""
-    import json
-
-    with np.load(path, allow_pickle=False) as z:
-        arrays = {k: z[k] for k in z.files}
-    meta = json.loads(str(arrays.pop("__meta__")))
-    del meta["calibs"]
-    with open(path, "wb") as fh:
-        np.savez(fh, __meta__=np.array(json.dumps(meta)), **arrays)
 
 
 def _tiny_head_prm(tmp_path, name: str):
     params = {**transformer.init(TINY, jax.random.key(3)),
               "value_head": {"w": jnp.linspace(-0.5, 0.5, TINY.d_model), "b": jnp.float32(0.2)}}
-    path = tmp_path / name / "prm.npz"
+    path = tmp_path / name / "prm"
     path.parent.mkdir(parents=True)
     save(PRM(TINY, params, CALIBS["platt"], 0.5, "min", calibs=CALIBS), path)
     return params, path
@@ -355,10 +408,6 @@ def test_stage_calibration_choice_matches_hand_computed_maps(tmp_path):
     """Each choice of stages[i].prm_calibration scores the trainer's rows with sigmoid(a z + b) of the same raw step
     logits z: none (1, 0), temperature T = 2 (0.5, 0), platt (2, -1), "" the file's own (Platt); the stage's
     prm_weight adds to reward.w_prm; "{seed}" in the path picks the seed's file."""
-    from rl import rollout
-    from rl.prm_reward import for_context
-    from rl.stages.grpo import GRPOConfig
-
     params, _ = _tiny_head_prm(tmp_path, "seed7")
     texts = ["Step 1: 1+2=3\nStep 2: 3*3=10\nAnswer: 10", "Step 1: 2+2=4\nAnswer: 4"]
     prompts = ["Question: 1+2\nSolution:\n"] * 2
@@ -369,7 +418,7 @@ def test_stage_calibration_choice_matches_hand_computed_maps(tmp_path):
                           logprobs=np.zeros((2, 64), np.float32), lengths=np.array([len(x) for x in ids], np.int32),
                           texts=texts, group_sizes=np.array([2]))
     b = rollout.build_batch([TOK.encode(prompts[0], add_bos=True)], smp, 96, pad_id=TOK.PAD)
-    reward = {"prm_path": str(tmp_path / "seed{seed}" / "prm.npz"), "w_prm": 0.1, "prm_agg": "min", "prm_steps": True}
+    reward = {"prm_path": str(tmp_path / "seed{seed}" / "prm"), "w_prm": 0.1, "prm_agg": "min", "prm_steps": True}
     seen = {}
     for name, (a, bias) in HAND.items():
         sc = for_context(_Ctx(reward, seed=7), GRPOConfig(prm_weight=0.3, prm_calibration=name), "stages[1]")
@@ -387,35 +436,45 @@ def test_stage_calibration_choice_matches_hand_computed_maps(tmp_path):
 
 
 def test_older_prm_files_load_and_get_their_maps(tmp_path):
-    """A file without stored maps still loads (its own map and none); asking it for another names the field;
-    experiments.train_prm.store_calibrations adds the fitted maps to it once."""
-    from experiments.train_prm import store_calibrations
-    from rl.prm_reward import for_context
-    from rl.stages.grpo import GRPOConfig
-
-    _, path = _tiny_head_prm(tmp_path, "old")
-    _drop_calibs(path)
-    old = load(path)
+    """An old .npz file written before PRM.calibs existed still loads (its own map and none); asking it for another
+    names the field; once converted into a checkpoint, prm.pipeline.store_calibrations adds the fitted maps once."""
+    params, _ = _tiny_head_prm(tmp_path, "new")
+    path = tmp_path / "old.npz"
+    _save_npz(PRM(TINY, params, CALIBS["platt"], 0.5, "min"), path, with_calibs=False)
+    with pytest.warns(FutureWarning):
+        old = load(path)
     assert old.calibs == {} and set(old.stored_calibrations()) == {"none", "platt"}
     assert old.calibrated("none").calib == {"kind": "none"} and old.calibrated("") is old
     with pytest.raises(ValueError, match="temperature"):
         old.calibrated("temperature")
     reward = {"prm_path": str(path), "w_prm": 0.0, "prm_agg": "min", "prm_steps": False}
-    with pytest.raises(ValueError, match=r"stages\[1\]\.prm_calibration 'temperature'"):
+    with pytest.warns(FutureWarning), pytest.raises(ValueError, match=r"stages\[1\]\.prm_calibration 'temperature'"):
         for_context(_Ctx(reward, seed=0), GRPOConfig(prm_calibration="temperature"), "stages[1]")
-    assert store_calibrations(str(path), CALIBS) and not store_calibrations(str(path), CALIBS)
-    back = load(path)
+    ck = tmp_path / "converted"
+    convert(path, ck)
+    assert store_calibrations(str(ck), CALIBS) and not store_calibrations(str(ck), CALIBS)
+    back = load(ck)
     assert back.calibs == CALIBS and back.calibrated("temperature").calib == CALIBS["temperature"]
     assert back.calib == old.calib and back.threshold == old.threshold and back.meta == old.meta
 
 
+def test_a_workdir_from_before_the_orbax_format_is_converted_once(tmp_path):
+    """A rerun of the pipeline reuses an already measured source: its old prms/SOURCE.npz becomes the checkpoint
+    prms/SOURCE once, with the maps results.json kept; nothing there means the source is trained again."""
+    params, _ = _tiny_head_prm(tmp_path, "src")
+    prm_dir = tmp_path / "prms"
+    prm_dir.mkdir()
+    _save_npz(PRM(TINY, params, CALIBS["platt"], 0.5, "min"), prm_dir / "mix.npz", with_calibs=False)
+    assert reuse_checkpoint(str(prm_dir), "mix", CALIBS)
+    back = load(prm_dir / "mix")
+    assert back.calibs == CALIBS
+    _assert_same_tree(back.params, params)
+    assert reuse_checkpoint(str(prm_dir), "mix", CALIBS)  # now the checkpoint itself
+    assert not reuse_checkpoint(str(prm_dir), "mc", CALIBS)
+
+
 def test_stage_prm_fields_are_checked():
-    from rl import config_validation as cv
-    from rl.prm_reward import eval_rerank
-
     spec = os.path.join(ROOT, "experiments/configs/claim_prm_calibration.py") + ":variant=tiny"
-    from experiments import launch
-
     c = launch.get_config(spec)
     cv.validate(c)
     assert "{seed}" in c.reward.prm_path and c.stages[1].prm_calibration == "platt"
@@ -430,14 +489,59 @@ def test_stage_prm_fields_are_checked():
     with pytest.raises(cv.ConfigError, match=r"stages\[1\]\.prm_calibration needs reward.prm_path"):
         cv.validate(c)
     # evaluation without samples never reads the PRM file (a cold start runs before the file exists)
-    missing = {"prm_path": "does/not/exist.npz", "w_prm": 0.0, "prm_agg": "min", "prm_steps": False}
-    assert eval_rerank(_Ctx(missing, seed=0), [], None, None, 0) == {}
+    missing = {"prm_path": "does/not/exist", "w_prm": 0.0, "prm_agg": "min", "prm_steps": False}
+    assert reward_terms.eval_metrics(_Ctx(missing, seed=0), [], None, None, 0) == {}
 
 
-def test_plain_rewards_do_not_import_jax():
+def test_the_prm_reaches_the_stages_through_its_registered_term(tmp_path, monkeypatch):
+    """rl/reward_terms.py: `import prm` fills the "prm" slot; without a PRM path nothing is asked of it; with a path
+    and no registered term the run fails naming the field, never running without its PRM."""
+    assert "prm" in reward_terms.registered()
+    params, path = _tiny_head_prm(tmp_path, "slot")
+    reward = {"prm_path": str(path), "w_prm": 0.2, "prm_agg": "min", "prm_steps": True}
+    sc = reward_terms.scorer(_Ctx(reward, seed=0), GRPOConfig(prm_weight=0.1), "stages[1]")
+    assert sc.w == pytest.approx(0.3) and sc.steps and sc.prm.calib == CALIBS["platt"]
+    _assert_same_tree(sc.prm.params, params)
+    off = {"prm_path": "", "w_prm": 0.0, "prm_agg": "min", "prm_steps": False}
+    assert reward_terms.scorer(_Ctx(off, seed=0), GRPOConfig(), "stages[1]") is None
+    monkeypatch.setattr(reward_terms, "_TERMS", {})
+    assert reward_terms.scorer(_Ctx(off, seed=0), GRPOConfig(), "stages[1]") is None
+    with pytest.raises(ValueError, match="reward.prm_path is set, but no 'prm' reward term is registered"):
+        reward_terms.scorer(_Ctx(reward, seed=0), GRPOConfig(), "stages[1]")
+    with pytest.raises(ValueError, match="import prm"):
+        reward_terms.eval_metrics(_Ctx(reward, seed=0), ["q"], object(), [{}], 2)
+    with pytest.raises(ValueError, match="no slot"):
+        reward_terms.register("value_model", scorer=lambda *a: None, eval_rerank=lambda *a: {})
+
+
+def test_optimizer_steps_runs_one_step_per_minibatch_in_order():
+    """prm/loop.py against a hand-written loop: the schedule's float32 hyper-parameters, the batches as device
+    arrays, after_step after every step with the state so far, every step's metrics on the host in order."""
+    def step(state, batch, hyper):  # plain SGD on a quadratic: w <- w - lr * (w - mean(x))
+        g = state["w"] - jnp.mean(batch["x"])
+        return {"w": state["w"] - hyper["lr"] * g}, {"g": g, "lr": hyper["lr"]}
+
+    xs = [np.full((3,), v, np.float32) for v in (1.0, -2.0, 0.5, 4.0)]
+    seen = []
+    state, ms = optimizer_steps(step, {"w": jnp.float32(0.0)}, ({"x": x} for x in xs), lambda i: {"lr": 0.1 * (i + 1)},
+                                lambda i, st, m: seen.append((i, float(st["w"]))))
+    w, ref = 0.0, []
+    for i, x in enumerate(xs):  # float64 reference
+        lr = float(np.float32(0.1 * (i + 1)))
+        g = w - float(np.mean(x.astype(np.float64)))
+        w = w - lr * g
+        ref.append((i + 1, w, g))
+    assert [i for i, _ in seen] == [1, 2, 3, 4]
+    np.testing.assert_allclose([v for _, v in seen], [r[1] for r in ref], rtol=1e-6)
+    np.testing.assert_allclose([float(m["g"]) for m in ms], [r[2] for r in ref], rtol=1e-6)
+    assert all(isinstance(m["g"], np.ndarray) and m["lr"].dtype == np.float32 for m in ms)
+    assert float(state["w"]) == pytest.approx(ref[-1][1], rel=1e-6)
+
+
+def test_plain_rewards_and_the_light_prm_modules_do_not_import_jax():
     code = ("import sys; import rewards.combine, rewards.task_score, rewards.pool, rewards.verify, rewards.format, "
-            "rewards.prm.metrics, rewards.prm.data; print('jax' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+            "prm, prm.metrics, prm.data, experiments.launch; print('jax' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "False"
 
 
@@ -445,13 +549,10 @@ def test_plain_rewards_do_not_import_jax():
 def test_grpo_with_a_prm_file_end_to_end(tmp_path):
     """The tiny prm_arith GRPO variant with a PRM file: the process reward and the PRM step rewards are scored on
     the trainer side (their cost logged every iteration) and evaluation reranks samples with it (prm@k)."""
-    from experiments import launch
-    from experiments.configs.common import TINY_MODEL
-
     mcfg = ModelConfig(**{**TINY_MODEL, "max_seq_len": 96})
     params = {**transformer.init(mcfg, jax.random.key(0)),
               "value_head": {"w": jnp.full((mcfg.d_model,), 0.1), "b": jnp.float32(0.0)}}
-    path = tmp_path / "prm.npz"
+    path = tmp_path / "prm"
     save(PRM(mcfg, params, {"kind": "platt", "a": 0.1, "b": 1.0}, 0.5, "min", likelihood=True), path)
     wd = tmp_path / "run"
     config = os.path.join(ROOT, "experiments/configs/prm_arith.py")
@@ -462,15 +563,11 @@ def test_grpo_with_a_prm_file_end_to_end(tmp_path):
     assert text.count("prm/seconds_per_solution") >= 3 and "prm/score" in text and "prm@k" in text
     bad = tmp_path / "bad.npz"
     np.savez(bad, x=np.zeros(1))
-    with pytest.raises(ValueError, match="reward.prm_path"):
-        from rl.prm_reward import load_scorer
-
+    with pytest.warns(FutureWarning), pytest.raises(ValueError, match="reward.prm_path"):
         load_scorer(str(bad), TOK, {"w_prm": 0.2})
 
 
 def test_deploy_source_is_the_best_calibration_auroc_unless_named():
-    from experiments.train_prm import deploy_source
-
     runs = {"prior": [{"calib_auroc": 0.80}], "mix": [{"calib_auroc": 0.91}, {"calib_auroc": 0.5}],
             "mc": [{"calib_auroc": 0.91}]}
     assert deploy_source(runs) == "mix"  # first seed decides; a tie goes to the source listed first
@@ -481,8 +578,6 @@ def test_deploy_source_is_the_best_calibration_auroc_unless_named():
 def test_train_prm_pipeline_tiny(tmp_path, capsys):
     """experiments/train_prm.py end to end on the tiny variant: policy, samples, labels, every source, the table,
     the deployed file; a second call with the same settings reuses everything."""
-    from experiments import train_prm
-
     config = os.path.join(ROOT, "experiments/configs/prm_arith.py")
     wd = tmp_path / "prm"
     assert train_prm.main(["--config", config + ":variant=tiny", "--workdir", str(wd)]) == 0
@@ -491,8 +586,8 @@ def test_train_prm_pipeline_tiny(tmp_path, capsys):
         assert f"| {source}" in out
     deployed = json.loads((wd / "results.json").read_text())["deployed"]  # what the notebooks read
     assert f"deployed {deployed} ->" in out
-    assert (wd / "prm.npz").exists() and (wd / "table.md").exists()
-    prm = load(wd / "prm.npz")
+    assert (wd / "prm").is_dir() and (wd / "table.md").exists()
+    prm = load(wd / "prm")
     assert prm.likelihood and prm.calib["kind"] == "platt"
     assert train_prm.main(["--config", config + ":variant=tiny", "--workdir", str(wd)]) == 0
     assert "PRM prior seed" not in capsys.readouterr().out  # reused

@@ -1,10 +1,10 @@
-"""rewards.prm.metrics against hand-computed values and independent float64 references written here."""
+"""prm.metrics against hand-computed values and independent float64 references written here."""
 import math
 
 import numpy as np
 import pytest
 
-from rewards.prm import metrics as pm
+from prm import metrics as pm
 
 
 def test_auroc_hand_values_and_ties():

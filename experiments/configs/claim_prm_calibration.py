@@ -9,7 +9,7 @@ policy, then a short GRPO with the seed's own PRM as the process reward (reward.
 terms are stage fields, so one cold start per seed serves every arm: stages[1].prm_weight (w, default 0.2: + w x
 the weakest calibrated step probability of each response) with PRM step rewards (stages[1].step_rewards, weight
 0.1, reward.prm_steps), and stages[1].prm_calibration, the map the PRM's probabilities go through (none |
-temperature | platt, all three stored in the file by train_prm). w=0 is the baseline: no PRM reward term, the PRM
+temperature | platt, all three stored in the checkpoint by train_prm). w=0 is the baseline: no PRM reward term, the PRM
 still scores every batch (prm/score logged).
 
     for s in 0 1 2; do python -m experiments.train_prm --config experiments/configs/prm_arith.py:seed=$s \\
@@ -26,9 +26,9 @@ point).
 """
 from experiments.configs import prm_arith
 from experiments.configs.common import CLAIM_SEEDS, check_variant, parse_arg, stage
-from rewards.prm.metrics import CALIBRATIONS
+from rewards.combine import PRM_CALIBRATIONS as CALIBRATIONS
 
-PRM_PATH = "runs/claims/prm_calibration/prm/seed{seed}/prm.npz"  # train_prm's deployed PRM of each seed
+PRM_PATH = "runs/claims/prm_calibration/prm/seed{seed}/prm"  # train_prm's deployed PRM checkpoint of each seed
 GRPO = dict(iterations=30, n_prompts=16, samples=8, temperature_start=1.0, temperature_end=0.8, lr=2e-4,
             warmup_steps=5, kl_coef=0.02, clip_high=0.28, token_budget=4096, step_reward_weight=0.1)
 TINY_GRPO = dict(iterations=3, n_prompts=4, samples=4, token_budget=1024, temperature_end=1.0, warmup_steps=0)

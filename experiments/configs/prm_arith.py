@@ -6,13 +6,13 @@
 Task: two-digit addition, subtraction and multiplication by a digit with column steps in the English format
 ("Step 1: 1+2=3 ... Step 3: 71+62=133\nAnswer: 133"); a byte-level policy (the quickstart's small MoE) gets a
 cold start of 8 epochs over 3000 worked solutions. get_config() is that launcher config; train_prm runs it in
-workdir/policy and then the PRM pipeline of get_prm_config() (rewards/prm/train.py PRMConfig): the policy's own
+workdir/policy and then the PRM pipeline of get_prm_config() (prm/train.py PRMConfig): the policy's own
 samples, labels from the exact checker on corrupted gold solutions, Math-Shepherd Monte Carlo labels on the
 samples, their mix, and the exact labels on the samples as the reference; one PRM per label source, initialised
 from the policy; calibration on validation samples; step AUROC / ECE / first-error F1 and best-of-N on test
 samples. The model's max_seq_len (160) leaves room for MC rollouts from a whole prompt + partial solution.
 
-variant=grpo_prm: the same cold start, then GRPO with the PRM of runs/prm/prm.npz (reward.prm_path) as a process
+variant=grpo_prm: the same cold start, then GRPO with the PRM checkpoint runs/prm/prm (reward.prm_path) as a process
 reward (reward.w_prm 0.2 x the weakest calibrated step probability of each response, scored on the trainer side)
 and as step rewards at step ends (reward.prm_steps); evaluation adds PRM best-of-k reranking (prm@k).
 variant=tiny / tiny_grpo_prm: the same, seconds-long (tests); seed=N. The PRM pipeline's own fields are in
@@ -41,7 +41,7 @@ def get_config(arg=None):
     c.run.update(dict(reward_workers=0))
     c.stages = [stage("sft", "cold_start", epochs=8, batch_size=32, n_problems=3000, lr=3e-3, warmup_steps=10)]
     if variant.endswith("grpo_prm"):
-        c.reward.update(dict(prm_path="runs/prm/prm.npz", w_prm=0.2, prm_steps=True))
+        c.reward.update(dict(prm_path="runs/prm/prm", w_prm=0.2, prm_steps=True))
         c.eval.update(dict(k=8, temperature=0.7))
         c.run.reward_workers = 1
         c.stages.append(stage("grpo", "grpo_prm", iterations=40, n_prompts=16, samples=8, temperature_start=1.0,
@@ -54,7 +54,7 @@ def get_config(arg=None):
 
 
 def get_prm_config(arg=None):
-    """The PRM pipeline's fields (rewards.prm.train.PRMConfig; experiments/train_prm.py reads them)."""
+    """The PRM pipeline's fields (prm.train.PRMConfig; experiments/train_prm.py reads them)."""
     args = parse_arg(arg, {"variant": "full", "seed": 0})
     variant = check_variant(args, VARIANTS)
     p = ml_collections.ConfigDict(dict(

@@ -31,9 +31,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rewards.prm.metrics import CALIBRATIONS
+from rewards.combine import PRM_CALIBRATIONS as CALIBRATIONS
 from rl import curriculum as cur
-from rl import grouped_batch, offpolicy, rollout, schedules
+from rl import grouped_batch, offpolicy, reward_terms, rollout, schedules
 from rl.config_fields import boolean, choice, field, integer, num
 from rl.stages.base import StageConfig, StageRun, router_metrics, step_stats
 
@@ -83,7 +83,7 @@ class RLConfig(StageConfig):
     format_weight: float = field(0.0, "this stage's format reward: adds weight x the format score, on top of "
                                       "reward.w_format", num(0.0, 100.0))
     prm_weight: float = field(0.0, "this stage's PRM reward: adds weight x the response's PRM score, on top of "
-                                   "reward.w_prm (needs reward.prm_path; rl/prm_reward.py)", num(0.0, 100.0))
+                                   "reward.w_prm (needs reward.prm_path; prm/reward.py)", num(0.0, 100.0))
     prm_calibration: str = field("", "the PRM calibration map this stage applies: '' (the file's own) | none | "
                                      "temperature | platt (needs reward.prm_path)", choice("", *CALIBRATIONS))
     entropy_coef: float = field(0.0, "entropy bonus coefficient", num(0.0, 10.0))
@@ -231,9 +231,7 @@ class PolicyGradientRun(StageRun):
             self.ref_params = jax.tree.map(jnp.copy, self.policy_params())
         self.kl_state = self.kl_ctl.init() if self.kl_ctl is not None else None
         self.cur_state = cur.init_state(len(self.problems)) if cfg.curriculum.enabled else None
-        from rl import prm_reward
-
-        self.prm = prm_reward.for_context(ctx, cfg, f"stages[{index}]")  # reward.prm_path: the PRM, None when off
+        self.prm = reward_terms.scorer(ctx, cfg, f"stages[{index}]")  # reward.prm_path: the PRM wing's, None when off
         self.prm_out = None  # the current batch's PRM scores (process reward and step scores share one forward)
         self.pending: list[dict] = []  # batches sampled ahead, oldest first (bounded staleness); checkpointed
         self.trained_units = 0  # updates so far: a batch's "version" is this count when it was sampled

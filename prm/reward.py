@@ -1,16 +1,19 @@
 """The process reward model on the trainer side: a process reward, step-level rewards and best-of-k reranking.
 
-The PRM (rewards/prm/) is a model, so it is scored here, in batched jitted forwards over the RL batch's own
-token rows beside the policy's, not in the plain-Python reward pool. Config (reward section, rewards.combine):
+The PRM is a model, so it is scored here, in batched jitted forwards over the RL batch's own token rows beside
+the policy's, not in the plain-Python reward pool. The stages and the evaluation (rl/) cannot import this wing:
+`import prm` registers for_context and eval_rerank into rl/reward_terms.py (slot "prm"), through which they call
+them (the experiments package does that import). Config (reward section, rewards.combine):
 
-    reward.prm_path   a PRM file written by experiments/train_prm.py ("" = off)
+    reward.prm_path   a PRM checkpoint written by prm/pipeline.py (python -m experiments.train_prm; "" = off); an
+                      old .npz file is still read, for one release (prm/checkpoint.py)
     reward.w_prm      total reward += w_prm * the response's PRM score (0.1-0.3 when on; math rows only)
     reward.prm_agg    the response's PRM score from its calibrated step probabilities: min | mean | prod | last
     reward.prm_steps  step_rewards / process_grpo take their step scores from the PRM instead of the checker
 
 An RL stage adds its own terms (rl/stages/policy_gradient.py; stage-level, so a sweep over them shares the cold
 start): stages[i].prm_weight (+ weight x the PRM score, on top of reward.w_prm) and stages[i].prm_calibration (the
-map its probabilities use: none | temperature | platt, each stored in the file by experiments/train_prm.py; ""
+map its probabilities use: none | temperature | platt, each stored in the file by prm/pipeline.py; ""
 = the file's own). "{seed}" in reward.prm_path is replaced by the run's seed (one PRM per seed in a sweep).
 
     scorer = for_context(ctx, stage_cfg, "stages[1]")   # None when reward.prm_path is ""; loaded once per process
@@ -19,7 +22,7 @@ map its probabilities use: none | temperature | platt, each stored in the file b
     sc, pos, msk = scorer.step_scores(out, final)                       # the step_scores layout
     eval_rerank(ctx, prompts, samples, scores, k)                        # {"prm@k", prm/seconds_per_solution}
 
-A response's PRM steps are rewards.prm.data.step_ends: its step lines, then its final answer; step-level rewards
+A response's PRM steps are prm.data.step_ends: its step lines, then its final answer; step-level rewards
 use the step lines only (the answer is the outcome reward's, or `final`'s in process GRPO). Positions follow
 rl.stages.policy_gradient.step_scores: resp_start + len(tok.encode(text[:end])) - 1. Every scoring call reports
 its cost (`prm/seconds`, `prm/seconds_per_solution`).
@@ -29,6 +32,14 @@ from __future__ import annotations
 import time
 
 import numpy as np
+
+from prm.checkpoint import load
+from prm.data import step_ends
+from prm.metrics import aggregate
+from prm.model import logits_at, utf8_safe
+from rewards.parse import step_spans
+from rl.rollout import build_batch
+from rl.stages.policy_gradient import step_arrays
 
 __all__ = ["PRMScorer", "for_context", "load_scorer", "prm_file", "eval_rerank"]
 
@@ -43,11 +54,6 @@ class PRMScorer:
         """Calibrated step probabilities of N rows (prompt + response tokens, responses decoded in `texts`):
         {"probs": [N, S], "pos": [N, S], "mask": [N, S], "answer": [N] bool (the last step is the answer),
          "score": [N] the aggregated response score, "seconds": float}."""
-        from rewards.parse import step_spans
-        from rewards.prm.data import step_ends
-        from rewards.prm.metrics import aggregate
-        from rewards.prm.model import logits_at, utf8_safe
-
         t0 = time.time()
         T = np.shape(tokens)[1]
         rows = []
@@ -89,7 +95,6 @@ class PRMScorer:
             j = int(mask[r].sum()) - 1
             if j >= 0:
                 mask[r, j] = 0  # the answer step: the outcome's, not the PRM's
-        from rl.stages.policy_gradient import step_arrays
 
         rows = [[(float(probs[r, j]), int(pos[r, j])) for j in np.flatnonzero(mask[r])] for r in range(len(probs))]
         if final is not None:
@@ -108,16 +113,13 @@ class PRMScorer:
 
 
 def eval_rerank(ctx, prompts, samples, scores, k: int) -> dict:
-    """{"prm@k", "prm/seconds_per_solution"} of an evaluation's k samples per prompt when the run has a PRM (rows
-    built as the trainer's: rl.rollout.build_batch at ctx.seq_len), else {}."""
-    from rl import rollout
-
-    if k < 1 or samples is None:
-        return {}  # nothing to rerank: the PRM file is not even read (a cold start may run before it exists)
+    """{"prm@k", "prm/seconds_per_solution"} of an evaluation's k >= 1 samples per prompt when the run has a PRM
+    (rows built as the trainer's: rl.rollout.build_batch at ctx.seq_len), else {}. rl.reward_terms.eval_metrics
+    calls it only when there are samples."""
     scorer = for_context(ctx)
     if scorer is None:
         return {}
-    b = rollout.build_batch([ctx.tok.encode(p, add_bos=True) for p in prompts], samples, ctx.seq_len,
+    b = build_batch([ctx.tok.encode(p, add_bos=True) for p in prompts], samples, ctx.seq_len,
                             pad_id=ctx.tok.PAD)
     return scorer.rerank(b, samples.texts, [sc["solved"] > 0.5 for sc in scores], k)
 
@@ -127,8 +129,6 @@ def load_scorer(path: str, tok, reward: dict, *, w_extra: float = 0.0, calibrati
     """A PRMScorer for the reward section's settings, plus `w_extra` on w_prm and the stored map `calibration`
     ("" = the file's own); ValueError naming reward.prm_path for a bad file, `calibration_field` for a map the
     file does not hold."""
-    from rewards.prm.model import load
-
     try:
         prm = load(path)
     except (OSError, ValueError, KeyError) as e:
@@ -160,3 +160,4 @@ def for_context(ctx, stage=None, where: str = "stages[i]") -> PRMScorer | None:
     key = ("prm", path, reward.get("w_prm"), reward.get("prm_agg"), reward.get("prm_steps"), w_extra, calibration)
     return ctx.cached(key, lambda: load_scorer(path, ctx.tok, reward, w_extra=w_extra, calibration=calibration,
                                                calibration_field=f"{where}.prm_calibration"))
+

@@ -15,7 +15,8 @@
 Conventions: a label is 1.0 for a good step and 0.0 for a wrong one; `first_error` returns -1 when every step is
 good (ProcessBench's "all correct"). Calibration parameters are fitted on a calibration split and applied to the
 test split. Everything here is deterministic and has no JAX dependency (tests check it against hand-computed
-values and independent references).
+values and independent references). The names of the aggregates and calibration maps come from rewards.combine
+(PRM_AGGREGATES, PRM_CALIBRATIONS), where the reward and stage configs check them.
 """
 from __future__ import annotations
 
@@ -23,13 +24,15 @@ import math
 
 import numpy as np
 
+# The names are declared below the wing (rewards/combine.py), where config validation reads them without this package.
+from rewards.combine import PRM_AGGREGATES as AGGREGATES
+from rewards.combine import PRM_CALIBRATIONS as CALIBRATIONS
+
 __all__ = ["N_BINS", "sigmoid", "nll", "ece", "brier", "auroc", "fit_temperature", "fit_platt", "calibrate",
            "step_metrics", "first_error", "predict_first_error", "first_error_f1", "best_threshold", "aggregate",
            "AGGREGATES", "CALIBRATIONS", "best_of_n"]
 
 N_BINS = 15
-AGGREGATES = ("min", "mean", "prod", "last")
-CALIBRATIONS = ("none", "temperature", "platt")  # the maps calibrate() applies (rewards.prm.train.fit_calibrations)
 
 
 def sigmoid(z):

@@ -10,6 +10,7 @@ Steps. A solution's PRM steps are the step lines of rewards.parse.step_spans, ea
 plus the final answer (rewards.parse.final_answer_marker) read at the solution's last non-space character when
 the answer comes after the last step. The answer step makes a solution's weakest step a verdict on the whole
 solution (a wrong answer after right steps is an error too), as in process GRPO (rl/stages/grpo.py).
+Imports no JAX (rewards/ and rl.tasks only): the labels are plain Python.
 
 Labels are 1.0 (good), 0.0 (wrong) or None (undecided: left out of training and metrics).
   exact      rewards.steps.check_steps for the step lines (exact Fraction arithmetic; None where a step has no
@@ -31,6 +32,7 @@ from typing import Callable, NamedTuple, Sequence
 from rewards.combine import score
 from rewards.parse import as_text, final_answer_marker, step_spans
 from rewards.steps import check_steps
+from rl.tasks.render import render_prompt, render_steps
 
 __all__ = ["Example", "CORRUPTIONS", "step_ends", "exact_labels", "corrupt_steps", "corrupted_solution",
            "gold_examples", "mc_labels", "first_error_index"]
@@ -127,8 +129,6 @@ def corrupt_steps(steps: tuple, answer: str, kind: str, propagate: bool, rng: ra
 
 def corrupted_solution(problem, lang: str, kind: str, propagate: bool, rng: random.Random) -> tuple[str, str]:
     """(rendered solution, kind actually applied): the gold steps with one step corrupted, or clean."""
-    from rl.tasks.render import render_steps
-
     steps, answer = problem.steps, problem.answer
     if kind != "clean":
         out = corrupt_steps(steps, answer, kind, propagate, rng)
@@ -143,8 +143,6 @@ def gold_examples(problems: Sequence, lang: str, seed: int, *, corrupt_prob: flo
                   propagate_prob: float = 0.5) -> list[Example]:
     """One labelled, possibly corrupted gold solution per problem with gold steps (others are skipped), the prompt
     rendered as the policy sees it. Deterministic in (problems, lang, seed)."""
-    from rl.tasks.render import render_prompt
-
     rng = random.Random(f"prm-gold|{lang}|{seed}")
     out = []
     for p in problems:

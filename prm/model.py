@@ -1,5 +1,5 @@
 """The process reward model itself: the policy's transformer (models/transformer.py) with a scoring head, the
-token rows it reads, batched jitted scoring, calibration parameters and the .npz file format.
+token rows it reads, batched jitted scoring and calibration parameters (its files: prm/checkpoint.py).
 
     enc = encode(tok, prompts, solutions, seq_len, labels)    # rows + step-end positions (+ labels)
     z = step_logits(params, model_cfg, enc)                   # [N, S] raw logits at the step ends
@@ -7,7 +7,7 @@ token rows it reads, batched jitted scoring, calibration parameters and the .npz
     prm.probs(z)                                              # calibrated P(step good)
     prm.calibrated("temperature")                             # the same PRM with another stored map
     score_texts(prm, tok, prompts, solutions)                 # list of per-step probabilities per solution
-    save(prm, "runs/prm/prm.npz"); prm = load("runs/prm/prm.npz")
+    prm.checkpoint.save(prm, "runs/prm/prm"); prm = prm.checkpoint.load("runs/prm/prm")
 
 Model. params = the policy's parameter tree plus "value_head" = {"w": [d_model], "b": []}, the linear head the
 train step already has (rl/train_step.py, mode "prm": binary cross-entropy at labelled step ends). A step ending
@@ -25,7 +25,7 @@ Rows are prompt (with BOS) + solution tokens, right-padded to seq_len (the train
 past seq_len are not scored. A step's position is len(tok.encode(prompt + solution[:end], add_bos=True)) - 1,
 the same rule as rl.stages.policy_gradient.step_scores, so trainer rows and text rows agree.
 
-Calibration. `calib` is the map probs() applies (the file's own: Platt scaling from experiments/train_prm.py);
+Calibration. `calib` is the map probs() applies (the file's own: Platt scaling from prm/pipeline.py);
 `calibs` holds every map fitted on the calibration split ({"none", "temperature", "platt"}), so a user picks one
 at use time (reward.prm_calibration, stages[i].prm_calibration) without refitting. Files written before `calibs`
 existed load with {"none", their own map}.
@@ -33,7 +33,6 @@ existed load with {"none", their own map}.
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any, Sequence
 
 import jax
@@ -42,14 +41,14 @@ import numpy as np
 
 from models import transformer
 from models.config import ModelConfig
+from prm import metrics
+from prm.data import step_ends
 from rewards.parse import as_text
-from rewards.prm import metrics
-from rewards.prm.data import step_ends
+from rl.losses import token_logprobs
+from rl.rollout import chunked
 
 __all__ = ["PRM", "Encoded", "utf8_safe", "encode", "step_prev", "train_batch", "logits_fn", "step_logits",
-           "logits_at", "score_texts", "save", "load", "FORMAT"]
-
-FORMAT = "mathrl-prm-v2"
+           "logits_at", "score_texts"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +81,7 @@ class PRM:
         have = self.stored_calibrations()
         if name not in metrics.CALIBRATIONS or name not in have:
             raise ValueError(f"calibration {name!r} is not stored in this PRM (it has {', '.join(sorted(have))}; "
-                             "experiments/train_prm.py stores none, temperature and platt)")
+                             "prm/pipeline.py (python -m experiments.train_prm) stores none, temperature and platt)")
         return dataclasses.replace(self, calib=dict(have[name]))
 
 
@@ -112,7 +111,7 @@ def utf8_safe(text) -> str:
 
 def encode(tok, prompts: Sequence[str], solutions: Sequence[str], seq_len: int, labels=None) -> Encoded:
     """Rows and step positions of (prompt, solution) pairs; `labels` (one tuple per solution, aligned with
-    rewards.prm.data.step_ends) fills labels / label_mask."""
+    prm.data.step_ends) fills labels / label_mask."""
     rows, steps = [], []
     for i, (p, s) in enumerate(zip(prompts, solutions)):
         p, s = utf8_safe(p), utf8_safe(s)
@@ -173,8 +172,6 @@ def logits_fn(model_cfg: ModelConfig, likelihood: bool = False):
     with `likelihood` the log-likelihood of (step_prev[t], t] (rl/train_step.py's "prm" loss, the same formula)."""
     key = (model_cfg, bool(likelihood))
     if key not in _LOGITS:
-        from rl.losses import token_logprobs
-
         def fn(params, tokens, attn_mask, prev):
             body = {k: v for k, v in params.items() if k != "value_head"}
             logits, aux = transformer.forward(body, tokens, model_cfg, attn_mask=attn_mask, return_hidden=True,
@@ -194,8 +191,6 @@ def logits_at(params, model_cfg: ModelConfig, tokens, attn_mask, pos, mask, prev
               rows: int = 64) -> np.ndarray:
     """Step logits [N, S] at positions pos [N, S] (prev: each step's previous end) of token rows, in fixed chunks of
     `rows` (one compile)."""
-    from rl.rollout import chunked
-
     if len(tokens) == 0:
         return np.zeros(np.shape(pos), np.float32)
     T = np.shape(tokens)[1]
@@ -216,47 +211,3 @@ def score_texts(prm: PRM, tok, prompts: Sequence[str], solutions: Sequence[str],
     enc = encode(tok, prompts, solutions, seq_len or prm.model_cfg.max_seq_len)
     p = prm.probs(step_logits(prm.params, prm.model_cfg, enc, rows, prm.likelihood))
     return [[float(x) for x, m in zip(pr, mk) if m] for pr, mk in zip(p, enc.mask)]
-
-
-# ---- file format ----------------------------------------------------------------------------------------------------
-def _flatten(tree, prefix=""):
-    out = {}
-    for k, v in tree.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}/"))
-        else:
-            out[f"{prefix}{k}"] = np.asarray(v)
-    return out
-
-
-def _unflatten(flat):
-    tree: dict = {}
-    for key, value in flat.items():
-        node = tree
-        *parents, leaf = key.split("/")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = jnp.asarray(value)
-    return tree
-
-
-def save(prm: PRM, path) -> None:
-    """One .npz: arrays under "params/...", everything else as JSON text under "__meta__" (no pickle)."""
-    meta = {"format": FORMAT, "model_cfg": prm.model_cfg.to_dict(), "calib": prm.calib, "calibs": prm.calibs,
-            "threshold": prm.threshold, "agg": prm.agg, "meta": prm.meta, "likelihood": prm.likelihood}
-    arrays = {f"params/{k}": v for k, v in _flatten(jax.device_get(prm.params)).items()}
-    with open(path, "wb") as fh:
-        np.savez(fh, __meta__=np.array(json.dumps(meta)), **arrays)
-
-
-def load(path) -> PRM:
-    """Read a PRM written by save (allow_pickle=False); ValueError for any other file."""
-    with np.load(path, allow_pickle=False) as z:
-        if "__meta__" not in z.files:
-            raise ValueError(f"{path}: not a PRM file (no metadata)")
-        meta = json.loads(str(z["__meta__"]))
-        if meta.get("format") != FORMAT:
-            raise ValueError(f"{path}: not a PRM file (format {meta.get('format')!r}, expected {FORMAT!r})")
-        flat = {k[len("params/"):]: z[k] for k in z.files if k.startswith("params/")}
-    return PRM(ModelConfig.from_dict(meta["model_cfg"]), _unflatten(flat), meta["calib"], float(meta["threshold"]),
-               meta["agg"], meta["meta"], bool(meta.get("likelihood", False)), meta.get("calibs", {}))

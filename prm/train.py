@@ -1,23 +1,18 @@
-"""Training, calibration and evaluation of the process reward model, on the project's own train step.
+"""Training of the process reward model on the project's own train step, and the pipeline's config.
 
     cfg = PRMConfig(steps=300, lr=1e-3)                         # every field checked (FieldErrors names it)
+    cfg = with_overrides(plain_dict, ["lr=3e-4", "sources=prior,mix"])   # a config file's fields + FIELD=VALUE
     params, log = train(enc, model_cfg, cfg, init_params, seed=0)
-    calibs = fit_calibrations(z_calib, y_calib)                 # {"none", "temperature", "platt"}
-    res = evaluate(logits, enc, calibs)                         # step metrics + first-error F1
 
 Training is rl.train_step in mode "prm": init_train_state (AdamW from make_optimizer, the value head added to
 the given parameters), make_train_step (jitted, donated, non-finite steps skipped), the learning rate from
-rl.schedules.lr_at each step. Rows are drawn in reshuffled epochs, batch_size solutions per step, padded to a
-fixed shape with rl.rollout.pad_rows (one compile); a row without labels is never drawn.
-
-Evaluation reads the steps of each solution up to and including its first wrong one (labels: the exact checker):
-before the first error "this step is right" and "every step so far is right" are the same statement, so label
-sources with either meaning (the checker's per-step labels, Math-Shepherd's "can still reach the answer") are
-judged on the same ground; after the first error a solution is already wrong and ProcessBench's first-error task
-ignores it too.
+rl.schedules.lr_at each step, run by prm/loop.py's optimizer_steps (the PRM's only optimizer loop). Rows are
+drawn in reshuffled epochs, batch_size solutions per step, padded to a fixed shape with rl.rollout.pad_rows (one
+compile); a row without labels is never drawn. Calibration and evaluation: prm/calibration.py.
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
 import time
 
@@ -25,11 +20,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rewards.prm import metrics
-from rewards.prm.model import Encoded, train_batch
-from rl.config_fields import Checked, boolean, choice, field, integer, num, text
+from prm import metrics
+from prm.loop import optimizer_steps
+from prm.model import Encoded, train_batch
+from rl.config_fields import Checked, boolean, choice, field, from_dict, integer, num, text
+from rl.rollout import pad_rows
+from rl.schedules import lr_at
+from rl.train_step import LossConfig, OptimConfig, init_train_state, make_train_step
 
-__all__ = ["PRMConfig", "SOURCES", "train", "fit_calibrations", "scored_steps", "evaluate"]
+__all__ = ["PRMConfig", "SOURCES", "train", "step_fn", "with_overrides"]
 
 SOURCES = ("corrupted", "mc", "mix", "exact", "prior")
 
@@ -66,7 +65,7 @@ class PRMConfig(Checked):
     init: str = field("policy", "PRM initial weights: policy (the cold-start policy's) | scratch (fresh init)",
                       choice("policy", "scratch"))
     likelihood: bool = field(True, "the step logit adds the step's log-likelihood under the PRM's own LM head "
-                                   "(rewards/prm/model.py)", boolean)
+                                   "(prm/model.py)", boolean)
     n_problems: int = field(400, "training problems whose policy samples get MC / exact labels", integer(1, 10**6))
     samples: int = field(2, "policy samples per training problem", integer(1, 256))
     n_gold: int = field(800, "training problems rendered as (corrupted) gold solutions", integer(1, 10**6))
@@ -112,27 +111,37 @@ class PRMConfig(Checked):
             yield "best_of_n", f"must hold ints >= 1, got {self.best_of_n!r}"
 
 
+def _batches(enc: Encoded, cfg: PRMConfig, rng: np.random.Generator):
+    """cfg.steps minibatches of cfg.batch_size rows (padded to it: one compile), drawn in reshuffled epochs over the
+    rows that have a label."""
+    rows = np.flatnonzero(enc.label_mask.sum(1) > 0)
+    order = np.zeros((0,), np.int64)
+    for _ in range(cfg.steps):
+        if len(order) < cfg.batch_size:
+            order = np.concatenate([order, rng.permutation(rows)])
+        idx, order = order[:cfg.batch_size], order[cfg.batch_size:]
+        yield pad_rows(train_batch(enc, idx, cfg.likelihood), cfg.batch_size)
+
+
+def _schedule(cfg: PRMConfig):
+    """Step i's learning rate: linear warmup, then linear decay to end_lr_fraction over cfg.steps."""
+    return lambda i: {"lr": lr_at(i, i / max(cfg.steps - 1, 1), peak=cfg.lr, warmup_steps=cfg.warmup_steps,
+                                  end_fraction=cfg.end_lr_fraction)}
+
+
 def train(enc: Encoded, model_cfg, cfg: PRMConfig, params, seed: int, select=None) -> tuple[dict, dict]:
     """Trained parameters (policy tree + value_head) and a log {"loss", "accuracy", "seconds", "skipped",
     "selection"}. With `select(params) -> float` (higher is better, e.g. AUROC on a calibration split), the
     parameters are scored before training and every cfg.select_every steps, and the best ones are returned
     (early stopping: fine-tuning a policy on a few thousand labels can lose what the start knew)."""
-    from rl import rollout, schedules
-    from rl.train_step import LossConfig, OptimConfig, init_train_state, make_train_step
-
     loss_cfg = LossConfig(mode="prm")
     optim_cfg = OptimConfig(weight_decay=float(cfg.weight_decay), grad_clip=float(cfg.grad_clip) or None)
     params = jax.tree.map(jnp.array, params)  # a copy: the step donates its state, the caller keeps its params
     state = init_train_state(model_cfg, loss_cfg, optim_cfg, jax.random.key(seed), params=params)
-    step_fn = _step_fn(model_cfg, loss_cfg, optim_cfg)
-    rows = np.flatnonzero(enc.label_mask.sum(1) > 0)
-    rng = np.random.default_rng(seed)
-    order = np.zeros((0,), np.int64)
     t0, log = time.time(), {"loss": [], "accuracy": [], "selection": []}
-    ms = []
     best = None
 
-    def consider(i):
+    def consider(i, state):
         nonlocal best
         p = jax.device_get(state["params"])
         v = float(select(p))
@@ -140,23 +149,16 @@ def train(enc: Encoded, model_cfg, cfg: PRMConfig, params, seed: int, select=Non
         if best is None or v > best[0]:
             best = (v, i, p)
 
+    def after_step(i, state, m):
+        if select is not None and (i % (cfg.select_every or cfg.steps) == 0 or i == cfg.steps):
+            consider(i, state)
+        if cfg.log_every and i % cfg.log_every == 0:
+            print(f"  step {i}: loss {float(m['loss/prm']):.4f} accuracy {float(m['prm/accuracy']):.3f}", flush=True)
+
     if select is not None:
-        consider(0)
-    for i in range(cfg.steps):
-        if len(order) < cfg.batch_size:
-            order = np.concatenate([order, rng.permutation(rows)])
-        idx, order = order[:cfg.batch_size], order[cfg.batch_size:]
-        batch = rollout.pad_rows(train_batch(enc, idx, cfg.likelihood), cfg.batch_size)
-        lr = schedules.lr_at(i, i / max(cfg.steps - 1, 1), peak=cfg.lr, warmup_steps=cfg.warmup_steps,
-                             end_fraction=cfg.end_lr_fraction)
-        state, m = step_fn(state, {k: jnp.asarray(v) for k, v in batch.items()}, {"lr": jnp.float32(lr)})
-        ms.append(m)
-        if select is not None and ((i + 1) % (cfg.select_every or cfg.steps) == 0 or i + 1 == cfg.steps):
-            consider(i + 1)
-        if cfg.log_every and (i + 1) % cfg.log_every == 0:
-            print(f"  step {i + 1}: loss {float(m['loss/prm']):.4f} accuracy {float(m['prm/accuracy']):.3f}",
-                  flush=True)
-    ms = jax.device_get(ms)  # fetched once: dispatch stays asynchronous
+        consider(0, state)
+    state, ms = optimizer_steps(step_fn(model_cfg, loss_cfg, optim_cfg), state,
+                                _batches(enc, cfg, np.random.default_rng(seed)), _schedule(cfg), after_step)
     log["loss"] = [float(m["loss/prm"]) for m in ms]
     log["accuracy"] = [float(m["prm/accuracy"]) for m in ms]
     log["skipped"] = int(sum(int(m["skipped"]) for m in ms))
@@ -170,66 +172,27 @@ def train(enc: Encoded, model_cfg, cfg: PRMConfig, params, seed: int, select=Non
 _STEPS: dict = {}
 
 
-def _step_fn(model_cfg, loss_cfg, optim_cfg):
-    from rl.train_step import make_train_step
-
+def step_fn(model_cfg, loss_cfg, optim_cfg):
+    """The jitted train step of (model, loss, optimizer) configs, built once per process (tests share its compile)."""
     key = (model_cfg, loss_cfg, optim_cfg)
     if key not in _STEPS:
         _STEPS[key] = make_train_step(model_cfg, loss_cfg, optim_cfg)
     return _STEPS[key]
 
 
-def scored_steps(logits: np.ndarray, enc: Encoded, upto_first_error: bool = True):
-    """Flat (logits, labels) of the labelled steps, each solution's steps up to and including its first wrong one
-    (all labelled steps when upto_first_error is off), and the per-solution rows (probability rows are built
-    from these by the caller)."""
-    z, y = [], []
-    for i in range(len(enc)):
-        for j in np.flatnonzero(enc.label_mask[i]):
-            z.append(logits[i, j])
-            y.append(enc.labels[i, j])
-            if upto_first_error and enc.labels[i, j] < 0.5:
-                break
-    return np.asarray(z, np.float64), np.asarray(y, np.float64)
-
-
-def fit_calibrations(z, y) -> dict:
-    """{"none", "temperature", "platt"} calibration maps fitted on (logits, labels) of a calibration split."""
-    t = metrics.fit_temperature(z, y)
-    a, b = metrics.fit_platt(z, y)
-    return {"none": {"kind": "none"}, "temperature": {"kind": "temperature", "a": 1.0 / t, "b": 0.0, "T": t},
-            "platt": {"kind": "platt", "a": a, "b": b}}
-
-
-def _rows(logits: np.ndarray, enc: Encoded, calib: dict):
-    """Per solution: calibrated probabilities of its labelled steps and their labels."""
-    p = metrics.calibrate(logits, calib)
-    probs, labels = [], []
-    for i in range(len(enc)):
-        js = np.flatnonzero(enc.label_mask[i])
-        probs.append([float(p[i, j]) for j in js])
-        labels.append([float(enc.labels[i, j]) for j in js])
-    return probs, labels
-
-
-def fit_threshold(logits: np.ndarray, enc: Encoded, calib: dict) -> float:
-    """The first-error threshold on calibrated probabilities maximising F1 on a (calibration) split."""
-    probs, labels = _rows(logits, enc, calib)
-    return metrics.best_threshold(probs, [metrics.first_error(lb) for lb in labels])
-
-
-def evaluate(logits: np.ndarray, enc: Encoded, calibs: dict, threshold: float, calib_name: str = "platt") -> dict:
-    """Step metrics (steps up to the first error, every calibration in `calibs`), first-error F1 at `threshold`
-    (probabilities calibrated by calibs[calib_name]) and at 0.5, and the same AUROC over all labelled steps."""
-    z, y = scored_steps(logits, enc)
-    out = metrics.step_metrics(z, y, calibs)
-    za, ya = scored_steps(logits, enc, upto_first_error=False)
-    out["auroc_all_steps"] = metrics.auroc(za, ya)
-    probs, labels = _rows(logits, enc, calibs[calib_name])
-    true = [metrics.first_error(lb) for lb in labels]
-    fe = metrics.first_error_f1([metrics.predict_first_error(p, threshold) for p in probs], true)
-    fe05 = metrics.first_error_f1([metrics.predict_first_error(p, 0.5) for p in probs], true)
-    out.update({f"first_error/{k}": v for k, v in fe.items()})
-    out["first_error/f1@0.5"] = fe05["f1"]
-    out["threshold"] = float(threshold)
-    return out
+def with_overrides(d: dict, overrides=()) -> PRMConfig:
+    """The PRMConfig of `d` (a config file's get_prm_config as plain containers) with FIELD=VALUE overrides, each
+    value read as a Python literal, else as text; a `sources` override that drops the deploy source deploys "auto".
+    FieldErrors names a bad field, ValueError a malformed override."""
+    d = dict(d)
+    for item in overrides:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set {item!r} must look like FIELD=VALUE")
+        try:
+            d[name] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            d[name] = value
+        if name == "sources" and d.get("deploy", "auto") not in ("auto", *str(d[name]).split(",")):
+            d["deploy"] = "auto"
+    return from_dict(PRMConfig, d)
