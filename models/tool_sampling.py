@@ -85,7 +85,7 @@ class _Sampling(NamedTuple):  # traced sampling settings, one pytree
     top_p: jax.Array
     top_k: jax.Array
     eos_ids: jax.Array
-    call_end_ids: jax.Array
+    is_call_end: jax.Array  # [vocab] bool: a table, so any set of call-end ids has one shape (no recompiles)
     max_turns: jax.Array
 
 
@@ -102,7 +102,7 @@ def _record(s: _State, sp: _Sampling, which_R, tok_R, logp_R, *, P, N) -> _State
     logprobs = s.logprobs.at[rows, col_R].set(logp_R, mode="drop")
     n_out = s.n_out + which_R.astype(jnp.int32)
     ends = which_R & (_in(tok_R, sp.eos_ids) | (n_out >= N))
-    calls = which_R & ~ends & _in(tok_R, sp.call_end_ids) & (s.turns < sp.max_turns)
+    calls = which_R & ~ends & sp.is_call_end[tok_R] & (s.turns < sp.max_turns)
     return s._replace(tokens=tokens, policy=policy, logprobs=logprobs, n_out=n_out, done=s.done | ends,
                       pausing=s.pausing | calls, prev=jnp.where(which_R, tok_R, s.prev))
 
@@ -112,14 +112,14 @@ def _choose(logits_RV, s: _State, sp: _Sampling):
     return choose_tokens(logits_RV, keys_R, sp.temperature, sp.top_p, sp.top_k)
 
 
-@partial(jax.jit, static_argnames=("cfg", "num_samples", "max_new_tokens", "mesh", "rules"))
-def _start(params, prompts_BP, mask_BP, key, sp: _Sampling, pad_id, *, cfg, num_samples, max_new_tokens, mesh,
-           rules):
+@partial(jax.jit, static_argnames=("cfg", "num_samples", "max_new_tokens", "scratch", "mesh", "rules"))
+def _start(params, prompts_BP, mask_BP, key, sp: _Sampling, pad_id, *, cfg, num_samples, max_new_tokens, scratch,
+           mesh, rules):
     """Prefill the prompts, repeat each K times, sample every row's first token."""
     B, P = prompts_BP.shape
     K, N = num_samples, max_new_tokens
     R = B * K
-    last_logits_B1V, kv_valid_BS, aux = prefill(params, prompts_BP, mask_BP, P + N + min(SCRATCH_SLOTS, N), cfg=cfg,
+    last_logits_B1V, kv_valid_BS, aux = prefill(params, prompts_BP, mask_BP, P + N + scratch, cfg=cfg,
                                                 mesh=mesh, rules=rules)
     rep = lambda x: jnp.repeat(x, K, axis=0)  # noqa: E731 - row b*K + k <- prompt b
     row_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(R))
@@ -266,10 +266,11 @@ def generate_with_tools(params, cfg, prompts, key, *, tool_fn: Callable[[list[in
     N, K = int(max_new_tokens), int(num_samples)
     sp = _Sampling(row_keys=None, temperature=jnp.asarray(temperature, jnp.float32),
                    top_p=jnp.asarray(top_p, jnp.float32), top_k=jnp.asarray(top_k, jnp.int32), eos_ids=eos_ids,
-                   call_end_ids=jnp.asarray(call_ids, jnp.int32), max_turns=jnp.asarray(max_turns, jnp.int32))
+                   is_call_end=jnp.zeros((cfg.vocab_size,), bool).at[jnp.asarray(call_ids)].set(True),
+                   max_turns=jnp.asarray(max_turns, jnp.int32))
     static = dict(cfg=cfg, max_new_tokens=N, mesh=mesh, rules=rules)
     s, row_keys = _start(params, prompts, prompt_mask, key, sp, jnp.asarray(pad_id, jnp.int32), num_samples=K,
-                         **static)
+                         scratch=min(SCRATCH_SLOTS, N), **static)
     sp = sp._replace(row_keys=row_keys)
     prompts_np = np.repeat(np.asarray(prompts), K, axis=0)
     mask_np = np.repeat(np.asarray(prompt_mask).astype(bool), K, axis=0)
