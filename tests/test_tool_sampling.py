@@ -207,3 +207,21 @@ def test_bad_tool_output_and_arguments_are_named(params, batch):
     with pytest.raises(ValueError, match="call_end_ids"):
         tool_sampling.generate_with_tools(params, CFG, batch[0], jax.random.PRNGKey(0), tool_fn=tool,
                                           call_end_ids=[], max_turns=1, max_new_tokens=N, eos_id=2, pad_id=0)
+
+
+@pytest.mark.slow  # two sets of compilations: about 140 s on the loaded 2-core machine
+def test_sharded_equals_unsharded(params, batch):
+    """Params sharded over a (data=2, expert=2, tensor=2) mesh of forced CPU devices: the same tokens, tool calls
+    and logprobs as the unsharded model (mesh / rules reach every forward, prefill and cache re-alignment)."""
+    from models import sharding
+
+    if len(jax.devices()) < 8:
+        raise RuntimeError("needs XLA_FLAGS=--xla_force_host_platform_device_count=8 (tests/conftest.py)")
+    ref = _run(params, batch)
+    mesh = sharding.make_mesh({"data": 2, "expert": 2, "tensor": 2})
+    sharded = jax.device_put(params, transformer.param_shardings(CFG, mesh, sharding.DEFAULT_RULES))
+    out = _run(sharded, batch, mesh=mesh, rules=sharding.DEFAULT_RULES)
+    assert ref.turns.sum() > 0
+    for name in ("tokens", "policy_mask", "turns", "lengths"):
+        np.testing.assert_array_equal(getattr(out, name), getattr(ref, name))
+    np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=1e-5)
