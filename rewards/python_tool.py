@@ -176,7 +176,8 @@ class PythonTool:
     def __call__(self, row_ids) -> list[int] | None:
         # Only the ids after the row's last stop id are decoded: tokenizers' decode ends at EOS, a chat prompt (and
         # a chat tool turn) holds several, and a call never spans one (a sampled EOS ends the row).
-        ids = [int(i) for i in row_ids]
+        vocab = getattr(self.tok, "vocab_size", None)  # a model's padded embedding rows may hold ids past it
+        ids = [int(i) for i in row_ids if vocab is None or 0 <= int(i) < vocab]
         stops = {int(i) for i in getattr(self.tok, "stop_ids", (self.tok.eos_id,))}
         last = max((k for k, i in enumerate(ids) if i in stops), default=-1)
         code = self.extract_code(self.tok.decode(ids[last + 1:], skip_special=False))

@@ -225,3 +225,45 @@ def test_sharded_equals_unsharded(params, batch):
     for name in ("tokens", "policy_mask", "turns", "lengths"):
         np.testing.assert_array_equal(getattr(out, name), getattr(ref, name))
     np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=1e-5)
+
+
+@pytest.mark.slow  # a second set of compilations (~50 s on the loaded 2-core machine)
+def test_the_other_cache_layout(params, monkeypatch):
+    """keys [B, K, S, H] like the values (the layout other backends may pick, models/layers.py CACHE_LAYOUTS): the
+    re-alignment gathers along the right axis. Other prompt shapes, so every program is traced afresh."""
+    from models import layers
+
+    monkeypatch.setitem(layers.CACHE_LAYOUTS, jax.default_backend(), "keys_like_values")
+    ids, mask = TOK.encode_batch(["7*8=", "问题", "1+1"], pad_left=True)
+    batch = (np.asarray(ids), np.asarray(mask))
+    out = _run(params, batch, eos=EOS, temperature=0.9)
+    calls, _, _ = _replay(batch, out, max_turns=2, eos=EOS)
+    assert calls.sum() >= 2
+    policy = out.policy_mask.astype(bool)
+    ref = _teacher_forced(params, batch, out, 0.9)
+    np.testing.assert_allclose(out.logprobs[policy], ref[policy], atol=2e-5, rtol=1e-5)
+
+
+def test_with_the_python_tool(params, batch):
+    """The sandboxed Python tool as tool_fn: every row pauses at its first token (every id ends a call) and the six
+    calls of that pause run together; each row gets the program's output ids verbatim. The row's own text holds no
+    call, so the tool is handed one (a random model does not write code)."""
+    from rewards.python_tool import PythonTool
+
+    tool = PythonTool(TOK)
+    call = TOK.encode("<py>print(6 * 7)</py>", add_bos=False)
+    seen = []
+
+    def tool_fn(row):
+        seen.append(len(row))
+        return tool(row + call)
+
+    ids, mask = batch
+    out = tool_sampling.generate_with_tools(
+        params, CFG, ids, jax.random.PRNGKey(5), tool_fn=tool_fn, call_end_ids=list(range(CFG.vocab_size)),
+        max_turns=1, max_new_tokens=N, eos_id=NO_EOS, pad_id=0, prompt_mask=mask, num_samples=K)
+    want = TOK.encode("<out>42\n</out>", add_bos=False)
+    P = ids.shape[1]
+    assert len(seen) == len(PROMPTS) * K
+    np.testing.assert_array_equal(out.tokens[:, P + 1: P + 1 + len(want)], np.tile(want, (len(PROMPTS) * K, 1)))
+    assert (out.turns == 1).all() and not out.policy_mask[:, P + 1: P + 1 + len(want)].any()
