@@ -56,12 +56,12 @@ SCRATCH_SLOTS = 64  # width of one tool-output prefill (longer outputs go in sev
 MAX_TOOL_THREADS = 32  # tool calls of one pause run concurrently, at most this many at once
 
 
-class ToolSampleOutput(NamedTuple):
-    tokens: jax.Array       # [R, P + N] int32
-    policy_mask: jax.Array  # [R, P + N] int32, 1 on sampled tokens
-    logprobs: jax.Array     # [R, P + N] float32, behaviour logprob on sampled tokens, 0 elsewhere
-    turns: jax.Array        # [R] int32, tool calls made
-    lengths: jax.Array      # [R] int32, tokens appended after the prompt (sampled + tool)
+class ToolSampleOutput(NamedTuple):  # NumPy arrays (the host loop fetched them anyway)
+    tokens: np.ndarray       # [R, P + N] int32
+    policy_mask: np.ndarray  # [R, P + N] int32, 1 on sampled tokens
+    logprobs: np.ndarray     # [R, P + N] float32, behaviour logprob on sampled tokens, 0 elsewhere
+    turns: np.ndarray        # [R] int32, tool calls made
+    lengths: np.ndarray      # [R] int32, tokens appended after the prompt (sampled + tool)
 
 
 class _State(NamedTuple):
