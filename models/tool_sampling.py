@@ -28,7 +28,8 @@ How it runs (accelerator-friendly: fixed shapes, no per-token host round trip). 
 reaches its end. The cache has C = P + N slots plus a scratch block of W slots. Every live row's tokens sit
 RIGHT-aligned, ending at a common slot `end` (one write slot for all rows, as in generate; rotary positions are
 tracked per row, so slots and positions differ). At a pause the tool ids (prefixed by the pending call-end token)
-are prefilled into the scratch block [C, C+W) for all pausing rows together (longer outputs in W-wide chunks);
+are prefilled into the scratch block [C, C+W) for all pausing rows together (in one chunk as wide as the longest
+output rounded up to a power of two; longer than W: W-wide chunks);
 then one gather per cache array moves every row's tokens back to RIGHT alignment at end* = max over live rows of
 their token count (<= C), the scratch block last. So the slots in use never exceed P + N, however many pauses
 there are, and each pause costs one small prefill plus one pass over the cache. The calls of one pause run
@@ -52,7 +53,8 @@ from models import transformer
 from models.layers import cache_layout
 from models.sampling import check_args, choose_tokens, prefill
 
-SCRATCH_SLOTS = 64  # width of one tool-output prefill (longer outputs go in several)
+SCRATCH_SLOTS = 64  # the cache's scratch block: the widest tool-output prefill (longer outputs go in several)
+MIN_CHUNK = 4  # narrowest prefill width (widths are powers of two up to the scratch block)
 MAX_TOOL_THREADS = 32  # tool calls of one pause run concurrently, at most this many at once
 
 
@@ -207,15 +209,15 @@ def _put_tool_output(s: _State, tool_RN, m_R, called_R, *, max_new_tokens):
 
 @partial(jax.jit, static_argnames=("cfg", "max_new_tokens", "mesh", "rules"), donate_argnums=(1,))
 def _append(params, s: _State, sp: _Sampling, chunk_RW, lens_R, sample_R, *, cfg, max_new_tokens, mesh, rules):
-    """Prefill up to W ids per row (chunk_RW[r, :lens_R[r]], continuing the row at rotary position ctx) into the
+    """Prefill up to w <= W ids per row (chunk_RW[r, :lens_R[r]], continuing the row at rotary position ctx) into the
     scratch block, re-align the cache, and sample the next token of the rows in sample_R (their appended block
     ends in this chunk) from the logits of their last id."""
     C = s.tokens.shape[1]
-    W = chunk_RW.shape[1]
-    j_W = jnp.arange(W, dtype=jnp.int32)[None, :]
-    real_RW = j_W < lens_R[:, None]
-    kv_valid = s.kv_valid.at[:, C:].set(real_RW)
-    _, aux = transformer.forward(params, chunk_RW, cfg, positions=s.ctx[:, None] + j_W, attn_mask=real_RW,
+    w = chunk_RW.shape[1]  # <= the scratch block's width W: the chunk fills its first w slots
+    j_W = jnp.arange(s.kv_valid.shape[1] - C, dtype=jnp.int32)[None, :]
+    kv_valid = s.kv_valid.at[:, C:].set(j_W < lens_R[:, None])
+    _, aux = transformer.forward(params, chunk_RW, cfg, positions=s.ctx[:, None] + j_W[:, :w],
+                                 attn_mask=j_W[:, :w] < lens_R[:, None],
                                  cache=s.cache, cache_index=jnp.int32(C), kv_valid=kv_valid, return_logits=False,
                                  mesh=mesh, rules=rules)
     last_R = jnp.maximum(lens_R - 1, 0)
@@ -305,16 +307,20 @@ def generate_with_tools(params, cfg, prompts, key, *, tool_fn: Callable[[list[in
             blocks = {r: [int(prev[r])] + list(tool_RN[r, : m_R[r]]) for r in rows if called_R[r] and not done[r]}
             offset = 0
             while blocks and offset < max(len(b) for b in blocks.values()):
-                chunk_RW = np.zeros((R, W), np.int32)
+                # Chunk width: the longest remaining block up to a power of two (>= MIN_CHUNK), at most W: a few
+                # compiled widths, and a pause of short outputs does not pay for a W-wide prefill of every row.
+                longest = max(len(b) for b in blocks.values()) - offset
+                w = min(W, max(MIN_CHUNK, 1 << (longest - 1).bit_length()))
+                chunk_RW = np.zeros((R, w), np.int32)
                 lens_R = np.zeros((R,), np.int32)
                 sample_R = np.zeros((R,), bool)
                 for r, block in blocks.items():
-                    piece = block[offset: offset + W]
+                    piece = block[offset: offset + w]
                     chunk_RW[r, : len(piece)] = piece
                     lens_R[r] = len(piece)
-                    sample_R[r] = 0 < len(piece) and offset + W >= len(block)
+                    sample_R[r] = 0 < len(piece) and offset + w >= len(block)
                 s = _append(params, s, sp, jnp.asarray(chunk_RW), jnp.asarray(lens_R), jnp.asarray(sample_R),
                             **static)
-                offset += W
+                offset += w
     tokens, policy, logprobs, turns, lengths = jax.device_get((s.tokens, s.policy, s.logprobs, s.turns, s.n_out))
     return ToolSampleOutput(tokens=tokens, policy_mask=policy, logprobs=logprobs, turns=turns, lengths=lengths)

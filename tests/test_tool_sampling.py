@@ -3,8 +3,8 @@ max_turns, EOS, budgets, the cache re-alignment paths, and no-tool runs equal to
 
 The reference is independent of the sampler: one uncached forward over the final tokens (left-padded prompt, then
 everything appended) with float64 log-softmax(logits / T), and a replay of the deterministic tool on the host.
-Every test uses the same shapes (3 prompts x 2 samples, 24 new tokens, a 4-slot scratch block so tool outputs
-longer than 3 ids are prefilled in several chunks), so the sampler's programs compile once for the file.
+Every test uses the same shapes (3 prompts x 2 samples, 24 new tokens, an 8-slot scratch block: tool outputs are
+prefilled in chunks 4 or 8 wide, longer ones in several), so the sampler's programs compile once for the file.
 """
 import jax
 import jax.numpy as jnp
@@ -33,7 +33,7 @@ NO_EOS = [-1] * len(EOS)  # same shape: no recompilation
 @pytest.fixture(scope="module", autouse=True)
 def small_scratch():
     old = tool_sampling.SCRATCH_SLOTS
-    tool_sampling.SCRATCH_SLOTS = 4
+    tool_sampling.SCRATCH_SLOTS = 8
     yield
     tool_sampling.SCRATCH_SLOTS = old
 
