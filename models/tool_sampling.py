@@ -28,16 +28,18 @@ How it runs (accelerator-friendly: fixed shapes, no per-token host round trip). 
 reaches its end. The cache has C = P + N slots plus a scratch block of W slots. Every live row's tokens sit
 RIGHT-aligned, ending at a common slot `end` (one write slot for all rows, as in generate; rotary positions are
 tracked per row, so slots and positions differ). At a pause the tool ids (prefixed by the pending call-end token)
-are prefilled into the scratch block [C, C+W) for all pausing rows together (in one chunk as wide as the longest
-output rounded up to a power of two; longer than W: W-wide chunks);
-then one gather per cache array moves every row's tokens back to RIGHT alignment at end* = max over live rows of
-their token count (<= C), the scratch block last. So the slots in use never exceed P + N, however many pauses
+are prefilled into the scratch block [C, C+W) for all pausing rows together (one chunk as wide as the longest
+output rounded up to a power of two; longer than W: W-wide chunks); then one gather per cache array moves every
+row's tokens back to RIGHT alignment at end* = max over live rows of their token count (<= C), the scratch block
+last. So the slots in use never exceed P + N, however many pauses
 there are, and each pause costs one small prefill plus one pass over the cache. The calls of one pause run
 together in a thread pool (tool_fn should release the GIL while it waits, as a sandboxed subprocess does), so
 rows waiting for tools hold the others up only for the longest call of the pause.
 
 Random streams: the token at appended index t of row r is drawn with fold_in(fold_in(key, r), t), generate's
 rule, so a row's samples do not depend on when the other rows paused.
+
+Not here yet: generate's return_routes (MoE routing replay would need the routes of the tool ids' prefill too).
 """
 from __future__ import annotations
 
