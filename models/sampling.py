@@ -134,6 +134,25 @@ def choose_tokens(logits_BV, keys_B, temperature, top_p, top_k):
 # ----------------------------------------------------------------------------------------
 # Prefill + decode loop (one jit)
 # ----------------------------------------------------------------------------------------
+def prefill(params, prompts_BP, mask_BP, n_slots, *, cfg, mesh, rules, return_routes=False):
+    """LEFT-padded prompts [B, P] into a fresh KV cache of n_slots >= P slots (prompt in slots 0..P-1; real tokens
+    keep the rotary positions they would have without padding). Returns (last_logits_B1V float32 of each prompt's
+    last slot, kv_valid_BS bool [B, n_slots], aux of the forward with "cache" (and "routes")). Shared with
+    models/tool_sampling.py."""
+    B, P = prompts_BP.shape
+    mask_BP = mask_BP.astype(bool)
+    positions_BP = jnp.maximum(jnp.cumsum(mask_BP, axis=1, dtype=jnp.int32) - 1, 0)
+    kv_valid_BS = jnp.concatenate([mask_BP, jnp.zeros((B, n_slots - P), bool)], axis=1)
+    cache = transformer.init_cache(cfg, B, n_slots)
+    # attn_mask keeps padding out of the experts and router statistics. Only the last prompt position's logits are
+    # needed: [B, P, vocab] float32 logits would dominate memory at a 150k vocabulary.
+    _, aux = transformer.forward(params, prompts_BP, cfg, positions=positions_BP, attn_mask=mask_BP, cache=cache,
+                                 cache_index=jnp.int32(0), kv_valid=kv_valid_BS, return_logits=False, mesh=mesh,
+                                 rules=rules, return_routes=return_routes)
+    last_logits_B1V = transformer.logits_from_hidden(params, aux["hidden"][:, -1:], cfg, mesh=mesh, rules=rules)
+    return last_logits_B1V, kv_valid_BS, aux
+
+
 @partial(
     jax.jit,
     static_argnames=("cfg", "num_samples", "max_new_tokens", "mesh", "rules", "return_routes"),
@@ -145,17 +164,10 @@ def _generate(params, prompts_BP, mask_BP, key, temperature, top_p, top_k, eos_i
     R = B * K  # rows after repeating each prompt K times
     fwd = partial(transformer.forward, cfg=cfg, mesh=mesh, rules=rules, return_routes=return_routes)
 
-    # Prefill: real tokens keep the positions they would have without padding.
     mask_BP = mask_BP.astype(bool)
     prompt_len_B = jnp.sum(mask_BP, axis=1, dtype=jnp.int32)
-    positions_BP = jnp.maximum(jnp.cumsum(mask_BP, axis=1, dtype=jnp.int32) - 1, 0)
-    kv_valid_BL = jnp.concatenate([mask_BP, jnp.zeros((B, N), bool)], axis=1)
-    cache = transformer.init_cache(cfg, B, P + N)
-    # attn_mask keeps padding out of the experts and router statistics. Only the last prompt position's logits are
-    # needed: [B, P, vocab] float32 logits would dominate memory at a 150k vocabulary.
-    _, aux = fwd(params, prompts_BP, positions=positions_BP, attn_mask=mask_BP, cache=cache,
-                 cache_index=jnp.int32(0), kv_valid=kv_valid_BL, return_logits=False)
-    last_logits_B1V = transformer.logits_from_hidden(params, aux["hidden"][:, -1:], cfg, mesh=mesh, rules=rules)
+    last_logits_B1V, kv_valid_BL, aux = prefill(params, prompts_BP, mask_BP, P + N, cfg=cfg, mesh=mesh, rules=rules,
+                                                return_routes=return_routes)
     # Routes per cache slot (-1 = none): the prompt's from the prefill, token t's from the step that feeds it back.
     routes_RLMK = None
     if return_routes:
@@ -242,6 +254,18 @@ def generate(params, cfg, prompts, key, *, prompt_mask=None, num_samples=1, max_
     token used in every MoE block, by cache slot: slots < P the (left-padded) prompt, slot P + i generated token i;
     -1 for padding and for tokens never fed back (each row's last token).
     """
+    prompts, prompt_mask, eos_ids = check_args(cfg, prompts, prompt_mask, num_samples, max_new_tokens, temperature,
+                                               top_p, top_k, eos_id)
+    return _generate(params, prompts, prompt_mask, key, jnp.asarray(temperature, jnp.float32),
+                     jnp.asarray(top_p, jnp.float32), jnp.asarray(top_k, jnp.int32),
+                     eos_ids, jnp.asarray(pad_id, jnp.int32), cfg=cfg,
+                     num_samples=int(num_samples), max_new_tokens=int(max_new_tokens), mesh=mesh,
+                     rules=rules, return_routes=bool(return_routes))
+
+
+def check_args(cfg, prompts, prompt_mask, num_samples, max_new_tokens, temperature, top_p, top_k, eos_id):
+    """generate's argument checks (ValueError naming the argument); returns (prompts int32, prompt_mask, eos ids
+    [n_eos] int32). Shared with models/tool_sampling.py."""
     prompts = jnp.asarray(prompts, jnp.int32)
     if prompts.ndim != 2 or prompts.shape[1] < 1:
         raise ValueError(f"prompts must be [batch, prompt_len>=1], got shape {prompts.shape}")
@@ -270,8 +294,4 @@ def generate(params, cfg, prompts, key, *, prompt_mask=None, num_samples=1, max_
     eos_ids = jnp.atleast_1d(jnp.asarray(eos_id, jnp.int32))
     if eos_ids.ndim != 1 or eos_ids.shape[0] < 1:
         raise ValueError(f"eos_id must be an id or a non-empty list of ids, got {eos_id!r}")
-    return _generate(params, prompts, jnp.asarray(prompt_mask), key, jnp.asarray(temperature, jnp.float32),
-                     jnp.asarray(top_p, jnp.float32), jnp.asarray(top_k, jnp.int32),
-                     eos_ids, jnp.asarray(pad_id, jnp.int32), cfg=cfg,
-                     num_samples=int(num_samples), max_new_tokens=int(max_new_tokens), mesh=mesh,
-                     rules=rules, return_routes=bool(return_routes))
+    return prompts, jnp.asarray(prompt_mask), eos_ids

@@ -127,6 +127,9 @@ class ExecResult:
     stderr_tail: str = ""
     sandbox: dict = dataclasses.field(default_factory=dict)  # which layers were active
     case_errors: list[str] = dataclasses.field(default_factory=list)  # per case: "" or why it failed
+    # per case: the decoded JSON return value, None when there was none (for callers that want the value itself,
+    # e.g. rewards/python_tool.py; verdicts never use it)
+    values: list = dataclasses.field(default_factory=list)
 
 
 # ----------------------------------------------------------------------------------------------- cases
@@ -526,7 +529,7 @@ def _warn_if_weak(layers: dict, cfg: ExecConfig, is_root: bool) -> None:
                    + ". See docs/security.md for what this mode still guarantees.")
 def _result(lines, nonce, cases, timed_out, workdir, t0, sandbox) -> ExecResult:
     n = len(cases)
-    passed, errors = [False] * n, ["no result"] * n
+    passed, errors, values = [False] * n, ["no result"] * n, [None] * n
     seen = set()
     loaded, error, started = False, "", False
     for line in lines:
@@ -553,6 +556,7 @@ def _result(lines, nonce, cases, timed_out, workdir, t0, sandbox) -> ExecResult:
                 errors[i] = "not JSON"
             else:
                 passed[i] = _check(cases[i].check, value)
+                values[i] = value
                 errors[i] = "" if passed[i] else "wrong value"
     if timed_out and not error:
         error = "timeout"
@@ -567,4 +571,5 @@ def _result(lines, nonce, cases, timed_out, workdir, t0, sandbox) -> ExecResult:
     except OSError:
         pass
     return ExecResult(passed, sum(passed) / n, loaded=loaded, timed_out=timed_out, error=error,
-                      seconds=time.monotonic() - t0, stderr_tail=stderr_tail, sandbox=sandbox, case_errors=errors)
+                      seconds=time.monotonic() - t0, stderr_tail=stderr_tail, sandbox=sandbox, case_errors=errors,
+                      values=values)
