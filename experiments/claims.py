@@ -24,6 +24,7 @@ import json
 import math
 import os
 
+import matplotlib.pyplot as plt
 import numpy as np
 
 from rl.metrics import read_jsonl
@@ -249,12 +250,10 @@ def is_full(*groups: dict[str, list[Run]], seeds: int = 3, n_test: int = 256) ->
 
 def save_figure(fig, path) -> None:
     """Lay out, save (dpi 110) and display a notebook figure inline whatever the matplotlib backend, then close it."""
-    import matplotlib.pyplot as plt
-
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     try:
-        from IPython.display import display
+        from IPython.display import display  # optional: only a notebook kernel has IPython
     except ImportError:  # outside a notebook: the file is the output
         pass
     else:

@@ -31,8 +31,22 @@ import json
 import os
 import re
 import sys
+import time
 
-from rl import context
+import jax
+import ml_collections
+
+from models import hf, pretrained
+from models.tokenizer import HFTokenizer
+from rl import checkpoint as ck
+from rl import config_validation as cv
+from rl import context, prefix, rollout, tasks
+from rl import evaluation as ev
+from rl import metrics as mlib
+from rl.checkpoint import CheckpointError
+from rl.config_validation import ConfigError
+from rl.run import summary_entry
+from rl.tasks.render import render_user_message
 
 SPLITS = ("train", "validation", "test")
 
@@ -41,12 +55,6 @@ def open_run(workdir: str, ckpt: str, *, mix: str = "", split: str = "test", n: 
     """(ctx, params, checkpoint description): a RunContext of the run's config on one device with an in-process
     reward pool, the problems of `split` (n of them; `mix` replaces the run's task mix) in ctx.val / ctx.test /
     ctx.train, and the loaded policy."""
-    import ml_collections
-
-    from rl import checkpoint as ck
-    from rl import config_validation as cv
-    from rl import context, prefix, rollout
-
     cfg, _, params, _ = ck.load_policy(workdir, ckpt)
     path, step, meta = ck.find_policy(workdir, ckpt)
     cfg = {k: v for k, v in json.loads(json.dumps(cfg)).items() if k != prefix.RECORD_KEY}  # the config, not the record
@@ -84,12 +92,8 @@ SYSTEM_PROMPT = ("You are a careful math assistant. Solve the problem step by st
 def resolve_model(spec: str) -> str:
     """A .gguf file or a Hugging Face folder: `spec` itself when it exists, else the named pretrained model's file
     (models.pretrained). ValueError naming the spec otherwise."""
-    import os
-
     if os.path.exists(spec):
         return spec
-    from models import pretrained
-
     return str(pretrained.resolve(spec))
 
 
@@ -100,8 +104,6 @@ class PretrainedContext(context.RunContext):
     system: str = SYSTEM_PROMPT
 
     def prompt(self, problem) -> str:
-        from rl.tasks.render import render_user_message
-
         msgs = [{"role": "system", "content": self.system}, {"role": "user", "content": problem.question}]
         if problem.reward != "math":  # code / instruction problems carry their own statement
             msgs[1]["content"] = render_user_message(problem, self.lang)
@@ -114,11 +116,6 @@ def open_pretrained(path: str, *, mix: str, n: int, lang: str = "en", difficulty
     weights by models.hf.load, its tokenizer and chat template by HFTokenizer.from_pretrained) and an in-process
     reward pool; the evaluation settings are a default run config's with these fields set. The sampler pads every
     prompt to max_prompt_len (0: the longest prompt's length rounded up to 32)."""
-    from models import hf
-    from models.tokenizer import HFTokenizer
-    from rl import config_validation as cv
-    from rl import rollout
-
     cfg = cv.to_dict(cv.default_config())
     cfg["seed"] = seed
     cfg["tasks"].update(mix=mix, lang=lang, difficulty=difficulty, n_test=n, n_val=1, n_train=1,
@@ -147,8 +144,6 @@ def open_pretrained(path: str, *, mix: str, n: int, lang: str = "en", difficulty
 def write_gsm8k_file(path: str, n: int, seed: int = 0, difficulty: int = 1) -> int:
     """n English template word problems (rl.tasks `word`) as GSM8K JSONL lines: {"question", "answer": reasoning
     lines + "\n#### <answer>"}; returns n."""
-    from rl import tasks
-
     problems = tasks.load_mix("word", n=n, seed=seed, split="test", difficulty=difficulty)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
@@ -162,9 +157,6 @@ def write_gsm8k_file(path: str, n: int, seed: int = 0, difficulty: int = 1) -> i
 def print_metrics(label: str, m: dict) -> dict:
     """Print the pass@1 +- SE [95 % interval] / pass@k / maj@k table (and per family) of evaluate's metrics;
     returns the summary entry."""
-    from rl import metrics as mlib
-    from rl.run import summary_entry
-
     entry = summary_entry(m)
     cols = ["pass@1", "pass@1_se", "pass@k", "maj@k", "format_rate", "mean_length"]
     row = {**entry, "n": m["n_problems"], "95% CI": "[{:.3f}, {:.3f}]".format(*entry["pass@1_ci95"])}
@@ -178,12 +170,6 @@ def print_metrics(label: str, m: dict) -> dict:
 
 def main_pretrained(args) -> int:
     """--model: evaluate a pretrained model on args.mix (see the module docstring)."""
-    import time
-
-    import jax
-
-    from rl import evaluation as ev
-
     t0 = time.perf_counter()
     try:
         path = resolve_model(args.model)
@@ -253,12 +239,6 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("give exactly one of --workdir and --model")
     if args.model:
         return main_pretrained(args)
-
-    import jax
-
-    from rl import evaluation as ev
-    from rl.checkpoint import CheckpointError
-    from rl.config_validation import ConfigError
 
     try:
         ctx, params, where = open_run(args.workdir, args.ckpt, mix=args.mix, split=args.split, n=args.n)

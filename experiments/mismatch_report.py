@@ -28,6 +28,8 @@ import re
 import sys
 
 import numpy as np
+from matplotlib.figure import Figure
+from PIL import Image  # matplotlib's own dependency: a 64-colour palette keeps the committed PNG small
 
 CURVES = [("mismatch/kl", "sampler-trainer KL per token (log)", True),
           ("mismatch/logp_max_abs", "max |sampler - trainer| logprob (log)", True),
@@ -126,12 +128,8 @@ def _smooth(y: np.ndarray, w: int) -> np.ndarray:
 
 
 def plot(arms: dict, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(2, 3, figsize=(12, 6.4))
+    fig = Figure(figsize=(12, 6.4))  # no pyplot: nothing global (backend, figure registry) to set or close
+    axes = fig.subplots(2, 3)
     order = [a for a in ("GRPO (bf16 sampler)", "+ R3", "+ TIS", "+ R3 + TIS") if a in arms]
     for arm in order:
         for ax, (key, title, log) in zip(axes.flat, CURVES):
@@ -163,9 +161,6 @@ def plot(arms: dict, path: str) -> None:
                  "validation at its eval points)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=70)
-    plt.close(fig)
-    from PIL import Image  # matplotlib's own dependency: a 64-colour palette keeps the committed PNG small
-
     Image.open(path).convert("RGB").quantize(colors=64, method=Image.Quantize.MEDIANCUT).save(path, optimize=True)
 
 

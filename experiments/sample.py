@@ -15,6 +15,14 @@ from __future__ import annotations
 import argparse
 import sys
 
+import jax
+
+from experiments.eval import open_run, problems_of
+from rewards.parse import extract_answer
+from rl.checkpoint import CheckpointError
+from rl.config_validation import ConfigError
+from rl.tasks.base import Problem
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m experiments.sample", description=__doc__.split("\n\n")[0])
@@ -28,14 +36,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
-
-    import jax
-
-    from experiments.eval import open_run, problems_of
-    from rewards.parse import extract_answer
-    from rl.checkpoint import CheckpointError
-    from rl.config_validation import ConfigError
-    from rl.tasks.base import Problem
 
     try:
         ctx, params, where = open_run(args.workdir, args.ckpt, split=args.split, n=0 if args.prompt else args.n)

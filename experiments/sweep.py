@@ -50,11 +50,19 @@ import subprocess
 import sys
 import time
 
+import jax
 import numpy as np
+import psutil
+from matplotlib.figure import Figure
 
 from experiments import launch, sweep_log
 from rl import config_validation as cv
-from rl import workdir_lock
+from rl import context, memory_plan, plots, preflight, workdir_lock
+from rl.checkpoint import CheckpointError, find_policy
+from rl.metrics import read_jsonl
+from rl.prefix import differing_fields, shared_stages, with_added_defaults
+from rl.preflight import compute_estimate
+from rl.stages import parse_stage
 
 METRICS = ("pass@1", "pass@k", "maj@k", "format_rate", "mean_length")
 SHARED = "_shared"
@@ -142,8 +150,6 @@ def finished(workdir: str, cfg: dict) -> bool:
 def run_state(workdir: str, cfg: dict, ignore: tuple[str, ...] = ()) -> tuple[str, str]:
     """("new" | "resume" | "done" | "conflict", why): what the sweep does with a run directory for config `cfg`.
     `ignore`: top-level sections or `section.field` paths that may differ (the shared run's run.stop_after)."""
-    from rl.prefix import differing_fields, with_added_defaults
-
     if not os.path.exists(workdir):
         return "new", ""
     if not os.path.isdir(workdir):
@@ -176,18 +182,11 @@ def grid_prefix(cfgs: list[dict]) -> int:
 def shared_prefix(cfgs: list[dict]) -> int:
     """How many leading stages every config shares (rl.prefix.shared_stages against the first). Unlike a resume,
     run.* counts here: a sweep over run.overlap changes what its stages compute."""
-    from rl.prefix import shared_stages
-
     return min((shared_stages(cfgs[0], c, ignore=("log",)) for c in cfgs[1:]), default=0) if len(cfgs) > 1 else 0
 
 
 def default_parallel(cfg: dict, n_runs: int) -> tuple[int, str]:
     """(launchers at once, why): one per CPU core, as many as the free memory holds, at most n_runs."""
-    import jax
-    import psutil
-
-    from rl import context, memory_plan, preflight
-
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     sizes = preflight.resolved_mesh(cfg, len(jax.devices()))
     plan = memory_plan.plan_for_config(cfg, context.build_model_cfg(cfg), sizes, context.run_rules(cfg))
@@ -315,8 +314,6 @@ def table(rows: list[dict], axes: list[str], stages: list[str], metric: str) -> 
 
 
 def plot(path: str, rows: list[dict], axes: list[str], stages: list[str], metric: str) -> None:
-    from matplotlib.figure import Figure
-
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault(tuple(r.get(a) for a in axes), []).append(r)
@@ -342,9 +339,6 @@ def plot(path: str, rows: list[dict], axes: list[str], stages: list[str], metric
 
 
 def curves(path: str, runs: list[dict], axes: list[str]) -> None:
-    from rl import plots
-    from rl.metrics import read_jsonl
-
     groups: dict[str, list[list[dict]]] = {}
     for r in runs:
         m = os.path.join(r["workdir"], "metrics.jsonl")
@@ -418,8 +412,6 @@ def _main(argv: list[str], locks: list) -> int:
         k = grid_prefix([resolve(args.config, run_overrides(p, s0, extra)) for p in full_grid])
     shared = []
     if k:
-        from rl.stages import parse_stage
-
         units = sum(parse_stage(st).units for st in runs[0]["cfg"]["stages"][:k])
         for s in sorted({r["seed"] for r in runs}):
             first = next(r for r in runs if r["seed"] == s)
@@ -522,15 +514,11 @@ def _shared_state(j: dict) -> tuple[str, str]:
 
 
 def total_units(cfg: dict) -> int:
-    from rl.stages import parse_stage
-
     return sum(parse_stage(st).units for st in cfg["stages"])
 
 
 def _units_done(workdir: str) -> int:
     """Global units the newest intact checkpoint of workdir holds (0 without one)."""
-    from rl.checkpoint import CheckpointError, find_policy
-
     try:
         return int(find_policy(workdir, "last")[2]["global_unit"])
     except (CheckpointError, KeyError):
@@ -553,8 +541,6 @@ def estimate(shared_todo: list[dict], todo: list[dict], k: int, n_par: int, fini
     """The compute of the runs still to go (rl.preflight.compute_estimate, the launcher's, summed; a point that
     starts from the shared stages counts only its own) and their time: scaled from the finished runs of this sweep
     (seconds per generated + trained token of their compute estimate), divided over `n_par` launchers."""
-    from rl.preflight import compute_estimate
-
     def work(cfg, skip=0):
         return compute_estimate({**cfg, "stages": cfg["stages"][skip:]} if skip else cfg)[1]
 

@@ -46,8 +46,9 @@ from flax import traverse_util
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from models import sharding
+from models import gguf_file, sharding
 from models.config import ModelConfig
+from models.transformer import init, param_shardings
 
 ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
                  "mixtral": "MixtralForCausalLM", "llama": "LlamaForCausalLM"}
@@ -339,8 +340,6 @@ def load(path, *, dtype: str = "float32", mesh=None, rules=None, param_dtype: st
     """
     path = Path(path)
     if is_gguf(path):
-        from models import gguf_file
-
         hf_cfg, handle = gguf_file.open_checkpoint(path)
         cfg = _gguf_config(path, hf_cfg, dtype, param_dtype)
         weight_map = {name: path.name for name in handle.keys()}
@@ -359,8 +358,6 @@ def load_config(path, *, dtype: str = "float32", param_dtype: str | None = None)
     """The ModelConfig of a checkpoint folder or GGUF file, without reading the weights."""
     path = Path(path)
     if is_gguf(path):
-        from models import gguf_file
-
         hf_cfg, _ = gguf_file.open_checkpoint(path)
         return _gguf_config(path, hf_cfg, dtype, param_dtype)
     return config_from_hf(_read_config_json(path), dtype=dtype, param_dtype=param_dtype)
@@ -388,8 +385,6 @@ def _gguf_config(path: Path, hf_cfg: dict, dtype: str, param_dtype: str | None) 
 def _assemble(cfg: ModelConfig, model_type: str, weight_map: dict, handles: dict, mesh, rules, *, where: str,
               root: Path):
     """The params pytree read through safetensors-like handles (get_slice(name)[index], .get_shape())."""
-    from models.transformer import init, param_shardings  # local: transformer imports sharding, as this module does
-
     specs = _tensor_specs(cfg, model_type)
     shapes = traverse_util.flatten_dict(jax.eval_shape(partial(init, cfg), jax.random.key(0)))
     assert set(shapes) == set(specs), sorted(set(shapes) ^ set(specs))  # the mapping covers the whole pytree

@@ -29,6 +29,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+from tokenizers import Tokenizer
+
+from models import hf
 
 _SINGLE_FILE, _INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
 _HEADER_LIMIT = 100 * 1024 * 1024  # safetensors' own bound on the JSON header
@@ -154,8 +157,6 @@ class _HeaderHandle:
 
 def check_shapes(path, headers, cfg, model_type: str) -> None:
     """Every tensor config.json implies is present with its shape, and none is left over (models.hf's own rule)."""
-    from models import hf
-
     handle = _HeaderHandle(headers)
     weight_map = {name: "all" for name in headers}
     try:
@@ -206,8 +207,6 @@ def check_tokenizer_files(path) -> None:
     if not isinstance(tj.get("model"), dict):
         raise ValueError(f"{path / 'tokenizer.json'}: no 'model' object (not a tokenizers file)")
     try:
-        from tokenizers import Tokenizer
-
         Tokenizer.from_file(str(path / "tokenizer.json"))
     except Exception as e:  # the Rust loader raises a plain Exception for a schema it cannot read
         raise ValueError(f"{path / 'tokenizer.json'}: the tokenizers library cannot read it ({str(e)[:200]})") from None

@@ -40,7 +40,13 @@ from datetime import datetime
 from functools import cached_property
 from pathlib import Path
 
+import jinja2
+import jinja2.ext
 import numpy as np
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
+
+from models.tokenizer_gguf import read_gguf_tokenizer
 
 
 class _Batching:
@@ -167,10 +173,6 @@ def _chat_environment():
     """The Jinja2 environment chat templates are written for (the one transformers renders them in): sandboxed and
     immutable (a template cannot call arbitrary methods or mutate its inputs), trim_blocks and lstrip_blocks,
     loop controls, a `tojson` filter that keeps non-ASCII text as is, raise_exception and strftime_now."""
-    import jinja2
-    import jinja2.ext
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
     def raise_exception(message):
         raise jinja2.exceptions.TemplateError(message)
 
@@ -229,12 +231,8 @@ class HFTokenizer(_Batching):
     @classmethod
     def from_pretrained(cls, path) -> "HFTokenizer":
         """The tokenizer of a Hugging Face folder, or of a GGUF file (models.tokenizer_gguf)."""
-        from tokenizers import Tokenizer
-
         path = Path(path)
         if path.suffix == ".gguf" and path.is_file():
-            from models.tokenizer_gguf import read_gguf_tokenizer
-
             tok, info = read_gguf_tokenizer(path)
             stops = [tok.token_to_id(t) for t in info["stop_tokens"]]
             return cls(tok, eos_token=info["eos_token"], pad_token=info["pad_token"], bos_token=info["bos_token"],

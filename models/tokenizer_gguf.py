@@ -25,6 +25,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gguf import GGUFReader
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, pre_tokenizers
+from tokenizers.models import BPE
+
 # Split patterns, as llama.cpp and the models' own tokenizer.json files define them.
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 _LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
@@ -45,8 +49,6 @@ CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types
 
 def _fields(path: Path) -> dict:
     """Every metadata key of the file -> its value (strings, numbers, lists), read with gguf's reader."""
-    from gguf import GGUFReader
-
     try:
         reader = GGUFReader(str(path))
     except (OSError, ValueError, IndexError, KeyError) as e:  # a truncated or non-GGUF file fails inside the parser
@@ -63,8 +65,6 @@ def _need(meta: dict, path: Path, key: str):
 
 def pre_tokenizer(name: str, path: Path):
     """The `tokenizers` pre-tokenizer for tokenizer.ggml.pre = `name`."""
-    from tokenizers import Regex, pre_tokenizers
-
     if name not in PRE_TOKENIZERS:
         raise ValueError(f"{path}: tokenizer.ggml.pre {name!r} is not supported (known: {sorted(PRE_TOKENIZERS)})")
     regex, digits = PRE_TOKENIZERS[name]
@@ -87,9 +87,6 @@ def read_gguf_tokenizer(path) -> tuple:
     """(tokenizers.Tokenizer, info) for the GGUF file at `path`. info: eos_token, bos_token, pad_token, unk_token
     (strings or None), add_bos (the file's tokenizer.ggml.add_bos_token), chat_template (or None), stop_tokens (EOS
     plus the end-of-turn token when the file names one)."""
-    from tokenizers import AddedToken, Tokenizer, decoders
-    from tokenizers.models import BPE
-
     path = Path(path)
     meta = _fields(path)
     model = _need(meta, path, "tokenizer.ggml.model")

@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from models import sharding
+from models.transformer import unembedding
 
 _EINSUM = {"DV": ("BCD,DV->BCV", "BCV,DV->BCD", "BCD,BCV->DV"),
            "VD": ("BCD,VD->BCV", "BCV,VD->BCD", "BCD,BCV->VD")}
@@ -152,8 +153,6 @@ def sequence_logprobs(params, cfg, hidden_BTD, tokens_BT, temperature=1.0, *, ch
     hidden state at t - 1, under softmax(logits / temperature); column 0 is 0 (rl.losses.token_logprobs' alignment).
     temperature: a scalar or one value per row [B]; mesh / rules as in chunked_logprobs.
     """
-    from models.transformer import unembedding  # local import: transformer does not depend on this module
-
     w, layout, scale = unembedding(params, cfg)
     logp, ent = chunked_logprobs(hidden_BTD[:, :-1], w, tokens_BT[:, 1:], layout=layout, scale=scale,
                                  temperature=temperature, chunk_len=chunk_len, mesh=mesh, rules=rules)

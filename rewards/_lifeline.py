@@ -18,25 +18,25 @@ children, and the resource tracker follows when its last client is gone.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import stat
+from multiprocessing import forkserver
 
 _PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent() -> bool:
     """Ask the kernel to SIGKILL this process when its parent exits; exit now if the parent is already gone.
-    Returns whether the request is in place (False off Linux or without ctypes)."""
+    Returns whether the request is in place (False off Linux)."""
     ppid = os.getppid()
     armed = False
     try:
-        import ctypes
-
         libc = ctypes.CDLL(None, use_errno=True)
         armed = libc.prctl(ctypes.c_int(_PR_SET_PDEATHSIG), ctypes.c_ulong(signal.SIGKILL), ctypes.c_ulong(0),
                            ctypes.c_ulong(0), ctypes.c_ulong(0)) == 0
-    except (ImportError, OSError, AttributeError):
+    except (OSError, AttributeError):
         armed = False
     if os.getppid() != ppid:  # the parent died before the request was in place
         os._exit(0)
@@ -47,11 +47,9 @@ def release_forkserver_lifeline() -> bool:
     """Close this process's copy of the forkserver's "alive" pipe (inherited from the server; see the module
     docstring). Returns whether a copy was closed."""
     try:
-        from multiprocessing import forkserver
-
         server = forkserver._forkserver
         fd = server._forkserver_alive_fd
-    except (ImportError, AttributeError):
+    except AttributeError:
         return False
     if fd is None or getattr(server, "_forkserver_pid", None) is not None:
         return False  # not a forkserver child (the client itself holds the pipe legitimately)

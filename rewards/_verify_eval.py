@@ -1,11 +1,9 @@
 """Evaluation of `rewards.mathparse` node trees, and the one equality rule for numbers.
 
-Three evaluators walk the same tuples, none of them ever executes text:
+Two evaluators walk the tuples here (rewards._sympy_child's to_sympy is the third), none ever executes text:
   exact(node)          -> Fraction, or NotExact when the value is not a (small) rational
   numeric(node, env)   -> complex, at a point env {symbol name: complex}; EvalError outside the
                           domain, Bomb when a value overflows a float (answers such as 10**10**10)
-  to_sympy(node)       -> a sympy expression built with sympy constructors (used only inside the
-                          killable worker process, see rewards._verify_worker); Bomb for huge powers
 
 The equality rule for numbers, shared by answer verification (rewards.verify) and step checking
 (rewards.steps), so `check_step("a = b")` and `is_equiv("a", "b")` agree wherever both decide:
@@ -20,7 +18,7 @@ The equality rule for numbers, shared by answer verification (rewards.verify) an
   * PERCENT: a top-level percentage states its number and its fraction: 28% = 28 and 28% = 0.28
     (and two percentages compare their numbers).
 Used by rewards.verify (exact, numeric, the rule), rewards.steps (exact, the rule) and
-rewards._verify_worker (to_sympy).
+rewards._sympy_child (binary, Bomb, the sympy limits; its to_sympy is the third evaluator, in the worker process).
 """
 from __future__ import annotations
 
@@ -73,7 +71,7 @@ def symbols(node) -> set[str]:
 # ---------------------------------------------------------------------------------------------
 # exact rationals
 
-def _binary(kind: str, a, b, zero_division: type[Exception]):
+def binary(kind: str, a, b, zero_division: type[Exception]):
     """a (+ - * /) b for Fractions, complex floats and sympy objects alike; division by zero raises the
     evaluator's own error class."""
     if kind == "+":
@@ -100,7 +98,7 @@ def exact(node) -> Fraction:
     if kind == "neg":
         return -exact(node[1])
     if kind in ("+", "-", "*", "/"):
-        return _sized(_binary(kind, exact(node[1]), exact(node[2]), NotExact))
+        return _sized(binary(kind, exact(node[1]), exact(node[2]), NotExact))
     if kind == "^":
         base, ex = exact(node[1]), exact(node[2])
         if ex.denominator != 1:
@@ -295,7 +293,7 @@ def numeric(node, env: dict[str, complex]) -> complex:
         return -numeric(node[1], env)
     if kind in ("+", "-", "*", "/"):
         try:
-            return _check(_binary(kind, numeric(node[1], env), numeric(node[2], env), EvalError))
+            return _check(binary(kind, numeric(node[1], env), numeric(node[2], env), EvalError))
         except OverflowError as exc:
             raise Bomb("overflow") from exc
     if kind == "^":
@@ -342,66 +340,3 @@ def sample_points(names: set[str], n_real: int = 3, n_complex: int = 2) -> list[
             env[name] = complex(re_part, im_part)
         points.append(env)
     return points
-
-
-# ---------------------------------------------------------------------------------------------
-# sympy (worker process only)
-
-def to_sympy(node):
-    import sympy
-
-    kind = node[0]
-    if kind == "num":
-        return sympy.Rational(node[1].numerator, node[1].denominator)
-    if kind == "sym":
-        return sympy.Symbol(node[1])
-    if kind == "const":
-        return {"pi": sympy.pi, "E": sympy.E, "oo": sympy.oo}[node[1]]
-    if kind == "neg":
-        return -to_sympy(node[1])
-    if kind in ("+", "-", "*", "/"):
-        return _binary(kind, to_sympy(node[1]), to_sympy(node[2]), EvalError)
-    if kind == "^":
-        base, ex = to_sympy(node[1]), to_sympy(node[2])
-        if ex.is_Integer and base.is_number:
-            if abs(int(ex)) > MAX_SYMPY_POW:
-                raise Bomb("exponent too large")
-        elif ex.is_number and not ex.is_Rational and base.is_number:
-            if abs(complex(ex.evalf(15))) > MAX_SYMPY_POW:
-                raise Bomb("exponent too large")
-        elif ex.is_Rational and abs(ex) > MAX_SYMPY_POW:
-            raise Bomb("exponent too large")
-        return sympy.Pow(base, ex)
-    if kind == "fact":
-        arg = to_sympy(node[1])
-        if arg.is_number and (not arg.is_Integer or int(arg) > MAX_SYMPY_FACT):
-            raise Bomb("factorial argument")
-        return sympy.factorial(arg)
-    if kind == "pct":
-        return to_sympy(node[1]) / 100
-    if kind == "fn":
-        args = [to_sympy(a) for a in node[2]]
-        name = node[1]
-        table = {"sqrt": sympy.sqrt, "sin": sympy.sin, "cos": sympy.cos, "tan": sympy.tan,
-                 "cot": sympy.cot, "sec": sympy.sec, "csc": sympy.csc, "asin": sympy.asin,
-                 "acos": sympy.acos, "atan": sympy.atan, "sinh": sympy.sinh, "cosh": sympy.cosh,
-                 "tanh": sympy.tanh, "ln": sympy.log, "exp": sympy.exp, "abs": sympy.Abs,
-                 "floor": sympy.floor, "ceiling": sympy.ceiling, "factorial": sympy.factorial}
-        if name == "log":
-            return sympy.log(*args) if len(args) <= 2 else _bad(name)
-        if name == "log10":
-            return sympy.log(args[0], 10)
-        if name == "binomial" and len(args) == 2:
-            return sympy.binomial(*args)
-        if name in table and len(args) == 1:
-            if name == "exp" and args[0].is_number and abs(complex(args[0].evalf(15))) > MAX_SYMPY_POW:
-                raise Bomb("exp argument")
-            return table[name](args[0])
-        return _bad(name)
-    if kind == "call":
-        return sympy.Function(node[1])(*[to_sympy(a) for a in node[2]])
-    raise EvalError(kind)
-
-
-def _bad(name):
-    raise EvalError(f"function {name}")

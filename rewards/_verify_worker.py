@@ -1,11 +1,12 @@
-"""A killable sympy worker process for rewards.verify.
+"""The client of the killable sympy worker process for rewards.verify, and the frame protocol both sides speak.
 
 sympy can block for a long time inside C-level big-integer code, where signal.alarm cannot
 interrupt it, so every sympy step runs in a child process that the caller kills when a call
-runs past its deadline.  The child is a plain `python -m rewards._verify_worker` subprocess (no
+runs past its deadline.  The child is a plain `python -m rewards._sympy_child` subprocess (no
 multiprocessing, so it never re-imports the caller's __main__) speaking length-prefixed pickles
-over its stdin/stdout.  Only node trees built by rewards.mathparse cross the pipe; the child
-builds sympy objects from them with sympy constructors, never from text.
+(read_exact / write_frame below) over its stdin/stdout.  Only node trees built by rewards.mathparse
+cross the pipe; the child builds sympy objects from them with sympy constructors, never from text.
+This module imports no sympy: only the child does (rewards/_sympy_child.py).
 
 Client side: `SympyWorker().confirm(op, a, b, timeout)` -> True | False | None (None: unknown,
 timed out or crashed).  Each process lazily owns one worker (re-created after fork), which is
@@ -17,54 +18,22 @@ import atexit
 import os
 import pickle
 import select
-import signal
 import struct
 import subprocess
 import sys
 import threading
 import time
 
-_HEADER = struct.Struct("<I")
-_MAX_FRAME = 1 << 20
-_MEMORY_LIMIT = 2 << 30  # bytes of address space for the child
-_READY = "ready"
+HEADER = struct.Struct("<I")
+MAX_FRAME = 1 << 20
+MEMORY_LIMIT = 2 << 30  # bytes of address space for the child
+READY = "ready"
 
 
 # ---------------------------------------------------------------------------------------------
-# child side
+# the frame protocol (both sides)
 
-def _confirm(op: str, a, b):
-    """True: sympy proves the claim; False: sympy proves it wrong; None: undecided."""
-    import sympy
-
-    from rewards._verify_eval import Bomb, to_sympy
-
-    try:
-        ea, eb = to_sympy(a), to_sympy(b)
-    except Bomb:
-        return False
-    if op == "expr":
-        diff = ea - eb
-        if diff == 0:
-            return True
-        for step in (sympy.expand, sympy.simplify):
-            diff = step(diff)
-            if diff == 0:
-                return True
-        if diff.is_number and diff.free_symbols == set():
-            return abs(complex(diff.evalf(30))) < 1e-20
-        return None
-    if op == "ratio":  # two expressions equal up to a nonzero constant factor
-        if eb == 0:
-            return ea == 0
-        ratio = sympy.cancel(sympy.simplify(ea / eb))
-        if ratio.free_symbols:
-            return None
-        return bool(ratio != 0)
-    raise ValueError(f"unknown op {op}")
-
-
-def _read_exact(fd: int, n: int) -> bytes:
+def read_exact(fd: int, n: int) -> bytes:
     buf = b""
     while len(buf) < n:
         chunk = os.read(fd, n - len(buf))
@@ -74,43 +43,11 @@ def _read_exact(fd: int, n: int) -> bytes:
     return buf
 
 
-def _write_frame(fd: int, obj) -> None:
+def write_frame(fd: int, obj) -> None:
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    payload = _HEADER.pack(len(data)) + data
+    payload = HEADER.pack(len(data)) + data
     while payload:
         payload = payload[os.write(fd, payload):]
-
-
-def main() -> None:
-    from rewards._lifeline import die_with_parent
-
-    die_with_parent()  # SIGKILLed with the process that started it (a reward worker or the trainer)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        import resource
-
-        _, hard = resource.getrlimit(resource.RLIMIT_AS)
-        limit = _MEMORY_LIMIT if hard == resource.RLIM_INFINITY else min(_MEMORY_LIMIT, hard)
-        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
-    except (ImportError, ValueError, OSError):
-        pass
-    import sympy  # noqa: F401  (import before announcing readiness)
-
-    fd_in, fd_out = sys.stdin.fileno(), sys.stdout.fileno()
-    _write_frame(fd_out, (_READY, None))
-    while True:
-        try:
-            (size,) = _HEADER.unpack(_read_exact(fd_in, _HEADER.size))
-            if size > _MAX_FRAME:
-                return
-            req_id, op, a, b = pickle.loads(_read_exact(fd_in, size))
-        except EOFError:
-            return
-        try:
-            result = _confirm(op, a, b)
-        except Exception:  # an exception in sympy is an undecided answer, not a crash
-            result = None
-        _write_frame(fd_out, (req_id, result))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -134,7 +71,7 @@ class SympyWorker:
         env = dict(os.environ)
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "rewards._verify_worker"], stdin=subprocess.PIPE,
+            [sys.executable, "-m", "rewards._sympy_child"], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0, close_fds=True, env=env,
             cwd=root)
         self._owner = os.getpid()
@@ -184,11 +121,11 @@ class SympyWorker:
     def _read_frame(self, deadline: float):
         fd = self._proc.stdout.fileno()
         while True:
-            if len(self._buf) >= _HEADER.size:
-                (size,) = _HEADER.unpack(self._buf[:_HEADER.size])
-                if len(self._buf) >= _HEADER.size + size:
-                    data = self._buf[_HEADER.size:_HEADER.size + size]
-                    self._buf = self._buf[_HEADER.size + size:]
+            if len(self._buf) >= HEADER.size:
+                (size,) = HEADER.unpack(self._buf[:HEADER.size])
+                if len(self._buf) >= HEADER.size + size:
+                    data = self._buf[HEADER.size:HEADER.size + size]
+                    self._buf = self._buf[HEADER.size + size:]
                     return pickle.loads(data)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -211,10 +148,10 @@ class SympyWorker:
             try:
                 if not self._ready:
                     tag, _ = self._read_frame(deadline)
-                    self._ready = tag == _READY
+                    self._ready = tag == READY
                 self._next_id += 1
                 req_id = self._next_id
-                _write_frame(self._proc.stdin.fileno(), (req_id, op, a, b))
+                write_frame(self._proc.stdin.fileno(), (req_id, op, a, b))
                 while True:
                     got_id, result = self._read_frame(deadline)
                     if got_id == req_id:
@@ -239,6 +176,3 @@ atexit.register(_WORKER.shutdown)
 def get_worker() -> SympyWorker:
     return _WORKER
 
-
-if __name__ == "__main__":
-    main()

@@ -40,6 +40,7 @@ import math
 import re
 from fractions import Fraction
 
+from rewards._verify_eval import symbols
 from rewards.mathparse import ParseError, parse_answer, parse_arithmetic
 from rewards.parse import as_text, extract_answer
 from rewards.verify import is_equiv
@@ -143,8 +144,6 @@ def _fraction_ok(answer: str, data: dict) -> bool:
 
 def _constant(node) -> bool:
     """A root as a value: no symbols in it (after an optional leading "x =")."""
-    from rewards._verify_eval import symbols
-
     return not symbols(node)
 
 

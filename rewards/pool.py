@@ -55,16 +55,19 @@ import collections
 import math
 import multiprocessing as mp
 import os
+import resource
 import shutil
 import signal
 import tempfile
 import threading
 import time
+from multiprocessing import forkserver
 from multiprocessing.connection import wait as mp_wait
 
 from rewards._lifeline import die_with_parent, release_forkserver_lifeline
 from rewards.combine import RewardConfig, error_result, gold_text, score
 from rewards.parse import as_text
+from rewards.verify import warmup
 
 __all__ = ["RewardPool", "BatchHandle"]
 
@@ -90,16 +93,12 @@ def _worker_main(conn, progress, cfg, memory_limit_mb, score_fn, tmpdir):
         pass
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if memory_limit_mb:
-        import resource
-
         limit = int(memory_limit_mb) << 20
         _, hard = resource.getrlimit(resource.RLIMIT_AS)
         if hard != resource.RLIM_INFINITY:
             limit = min(limit, hard)
         resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
     try:
-        from rewards.verify import warmup
-
         warmup()  # start the sympy child now, not inside the first item's time budget
     except Exception:  # noqa: BLE001 - scoring still works; symbolic checks just start later
         pass
@@ -248,8 +247,6 @@ class RewardPool:
         _remove_orphaned_tmp()
         self._ctx = mp.get_context(start_method)
         if start_method == "forkserver":
-            from multiprocessing import forkserver
-
             if not getattr(forkserver._forkserver, "_forkserver_pid", None):  # not running yet
                 self._ctx.set_forkserver_preload(["rewards.combine"])
         self._wake_r, self._wake_w = os.pipe()

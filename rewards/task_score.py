@@ -33,7 +33,10 @@ import dataclasses
 import json
 import re
 
+from rewards.code_reward import code_score
 from rewards.combine import RewardConfig, error_result, score
+from rewards.gym_check import gym_score
+from rewards.instructions import instruction_score
 from rewards.parse import as_text
 from rewards.penalties import text_length
 
@@ -85,21 +88,15 @@ def score_task(text, target, cfg: RewardConfig | None = None, *, n_tokens=None) 
         text = as_text(text)[-cfg.max_chars:]
         n_tokens = text_length(text) if n_tokens is None else n_tokens
         if family == "code":
-            from rewards.code_reward import code_score
-
             outcome = float(code_score(text, payload))
             r = score(_strip_code(text), "", cfg, n_tokens=n_tokens)  # format, steps and penalties only
             r["total"] += cfg.w_outcome * outcome
         elif family == "gym":
-            from rewards.gym_check import gym_score
-
             outcome = float(gym_score(text, payload))
             r = score(text, "", cfg, n_tokens=n_tokens)  # format, steps and penalties only
             r["total"] += cfg.w_outcome * outcome
             family = f"gym/{json.loads(payload)['family']}"
         else:
-            from rewards.instructions import instruction_score
-
             outcome = float(instruction_score(text, payload))
             lang = json.loads(payload).get("lang", cfg.lang)
             r = score(text, "", dataclasses.replace(cfg, lang=lang if lang in ("zh", "en") else cfg.lang),

@@ -17,8 +17,14 @@ a benchmark measures the kernels a run uses; `machine_info()` records which ("ke
 """
 from __future__ import annotations
 
+import collections
+import glob
+import gzip
+import json
 import os
+import re
 import resource
+import shutil
 import statistics
 import sys
 import time
@@ -26,6 +32,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+import psutil
 
 from rl.context import backend_kernels
 
@@ -84,8 +91,6 @@ def peak_rss_mib() -> float:
 
 def current_rss_mib() -> float:
     """Current resident set size in MiB (psutil)."""
-    import psutil
-
     return psutil.Process(os.getpid()).memory_info().rss / 2**20
 
 
@@ -110,8 +115,6 @@ def add_json_arg(ap) -> None:
 def write_json(path, obj) -> None:
     """Write `obj` (plain dicts / lists / numbers / strings; numpy scalars, arrays and tuples converted) to path,
     creating its folder. No-op when path is None."""
-    import json
-
     if not path:
         return
 
@@ -186,13 +189,6 @@ def trace_ops(fn, *args, top: int = 40, reps: int = 3, path: str = "/tmp/jax_tra
     conditionals also appear as a whole). "ms per call" sums the measured durations; "robust" is the op's 20th
     percentile duration times its executions, which discounts the times a thread waited for a core on a loaded
     machine. Compare shares, not milliseconds."""
-    import collections
-    import glob
-    import gzip
-    import json
-    import re
-    import shutil
-
     block(fn(*args))  # compile outside the trace
     shutil.rmtree(path, ignore_errors=True)
     with jax.profiler.trace(path):

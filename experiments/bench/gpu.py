@@ -37,7 +37,9 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from experiments.bench import common  # noqa: E402
+from models import sampling  # noqa: E402
 from models.config import ModelConfig, active_params_per_token, flops_per_token, num_params  # noqa: E402
+from rl.train_step import LossConfig, OptimConfig, init_train_state, make_train_step  # noqa: E402
 
 GPU_MODEL = dict(vocab_size=32768, d_model=2048, n_layers=16, n_heads=16, n_kv_heads=4, head_dim=128, d_ff=3584,
                  n_experts=8, experts_per_token=2, moe_every=1, n_shared_experts=0, capacity_factor=None,
@@ -83,8 +85,6 @@ def _train_batch(cfg, batch: int, seq: int, prompt: int, seed: int) -> dict:
 
 def phase_train(cfg, run: dict) -> tuple[dict, dict]:
     """Times the GRPO train step; returns (figures, final params)."""
-    from rl.train_step import LossConfig, OptimConfig, init_train_state, make_train_step
-
     loss_cfg, optim_cfg = LossConfig(mode="grpo"), OptimConfig(grad_clip=1.0)
     state = init_train_state(cfg, loss_cfg, optim_cfg, jax.random.key(0))
     step = make_train_step(cfg, loss_cfg, optim_cfg)
@@ -109,8 +109,6 @@ def phase_train(cfg, run: dict) -> tuple[dict, dict]:
 
 
 def phase_decode(cfg, params, run: dict) -> dict:
-    from models import sampling
-
     dcfg = cfg.replace(param_dtype="bfloat16")
     params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)  # decode reads bf16 weights
     b, n = run["decode_batch"], run["decode_new"]
@@ -190,9 +188,8 @@ def report(res: dict) -> None:
     if "peak_bytes_in_use" in mem:
         rows.append(["peak device memory", f"{mem['peak_bytes_in_use']:.1f} GiB",
                      f"of {mem.get('bytes_limit', float('nan')):.1f} GiB available to XLA"])
-    from experiments.bench.common import print_table
 
-    print_table(["figure", "value", "how"], rows)
+    common.print_table(["figure", "value", "how"], rows)
 
 
 def main(argv=None):

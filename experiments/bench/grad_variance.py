@@ -20,18 +20,20 @@ import json
 import sys
 import tempfile
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+
 from experiments.bench import common
+from rewards.task_score import score_task, target_of
+from rl import checkpoint, context, losses, rollout, stages
+from rl.stages.grpo import grpo_token_advantages
+from rl.stages.policy_gradient import step_scores
+from rl.train_step import compute_logprobs
 
 
 def flat_grad(params, batch, adv, model_cfg, temperature):
     """The policy-loss gradient of one batch, flattened to one float64 vector (host)."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-
-    from rl import losses
-    from rl.train_step import compute_logprobs
-
     mask = jnp.asarray(batch["loss_mask"], jnp.float32)  # aligned with tokens, as the logprobs
 
     def loss(p):
@@ -47,8 +49,6 @@ def flat_grad(params, batch, adv, model_cfg, temperature):
 
 def spread(grads):
     """(|mean|^2, total variance, ratio) of a list of gradient vectors."""
-    import numpy as np
-
     G = np.stack(grads)
     mean = G.mean(0)
     signal = float(mean @ mean)
@@ -68,14 +68,6 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     common.add_json_arg(ap)
     args = ap.parse_args(argv)
-
-    import jax
-    import numpy as np
-
-    from rewards.task_score import score_task, target_of
-    from rl import checkpoint, context, rollout, stages
-    from rl.stages.grpo import grpo_token_advantages
-    from rl.stages.policy_gradient import step_scores
 
     cfg, model_cfg, params, tok = checkpoint.load_policy(args.workdir, args.ckpt)
     cfg = json.loads(json.dumps(cfg))

@@ -22,6 +22,14 @@ import argparse
 import statistics
 import time
 
+import jax
+import numpy as np
+
+from experiments.bench import common
+from experiments.bench.model_step import REFERENCE, active_params, forward_flops_per_token
+from models.config import ModelConfig
+from rl.train_step import LossConfig, OptimConfig, init_train_state, make_logprob_fn, make_train_step
+
 W1 = dict(vocab_size=512, d_model=256, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=64, d_ff=512,
           n_experts=8, experts_per_token=2, moe_every=1, n_shared_experts=0, capacity_factor=None,
           max_seq_len=128, dtype="float32", param_dtype="float32", tie_embeddings=False)
@@ -29,14 +37,6 @@ SHAPES = {"w1": (W1, 64, 96, 32), "reference": (None, 8, 256, 32)}  # (model, ro
 
 
 def bench_shape(name: str, reps: int, quick: bool, microbatches: int = 1) -> dict:
-    import jax
-    import numpy as np
-
-    from experiments.bench import common
-    from experiments.bench.model_step import REFERENCE, active_params, forward_flops_per_token
-    from models.config import ModelConfig
-    from rl.train_step import LossConfig, OptimConfig, init_train_state, make_logprob_fn, make_train_step
-
     model, rows, seq, prompt_len = SHAPES[name]
     if quick:
         rows, seq = max(rows // 8, 2), min(seq, 64)
@@ -88,7 +88,6 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--microbatches", type=int, default=1, help="gradient-accumulation slices per step")
     ap.add_argument("--md", default=None, help="also append the Markdown table to this file")
-    from experiments.bench import common
 
     common.add_json_arg(ap)
     args = ap.parse_args(argv)

@@ -22,6 +22,9 @@ import statistics
 import sys
 import time
 
+import torch
+import transformers
+
 
 def timed(fn, reps: int) -> list[float]:
     fn()  # warm-up
@@ -41,9 +44,6 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     a = ap.parse_args(argv)
-
-    import torch
-    import transformers
 
     torch.set_num_threads(a.threads)
     t0 = time.perf_counter()

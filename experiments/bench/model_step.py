@@ -28,12 +28,19 @@ Phases, each in its own subprocess so its peak resident memory (ru_maxrss) is it
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import subprocess
 import sys
 import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from experiments.bench import common
+from models import sampling, transformer
+from models.config import ModelConfig
 
 REFERENCE = dict(
     vocab_size=259, d_model=512, n_layers=4, n_heads=8, n_kv_heads=4, head_dim=64, d_ff=1024,
@@ -74,25 +81,14 @@ def active_params(cfg) -> int:
 # Phases (run in subprocesses)
 # ----------------------------------------------------------------------------------------
 def _setup(capacity_factor=None):
-    import jax
-
-    from experiments.bench import common
-    from models import transformer
-    from models.config import ModelConfig
-
     cfg = ModelConfig(**{**REFERENCE, "capacity_factor": capacity_factor})
     params = jax.block_until_ready(transformer.init(cfg, jax.random.PRNGKey(0)))
     n_params = sum(x.size for x in jax.tree.leaves(params))
-    return cfg, params, n_params, common
+    return cfg, params, n_params
 
 
 def phase_train(opts, capacity_factor):
-    import jax
-    import jax.numpy as jnp
-
-    from models import transformer
-
-    cfg, params, n_params, common = _setup(capacity_factor)
+    cfg, params, n_params = _setup(capacity_factor)
     rss_after_init = common.current_rss_mib()
     peak_before = common.matmul_peak_gflops()
     batch = opts["train_batch"]
@@ -139,12 +135,7 @@ def phase_train(opts, capacity_factor):
 
 
 def phase_decode(opts):
-    import jax
-    import jax.numpy as jnp
-
-    from models import sampling
-
-    cfg, params, n_params, common = _setup()
+    cfg, params, n_params = _setup()
     rss_after_init = common.current_rss_mib()
     b, n = opts["decode_batch"], opts["new_tokens"]
     prompts = jax.random.randint(jax.random.PRNGKey(2), (b, PROMPT_LEN), 3, cfg.vocab_size, jnp.int32)
@@ -168,13 +159,7 @@ def phase_decode(opts):
 
 def phase_recompute(opts):
     """Naive decoding: token t costs one uncached forward over the PROMPT_LEN + t prefix."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-
-    from models import sampling, transformer
-
-    cfg, params, n_params, common = _setup()
+    cfg, params, n_params = _setup()
     rss_after_init = common.current_rss_mib()
     b, n = opts["decode_batch"], opts["new_tokens"]
 
@@ -248,8 +233,6 @@ def main(argv=None):
     if args.phase:
         print(json.dumps(_run_phase(args.phase, args.quick)))
         return
-
-    from experiments.bench import common
 
     info_start = common.machine_info()
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())

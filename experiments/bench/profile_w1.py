@@ -39,6 +39,7 @@ from experiments.bench import common
 from experiments.bench.model_step import forward_flops_per_token
 from experiments.bench.w1 import W1_MODEL
 from models import moe, transformer
+from models.layers import swiglu
 from models.config import ModelConfig
 
 SEQ = 96
@@ -223,7 +224,6 @@ def main(argv=None):
         pd = {"w_gate": jax.random.normal(k[0], (cfg.d_model, F)) * 0.05,
               "w_up": jax.random.normal(k[1], (cfg.d_model, F)) * 0.05,
               "w_down": jax.random.normal(k[2], (F, cfg.d_model)) * 0.05}
-        from models.layers import swiglu
         f = jax.jit(jax.value_and_grad(lambda p, x: jnp.sum(swiglu(p, x) ** 2), argnums=(0, 1)))
         w, c = timed(f, pd, x, reps=args.reps)
         rows.append(["dense SwiGLU (k*F) fwd+bwd", w, c, moe_flops / 1e9,

@@ -119,7 +119,7 @@ def main(argv=None) -> dict:
         with open(args.md, "w") as f:
             f.write("# Reward pool throughput\n\n" + header + "\n\n" + table + "\n")
     out = {"single": single, "pools": per_pool, "errors": errors}
-    from experiments.bench.common import write_json
+    from experiments.bench.common import write_json  # here, after the pools closed: common starts JAX on import
 
     write_json(args.json, {**out, "pairs": args.n, "nproc": os.cpu_count(), "loadavg": load})
     return out

@@ -16,29 +16,29 @@ import statistics
 import sys
 import time
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from experiments.bench.common import add_json_arg, machine_info, write_json
+from experiments.configs import r1_pipeline
+from models.tokenizer import ByteTokenizer
+from rl import config_validation as cv
+from rl import rollout
+from rl.context import build_model_cfg, load_problems
+from rl.sft import build_sft_batch
+from rl.tasks import render_prompt, render_solution
+from rl.train_step import LossConfig, OptimConfig, init_train_state, make_train_step
+
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", type=int, default=256, help="demonstrations per epoch")
     ap.add_argument("--buckets", type=int, default=4)
     ap.add_argument("--reps", type=int, default=3)
-    from experiments.bench.common import add_json_arg, machine_info, write_json
 
     add_json_arg(ap)
     args = ap.parse_args(argv)
-
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-
-    from experiments.configs import r1_pipeline
-    from models.tokenizer import ByteTokenizer
-    from rl import config_validation as cv
-    from rl import rollout
-    from rl.context import build_model_cfg, load_problems
-    from rl.sft import build_sft_batch
-    from rl.tasks import render_prompt, render_solution
-    from rl.train_step import LossConfig, OptimConfig, init_train_state, make_train_step
 
     cfg = cv.to_dict(r1_pipeline.get_config())
     model_cfg = build_model_cfg(cfg)

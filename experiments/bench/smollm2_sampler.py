@@ -35,15 +35,16 @@ import jax
 import numpy as np
 
 from experiments.bench import common
+from experiments.eval import SYSTEM_PROMPT, resolve_model
+from models import hf, sampling
+from models.tokenizer import HFTokenizer
+from rl import tasks
 
 PEER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf_generate_peer.py")
 
 
 def chat_prompts(tok, rows: int, seed: int = 0) -> list[str]:
     """`rows` two-digit addition problems through the chat template, with the eval's system prompt."""
-    from experiments.eval import SYSTEM_PROMPT
-    from rl import tasks
-
     problems = tasks.load_mix("add", n=rows, seed=seed, split="test", difficulty=2)
     return [tok.render_chat_template([{"role": "system", "content": SYSTEM_PROMPT},
                                       {"role": "user", "content": p.question}]) for p in problems]
@@ -56,8 +57,6 @@ def decode_rate(rows: int, new_tokens: int, full_s: float, prefill_s: float):
 
 
 def measure_ours(params, cfg, ids, mask, tok, new_tokens: int, reps: int) -> dict:
-    from models import sampling
-
     def run(n):
         return sampling.generate(params, cfg, ids, jax.random.key(0), prompt_mask=mask, num_samples=1,
                                  max_new_tokens=n, temperature=1.0, top_p=1.0, top_k=0, eos_id=-1, pad_id=tok.PAD)
@@ -110,10 +109,6 @@ def main(argv=None) -> int:
     common.add_json_arg(ap)
     a = ap.parse_args(argv)
 
-    from experiments.eval import resolve_model
-    from models import hf
-    from models.tokenizer import HFTokenizer
-
     path = resolve_model(a.model)
     cfg, params = hf.load(path)
     tok = HFTokenizer.from_pretrained(path)
@@ -151,8 +146,6 @@ def main(argv=None) -> int:
         print(f"peer: {peer['error']}")
     profile = []
     if a.profile:
-        from models import sampling
-
         fn = jax.jit(lambda p: sampling.generate(p, cfg, ids, jax.random.key(0), prompt_mask=mask,
                                                  max_new_tokens=a.new_tokens, eos_id=-1, pad_id=tok.PAD))
         profile = common.trace_ops(fn, params, top=a.profile, reps=1)

@@ -19,13 +19,14 @@ import os
 import statistics
 import tempfile
 
+from experiments import launch
+from experiments.bench import common
+from rl.metrics import read_jsonl
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def run_once(layout: str, iterations: int, quick: bool, workdir: str) -> dict:
-    from experiments import launch
-    from rl.metrics import read_jsonl
-
     cfg = os.path.join(ROOT, "experiments/configs/quickstart.py") + (":variant=tiny" if quick else "")
     args = ["--config", cfg, "--workdir", workdir, "--config.eval.initial=false", "--config.eval.every=1000",
             "--config.stages[0].epochs=1", "--config.stages[1].rounds=1", "--config.stages[1].n_problems=8",
@@ -44,8 +45,6 @@ def run_once(layout: str, iterations: int, quick: bool, workdir: str) -> dict:
 
 
 def main(argv=None) -> dict:
-    from experiments.bench import common
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--iterations", type=int, default=4)
     ap.add_argument("--reps", type=int, default=2)

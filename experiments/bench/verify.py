@@ -45,6 +45,10 @@ import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 
+from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+from rewards.verify import is_equiv
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PEER_DIR = os.path.join(os.path.dirname(ROOT), "shared", "peers")
 PEER_FILES = ("mathverify_cases.jsonl", "other_equiv_cases.jsonl")
@@ -127,8 +131,6 @@ def _sqrt_equal(a1, b1, a2, b2) -> bool:
 # the two verifiers (top-level functions so a process pool can run them)
 
 def run_is_equiv(pairs) -> list[bool]:
-    from rewards.verify import is_equiv
-
     return [is_equiv(p, g, timeout=1.0) for p, g in pairs]
 
 
@@ -141,8 +143,6 @@ def _delimited(s: str) -> str:
 
 
 def run_math_verify(pairs) -> list[bool]:
-    from math_verify import parse, verify
-
     out = []
     for p, g in pairs:
         try:
@@ -153,8 +153,6 @@ def run_math_verify(pairs) -> list[bool]:
 
 
 def run_math_verify_raw(pairs) -> list[bool]:
-    from math_verify import parse, verify
-
     out = []
     for p, g in pairs:
         try:
@@ -213,7 +211,7 @@ def timed_futures_pool(name: str, pairs, workers: int) -> float:
 def timed_reward_pool(name: str, pairs, workers: int) -> float | None:
     """pairs/s through the project's rewards.pool.RewardPool (per-item deadlines, crash
     isolation), with a score_fn that only verifies; None when rewards.pool is absent."""
-    try:
+    try:  # here, not at the top: --against's children import this module with an older rewards/ first on the path
         from rewards.pool import RewardPool
     except ImportError:
         return None
@@ -229,8 +227,6 @@ def timed_reward_pool(name: str, pairs, workers: int) -> float | None:
 # agreement on the peer tables
 
 def _mv_configured(row) -> bool:
-    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
-
     cfg = row.get("config") or {}
     if cfg.get("api") != "compare_strings":
         return bool(verify(parse(str(row["gold"])), parse(str(row["pred"]))))
@@ -242,8 +238,6 @@ def _mv_configured(row) -> bool:
 
 
 def peer_agreement() -> list[dict]:
-    from rewards.verify import is_equiv
-
     results = []
     for fname in PEER_FILES:
         path = os.path.join(PEER_DIR, fname)
@@ -273,8 +267,6 @@ def peer_agreement() -> list[dict]:
 
 def zh_en_agreement() -> dict | None:
     """Agreement with the expected verdicts of tests/data/answers_zh_en.jsonl (whole responses)."""
-    from rewards.verify import is_equiv
-
     if not os.path.exists(ZH_EN_TABLE):
         return None
     with open(ZH_EN_TABLE, encoding="utf-8") as fh:

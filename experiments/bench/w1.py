@@ -46,6 +46,18 @@ import subprocess
 import sys
 import time
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from experiments.bench import common
+from experiments.bench.model_step import active_params
+from models import sampling
+from models.config import ModelConfig
+from models.cpu import allocator
+from rl import advantages
+from rl.train_step import LossConfig, OptimConfig, init_train_state, make_logprob_fn, make_train_step
+
 W1_MODEL = dict(vocab_size=512, d_model=256, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=64, d_ff=512,
                 n_experts=8, experts_per_token=2, moe_every=1, n_shared_experts=0, capacity_factor=None,
                 max_seq_len=128, dtype="float32", param_dtype="float32", tie_embeddings=False)
@@ -72,8 +84,6 @@ def decode(ids) -> str:
 
 def make_prompts(rng, n, max_len, vocab):
     """Left-padded random prompts of 16..max_len tokens (BOS first) and random gold integers."""
-    import numpy as np
-
     lengths = rng.integers(16, max_len + 1, size=n)
     ids = np.zeros((n, max_len), np.int32)
     mask = np.zeros((n, max_len), np.int32)
@@ -87,8 +97,6 @@ def make_prompts(rng, n, max_len, vocab):
 def to_train_layout(prompts, prompt_mask, responses, lengths, n_samples, logprobs=None):
     """Left-padded prompts + responses -> right-padded [B*K, P+N] tokens, attn_mask, loss_mask (and the sampler's
     logprobs at the response positions, the behaviour policy's old_logp, when given)."""
-    import numpy as np
-
     rows, p_len = responses.shape[0], prompts.shape[1]
     total = p_len + responses.shape[1]
     tokens = np.zeros((rows, total), np.int32)
@@ -109,19 +117,6 @@ def to_train_layout(prompts, prompt_mask, responses, lengths, n_samples, logprob
 
 
 def run_setting(kl: float, steps: int, quick: bool, microbatches: int = 2, layout: str = "grouped") -> dict:
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-
-    from experiments.bench import common
-    from experiments.bench.model_step import active_params
-    from models import sampling
-    from models.config import ModelConfig
-    from rl import advantages
-    from rl.train_step import LossConfig, OptimConfig, init_train_state, make_logprob_fn, make_train_step
-
-    from models.cpu import allocator
-
     allocator.trim_after_compiles()  # as the launcher runs (MATHRL_TRIM=0, i.e. --allocator default: not)
     n_prompts, new_tokens = (4, 16) if quick else (N_PROMPTS, NEW_TOKENS)
     cfg = ModelConfig(**W1_MODEL)
@@ -212,13 +207,10 @@ def _default_peer() -> str:
 
 def run_ours(kl: float, args) -> dict:
     """One KL setting in its own subprocess (its peak RSS is its own), with the load average around it."""
-    from experiments.bench import common
-
     cmd = [sys.executable, "-m", "experiments.bench.w1", "--_child", str(kl), "--steps", str(args.steps),
            "--microbatches", str(args.microbatches), "--layout", args.layout] + (["--quick"] if args.quick else [])
     wait = common.wait_quiet(args.wait_quiet, args.quiet_load) if args.wait_quiet else None
     load_start = common.load1()
-    from models.cpu import allocator
 
     # Our process runs with the allocator setting the launcher uses (models/cpu/allocator.py); the peer keeps its
     # default, with which it ran faster (BENCHMARKS.md).
@@ -236,8 +228,6 @@ def run_ours(kl: float, args) -> dict:
 def run_peer(args) -> dict | None:
     """The TRL harness (../shared/peers/trl/trl_w1.py) by path with its own venv's python, right after our
     measurement; None (and a message) when the harness or its venv is absent."""
-    from experiments.bench import common
-
     if args.no_peer:
         return None
     missing = [p for p in (args.peer, args.peer_python) if not os.path.exists(p)]
@@ -296,8 +286,6 @@ def ratios(ours: list[dict], peer: dict | None) -> list[dict]:
 
 
 def main(argv=None):
-    from experiments.bench import common
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=3, help="timed steps per KL setting (after one warm-up step)")
     ap.add_argument("--quick", action="store_true", help="4 prompts x 8 samples, 16 new tokens (smoke run)")
@@ -349,8 +337,6 @@ def _ours_json(r: dict) -> dict:
 
 
 def report(rep, args, index: int):
-    from experiments.bench.common import print_table
-
     out = [f"W1, repetition {index + 1} of {args.reps}"]
     print(out[0])
     rows = []
@@ -363,12 +349,12 @@ def report(rep, args, index: int):
     for t in (peer or {}).get("settings", []):
         rows.append([f"TRL, KL {t['kl']:g}", t["step_s"], t["cpu_s_per_step"], t["sampling_s"], "-", t["train_s"],
                      t["sampling_tok_s"], t["peak_rss_mib"], "-", "-", f"{peer['load_start']} / {peer['load_end']}"])
-    out.append(print_table(["run", "s/step", "CPU s/step", "sampling s", "ref logprob s", "update s",
+    out.append(common.print_table(["run", "s/step", "CPU s/step", "sampling s", "ref logprob s", "update s",
                             "sampling tok/s", "peak RSS MiB", "MFU", "matmul peak GFLOP/s", "load start / end"],
                            rows))
     if rep["ratios"]:
         print()
-        out.append(print_table(
+        out.append(common.print_table(
             ["KL", "time ours/TRL (target <= 0.5 at KL 0.04)", "CPU time ours/TRL", "sampling tok/s ours/TRL (>= 2)",
              "peak memory ours/TRL (< 1)"],
             [[f"{x['kl']:g}", x["time"], x["cpu_time"], x["sampling"], x["memory"]] for x in rep["ratios"]]))

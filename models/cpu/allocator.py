@@ -31,6 +31,8 @@ import platform
 import sys
 import time
 
+import jax
+
 TUNABLE = "glibc.malloc.hugetlb=1"
 OPT_OUT = "MATHRL_HUGEPAGES"
 _MARK = "MATHRL_ALLOCATOR_REEXEC"  # set in the re-executed process: never restart twice
@@ -92,7 +94,6 @@ def trim_after_compiles(min_seconds: float = 0.5) -> bool:
         return False
     if _trim_state["registered"]:
         return True
-    import jax
 
     def on_event(name, duration, **_):
         if name == _COMPILE_EVENT and duration >= min_seconds:

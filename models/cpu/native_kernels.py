@@ -39,6 +39,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import jaxlib
 
 NATIVE_DIR = Path(__file__).parent / "native"
 SOURCES = (NATIVE_DIR / "expert_ffn.cc", NATIVE_DIR / "decode_attention.cc")
@@ -70,7 +71,6 @@ def _cache_dir() -> Path:
 
 def library_path() -> Path:
     """Where these sources, built for this CPU and jaxlib, live (built or not)."""
-    import jaxlib
     texts = [f.read_text() for f in SOURCES + HEADERS]
     key = hashlib.sha256("\n".join([*texts, " ".join(FLAGS), jaxlib.__version__,
                                     _cpu_flags()]).encode()).hexdigest()[:16]
