@@ -1,0 +1,193 @@
+"""models/lora.py: LoRA adapters on a tiny model and on the llama fixture of tests/data/hf.
+
+At init the adapted model's logits are the base's bit for bit; gradients and optimizer state exist for the adapters
+only; the merged weight of one projection and the unmerged projection x W + s (x A) B agree with a float64 NumPy
+reference; hf.save(..., lora=adapters) reloads to the merged model's logits; the config section validates.
+"""
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from models import hf, lora, transformer
+from models.config import ModelConfig
+
+jax.config.update("jax_default_matmul_precision", "highest")
+
+LLAMA = Path(__file__).parent / "data" / "hf" / "llama"
+FWD = jax.jit(transformer.forward, static_argnames=("cfg",))
+ALL_TARGETS = ("attn/wq", "attn/wk", "attn/wv", "attn/wo", "mlp/w_gate", "mlp/w_up", "mlp/w_down", "moe/w_gate",
+               "moe/w_up", "moe/w_down")
+# Block 0 dense, block 1 MoE: every target kind, the experts' included.
+CFG = ModelConfig(vocab_size=40, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=24, n_experts=4,
+                  experts_per_token=2, moe_every=2, max_seq_len=16, lora=dict(rank=3, alpha=6.0, targets=ALL_TARGETS))
+
+
+def _tokens(cfg, shape=(2, 7), seed=0):
+    return jnp.asarray(np.random.default_rng(seed).integers(0, cfg.vocab_size, shape), jnp.int32)
+
+
+def _perturbed(adapters, seed=1, scale=0.3):
+    """Adapters with B != 0 (a trained state), so the merge changes the weights."""
+    leaves, treedef = jax.tree.flatten(adapters)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    return jax.tree.unflatten(treedef, [x + scale * jax.random.normal(k, x.shape) for k, x in zip(keys, leaves)])
+
+
+@pytest.fixture(scope="module")
+def base():
+    return transformer.init(CFG, jax.random.key(0))
+
+
+def test_adapters_at_init_leave_logits_unchanged(base):
+    adapters = lora.init(base, CFG, jax.random.key(1))
+    assert not any(np.any(np.asarray(ad["b"])) for ad in _pairs(adapters))  # B = 0, A random
+    assert all(np.std(np.asarray(ad["a"])) > 0 for ad in _pairs(adapters))
+    tokens = _tokens(CFG)
+    ref, _ = FWD(base, tokens, cfg=CFG)
+    got, _ = FWD(lora.merge(base, adapters, CFG), tokens, cfg=CFG)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(ref))
+
+
+def _pairs(adapters):
+    return [node for node in jax.tree.leaves(adapters, is_leaf=lambda x: isinstance(x, dict) and "a" in x)]
+
+
+def test_adapter_shapes_follow_the_weights(base):
+    adapters = lora.init(base, CFG, jax.random.key(1))
+    r, E = 3, CFG.n_experts
+    D, N, K, H, F = CFG.d_model, CFG.n_heads, CFG.n_kv_heads, CFG.head_dim, CFG.d_ff
+    b0, b1 = adapters["block_0"], adapters["block_1"]
+    assert b0["attn"]["wq"]["a"].shape == (D, r) and b0["attn"]["wq"]["b"].shape == (r, N, H)
+    assert b0["attn"]["wk"]["b"].shape == (r, K, H)
+    assert b0["attn"]["wo"]["a"].shape == (N, H, r) and b0["attn"]["wo"]["b"].shape == (r, D)
+    assert b0["mlp"]["w_down"]["a"].shape == (F, r) and "moe" not in b0
+    assert b1["moe"]["w_gate"]["a"].shape == (E, D, r) and b1["moe"]["w_gate"]["b"].shape == (E, r, F)
+    assert "mlp" not in b1 and "router" not in b1["moe"]
+
+
+def test_merged_projection_matches_float64_reference(base):
+    """wo (two contracted dims) and a routed expert's w_down: merge against NumPy float64, and x @ merged against
+    the unmerged x W + s (x A) B."""
+    adapters = _perturbed(lora.init(base, CFG, jax.random.key(1)))
+    merged = lora.merge(base, adapters, CFG)
+    s = 6.0 / 3
+    x = np.random.default_rng(2).normal(size=(5, CFG.n_heads * CFG.head_dim))
+    w = np.asarray(base["block_0"]["attn"]["wo"], np.float64).reshape(-1, CFG.d_model)
+    a = np.asarray(adapters["block_0"]["attn"]["wo"]["a"], np.float64).reshape(-1, 3)
+    b = np.asarray(adapters["block_0"]["attn"]["wo"]["b"], np.float64)
+    got = np.asarray(merged["block_0"]["attn"]["wo"], np.float64).reshape(-1, CFG.d_model)
+    np.testing.assert_allclose(got, w + s * a @ b, rtol=0, atol=1e-6)
+    unmerged = x @ w + s * (x @ a) @ b
+    np.testing.assert_allclose(np.asarray(jnp.asarray(x, jnp.float32) @ jnp.asarray(got, jnp.float32)), unmerged,
+                               rtol=0, atol=1e-5)
+    e = 2
+    w_e = np.asarray(base["block_1"]["moe"]["w_down"][e], np.float64)
+    a_e = np.asarray(adapters["block_1"]["moe"]["w_down"]["a"][e], np.float64)
+    b_e = np.asarray(adapters["block_1"]["moe"]["w_down"]["b"][e], np.float64)
+    np.testing.assert_allclose(np.asarray(merged["block_1"]["moe"]["w_down"][e]), w_e + s * a_e @ b_e, atol=1e-6)
+    # The merged model's logits differ from the base's (the adapters do something), untargeted arrays are the base's.
+    assert merged["embed"] is base["embed"] and merged["block_1"]["moe"]["router"] is base["block_1"]["moe"]["router"]
+    tokens = _tokens(CFG)
+    assert not np.allclose(np.asarray(FWD(merged, tokens, cfg=CFG)[0]), np.asarray(FWD(base, tokens, cfg=CFG)[0]))
+
+
+def _nll(params, tokens):
+    logits, _ = transformer.forward(params, tokens, CFG)
+    logp = jax.nn.log_softmax(logits[:, :-1])
+    return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1))
+
+
+def test_gradients_and_optimizer_state_reach_only_adapters(base):
+    params = {**base, "lora": lora.init(base, CFG, jax.random.key(1))}
+    trainable, frozen = lora.split(params, CFG)
+    assert set(trainable) == {"lora"} and set(frozen) == set(base)
+    assert lora.combine(trainable, frozen).keys() == params.keys()
+    tokens = _tokens(CFG, (3, 9))
+    loss, grads = lora.value_and_grad(_nll, trainable, frozen, CFG, tokens)
+    assert jax.tree.structure(grads) == jax.tree.structure(trainable)  # no gradient of the base exists
+    np.testing.assert_allclose(float(loss), float(_nll(base, tokens)), rtol=1e-6)
+    # At init (B = 0) the gradient reaches B and not yet A (dA = s dW B^T): the chain rule, checked both ways.
+    assert all(np.any(np.asarray(g["b"])) and not np.any(np.asarray(g["a"])) for g in _pairs(grads["lora"]))
+    opt = optax.adam(1e-2)
+    state = opt.init(trainable)
+    n_adapter = sum(x.size for x in jax.tree.leaves(trainable))
+    assert sum(x.size for x in jax.tree.leaves(state) if x.ndim) == 2 * n_adapter  # mu and nu of the adapters only
+    updates, state = opt.update(grads, state, trainable)
+    trainable = optax.apply_updates(trainable, updates)
+    loss2, grads2 = lora.value_and_grad(_nll, trainable, frozen, CFG, tokens)
+    assert float(loss2) < float(loss)
+    assert all(np.any(np.asarray(g["a"])) for g in _pairs(grads2["lora"]))  # B != 0 now: A learns too
+    # A finite-difference check of one B entry: the gradient is that of the merged model's loss.
+    ad = trainable["lora"]["block_0"]["attn"]["wv"]["b"]
+    eps = 1e-3
+    bump = lambda d: {"lora": {**trainable["lora"], "block_0": {**trainable["lora"]["block_0"], "attn": {  # noqa: E731
+        **trainable["lora"]["block_0"]["attn"], "wv": {"a": trainable["lora"]["block_0"]["attn"]["wv"]["a"],
+                                                         "b": ad.at[0, 1, 2].add(d)}}}}}
+    fd = (float(_nll(lora.model_params(bump(eps), frozen, CFG), tokens))
+          - float(_nll(lora.model_params(bump(-eps), frozen, CFG), tokens))) / (2 * eps)
+    np.testing.assert_allclose(float(grads2["lora"]["block_0"]["attn"]["wv"]["b"][0, 1, 2]), fd, rtol=2e-2, atol=1e-5)
+
+
+def test_value_head_stays_trainable_next_to_adapters(base):
+    params = {**base, "lora": lora.init(base, CFG, jax.random.key(1)), "value_head": {"w": jnp.zeros(16), "b": 0.0}}
+    trainable, frozen = lora.split(params, CFG)
+    assert set(trainable) == {"lora", "value_head"}
+    assert lora.model_params(trainable, frozen, CFG)["value_head"] is params["value_head"]
+
+
+def test_hf_save_merges_adapters_and_reloads_the_merged_logits(tmp_path):
+    cfg, base = hf.load(LLAMA)
+    cfg = cfg.replace(lora=dict(rank=2, alpha=4.0))
+    adapters = _perturbed(lora.init(base, cfg, jax.random.key(3)), scale=0.2)
+    merged = lora.merge(base, adapters, cfg)
+    hf.save(tmp_path / "merged", cfg, base, lora=adapters)
+    cfg2, reloaded = hf.load(tmp_path / "merged")
+    tokens = _tokens(cfg, (2, 11), seed=4)
+    want, _ = FWD(merged, tokens, cfg=cfg)
+    got, _ = FWD(reloaded, tokens, cfg=cfg2)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=1e-5)
+    base_logits, _ = FWD(base, tokens, cfg=cfg)
+    assert np.max(np.abs(np.asarray(want) - np.asarray(base_logits))) > 1e-2  # the merge is in the file
+
+
+def test_checkpoint_item_round_trip_and_mismatch(base):
+    trainable = {"lora": _perturbed(lora.init(base, CFG, jax.random.key(1)))}
+    tree, meta = lora.checkpoint_item(trainable, CFG)
+    assert set(tree) == {"lora"} and meta == {"lora": {"rank": 3, "alpha": 6.0, "targets": list(ALL_TARGETS)}}
+    restored = lora.restore_item(jax.tree.map(np.asarray, tree), meta, base, CFG)
+    assert jax.tree.structure(restored) == jax.tree.structure(trainable)
+    with pytest.raises(ValueError, match="lora=LoraConfig"):
+        lora.restore_item(tree, {"lora": {**meta["lora"], "rank": 4}}, base, CFG)
+    wrong = {**tree["lora"], "block_0": {**tree["lora"]["block_0"], "attn": {
+        **tree["lora"]["block_0"]["attn"], "wq": {"a": jnp.zeros((16, 2)), "b": jnp.zeros((2, 4, 8))}}}}
+    with pytest.raises(ValueError, match="block_0/attn/wq has shapes"):
+        lora.restore_item({"lora": wrong}, meta, base, CFG)
+
+
+def test_param_axes_mirror_the_adapters(base):
+    axes = lora.param_axes(transformer.param_axes(CFG), CFG)
+    adapters = lora.init(base, CFG, jax.random.key(1))
+    is_axes = lambda x: isinstance(x, tuple)  # noqa: E731
+    assert jax.tree.structure(axes, is_leaf=is_axes) == jax.tree.structure(adapters)
+    assert axes["block_1"]["moe"]["w_gate"] == {"a": ("expert", "embed", None), "b": ("expert", None, "mlp")}
+    assert axes["block_0"]["attn"]["wo"] == {"a": ("heads", "head_dim", None), "b": (None, "embed")}
+
+
+@pytest.mark.parametrize("section, message", [
+    (dict(rank=0), "lora.rank"), (dict(alpha=0.0), "lora.alpha"), (dict(alpha=float("nan")), "lora.alpha"),
+    (dict(targets=("attn/wz",)), "lora.targets"), (dict(targets=()), "lora.targets"), (dict(ranks=2), "unknown"),
+])
+def test_config_section_errors_name_the_field(section, message):
+    with pytest.raises(ValueError, match=message):
+        ModelConfig(lora=section)
+
+
+def test_target_absent_from_the_model_is_an_error():
+    cfg = ModelConfig(n_experts=0, lora=dict(targets=("moe/w_up",)))
+    with pytest.raises(ValueError, match="match no parameter"):
+        lora.init(transformer.init(cfg, jax.random.key(0)), cfg, jax.random.key(1))
