@@ -194,3 +194,14 @@ def test_target_absent_from_the_model_is_an_error():
     cfg = ModelConfig(n_experts=0, lora=dict(targets=("moe/w_up",)))
     with pytest.raises(ValueError, match="match no parameter"):
         lora.init(transformer.init(cfg, jax.random.key(0)), cfg, jax.random.key(1))
+
+
+@pytest.mark.parametrize("name, section", [("lora", dict(rank=4)), ("upcycle", dict(n_experts=4))])
+def test_run_config_refuses_the_sections_until_the_trainer_uses_them(name, section):
+    """rl/context.py: a run asking for LoRA / upcycling fails in the pre-run checks instead of silently training
+    every weight of the plain model (until the trainer wiring of docs/lora_upcycling.md lands)."""
+    from rl import config_validation as cv
+    from rl import context
+
+    with pytest.raises(cv.ConfigError, match=f"model.{name} is not wired"):
+        context.build_model_cfg({"model": {name: section}})
