@@ -10,6 +10,7 @@ Only A and B are trained; W stays frozen.
     trainable, frozen = lora.split({**base, "lora": adapters}, cfg)   # optimizer over trainable only
     loss, grads = lora.value_and_grad(loss_fn, trainable, frozen, cfg, batch)   # grads: the trainable tree only
     hf.save(folder, cfg, base, lora=adapters)        # a Hugging Face folder of the merged weights
+    adapters = jax.device_put(adapters, lora.shardings(adapters, transformer.param_axes(cfg), cfg, mesh, rules))
 
 Targets are block-relative paths of the params tree (models/transformer.py): "attn/wq", "attn/wk", "attn/wv",
 "attn/wo", the dense SwiGLU "mlp/w_gate", "mlp/w_up", "mlp/w_down", the routed experts "moe/w_gate", "moe/w_up",
@@ -43,6 +44,9 @@ from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding
+
+from models import sharding
 
 # Block-relative path -> (lead dims, contracted "in" dims) of that weight (models/transformer.py _block_shapes).
 TARGETS = {
@@ -252,6 +256,14 @@ def param_axes(base_axes, cfg) -> dict:
         lead, ins, outs = _split_dims(tuple(w_axes), target)
         _set(axes, block, target, {"a": (*lead, *ins, None), "b": (*lead, None, *outs)})
     return axes
+
+
+def shardings(adapters, base_axes, cfg, mesh, rules=sharding.DEFAULT_RULES) -> dict:
+    """NamedSharding tree of the adapters on mesh: param_axes through the rules table (models/sharding.py; a
+    dimension the mesh axes do not divide stays replicated), e.g. jax.device_put(adapters, shardings(...))."""
+    return jax.tree.map(lambda ax, a: NamedSharding(mesh, sharding.logical_to_spec(ax, rules, shape=a.shape,
+                                                                                    mesh=mesh)),
+                        param_axes(base_axes, cfg), adapters, is_leaf=lambda x: isinstance(x, tuple))
 
 
 def checkpoint_item(trainable, cfg) -> tuple[dict, dict]:

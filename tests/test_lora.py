@@ -13,7 +13,7 @@ import numpy as np
 import optax
 import pytest
 
-from models import hf, lora, transformer
+from models import hf, lora, sampling, sharding, transformer
 from models.config import ModelConfig
 
 jax.config.update("jax_default_matmul_precision", "highest")
@@ -205,3 +205,84 @@ def test_run_config_refuses_the_sections_until_the_trainer_uses_them(name, secti
 
     with pytest.raises(cv.ConfigError, match=f"model.{name} is not wired"):
         context.build_model_cfg({"model": {name: section}})
+
+
+# ---- the sampler on merged weights against an unmerged float64 NumPy forward -----------------------------------------
+DENSE = ModelConfig(vocab_size=40, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=24, n_experts=0,
+                    max_seq_len=24, lora=dict(rank=2, alpha=3.0))
+
+
+def _np_forward_unmerged(params, adapters, tokens, cfg):
+    """float64 logits [T, V] of one sequence, every targeted projection computed unmerged: x W + s (x A) B."""
+    f = lambda x: np.asarray(x, np.float64)  # noqa: E731
+    s = cfg.lora.alpha / cfg.lora.rank
+    T, H, G = len(tokens), cfg.head_dim, cfg.n_heads // cfg.n_kv_heads
+
+    def proj(x, w, ad, n_in=1):  # x [T, *in] -> [T, *out]
+        w, a, b = f(w), f(ad["a"]), f(ad["b"])
+        x2 = x.reshape(T, -1)
+        out = x2 @ w.reshape(x2.shape[1], -1) + s * (x2 @ a.reshape(x2.shape[1], -1)) @ b.reshape(b.shape[0], -1)
+        return out.reshape(T, *w.shape[n_in:])
+
+    def norm(x, scale):
+        return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + cfg.norm_eps) * f(scale)
+
+    def rope(x):  # [T, heads, H], half-split pairs (i, i + H/2)
+        inv = cfg.rope_theta ** (-np.arange(H // 2) / (H // 2))
+        ang = np.arange(T)[:, None] * inv[None]
+        cos, sin = np.cos(ang)[:, None], np.sin(ang)[:, None]
+        x1, x2 = x[..., :H // 2], x[..., H // 2:]
+        return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+
+    x = f(params["embed"])[tokens]
+    for i in range(cfg.n_layers):
+        p, ad = params[f"block_{i}"], adapters[f"block_{i}"]
+        h = norm(x, p["attn_norm"])
+        q = rope(proj(h, p["attn"]["wq"], ad["attn"]["wq"]))
+        k = rope(proj(h, p["attn"]["wk"], ad["attn"]["wk"]))
+        v = proj(h, p["attn"]["wv"], ad["attn"]["wv"])
+        k, v = np.repeat(k, G, axis=1), np.repeat(v, G, axis=1)  # query head n reads kv head n // G
+        scores = np.einsum("tnh,snh->nts", q, k) * H ** -0.5
+        scores = np.where(np.tril(np.ones((T, T), bool))[None], scores, -np.inf)
+        probs = np.exp(scores - scores.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        x = x + proj(np.einsum("nts,snh->tnh", probs, v), p["attn"]["wo"], ad["attn"]["wo"], n_in=2)
+        h = norm(x, p["mlp_norm"])
+        g, u = proj(h, p["mlp"]["w_gate"], ad["mlp"]["w_gate"]), proj(h, p["mlp"]["w_up"], ad["mlp"]["w_up"])
+        x = x + proj(g / (1 + np.exp(-g)) * u, p["mlp"]["w_down"], ad["mlp"]["w_down"])
+    h = norm(x, params["final_norm"])
+    return h @ f(params["embed"]).T * cfg.d_model ** -0.5  # tied, scaled unembedding (the defaults)
+
+
+def test_sampling_merged_weights_equals_the_unmerged_float64_forward():
+    base = transformer.init(DENSE, jax.random.key(5))
+    adapters = _perturbed(lora.init(base, DENSE, jax.random.key(6)), scale=0.3)
+    merged = lora.merge(base, adapters, DENSE)
+    prompt = np.asarray([[3, 17, 5, 29, 11]], np.int32)
+    out = sampling.generate(merged, DENSE, prompt, jax.random.key(7), temperature=1.0, max_new_tokens=6, eos_id=-1)
+    new = np.asarray(out.tokens)[0]
+    logits = _np_forward_unmerged(base, adapters, np.concatenate([prompt[0], new[:-1]]), DENSE)
+    logp = logits - np.log(np.sum(np.exp(logits - logits.max(-1, keepdims=True)), -1, keepdims=True)) - logits.max(
+        -1, keepdims=True)
+    want = logp[prompt.shape[1] - 1:][np.arange(len(new)), new]
+    np.testing.assert_allclose(np.asarray(out.logprobs)[0], want, rtol=0, atol=1e-4)
+    # The adapters matter at this scale: the base model's logprobs of the same tokens differ.
+    base_logits = _np_forward_unmerged(base, jax.tree.map(jnp.zeros_like, adapters),
+                                       np.concatenate([prompt[0], new[:-1]]), DENSE)
+    assert np.max(np.abs(base_logits - logits)) > 1e-2
+
+
+def test_sharded_adapters_merge_into_the_base_layout(base):
+    """Base in transformer.param_shardings, adapters in lora.shardings: the jitted merge runs sharded, writes the
+    base's layout and equals the unsharded merge."""
+    assert jax.device_count() == 8, "tests/conftest.py must force 8 CPU devices before JAX starts"
+    mesh = sharding.make_mesh({"data": 2, "expert": 2, "tensor": 2})
+    adapters = _perturbed(lora.init(base, CFG, jax.random.key(1)))
+    base_sh = transformer.param_shardings(CFG, mesh)
+    ad_sh = lora.shardings(adapters, transformer.param_axes(CFG), CFG, mesh)
+    assert ad_sh["block_1"]["moe"]["w_up"]["a"].spec[0] == "expert"  # experts' adapters live with their experts
+    merge = jax.jit(lambda b, a: lora.merge(b, a, CFG), out_shardings=base_sh)
+    got = merge(jax.device_put(base, base_sh), jax.device_put(adapters, ad_sh))
+    want = lora.merge(base, adapters, CFG)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=0, atol=1e-6)
