@@ -37,6 +37,7 @@ the optimizer holds only the adapters (experiments/bench/lora_memory.py measures
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
@@ -102,9 +103,10 @@ class LoraConfig:
             value = value.to_dict()
         if not isinstance(value, Mapping):
             raise ValueError(f"lora must be None or a dict(rank=..., alpha=..., targets=...), got {value!r}")
-        unknown = sorted(set(value) - {"rank", "alpha", "targets"})
+        known = sorted(f.name for f in dataclasses.fields(cls))
+        unknown = sorted(set(value) - set(known))
         if unknown:
-            raise ValueError(f"lora has unknown field(s) {unknown}; known: ['alpha', 'rank', 'targets']")
+            raise ValueError(f"lora has unknown field(s) {unknown}; known: {known}")
         return cls(**value)
 
 
@@ -119,9 +121,7 @@ def _targeted(base, lcfg: LoraConfig):
     found, used = [], set()
     for block in sorted((k for k in base if _BLOCK.fullmatch(k)), key=lambda k: int(k.split("_")[1])):
         for target in lcfg.targets:
-            node = base[block]
-            for part in target.split("/"):
-                node = node.get(part) if isinstance(node, Mapping) else None
+            node = _get(base, block, target)
             if node is not None:
                 found.append((block, target, node))
                 used.add(target)
