@@ -171,7 +171,7 @@ def init(base, cfg, key) -> dict:
     return adapters
 
 
-def delta(w_shape, ad: dict, target: str, scale: float):
+def _delta(w_shape, ad: dict, target: str, scale: float):
     """The float32 update (alpha / r) * A @ B of one weight, in the weight's shape."""
     lead, ins, outs = _split_dims(tuple(w_shape), target)
     r = ad["a"].shape[-1]
@@ -197,7 +197,7 @@ def merge(base, adapters, cfg) -> dict:
         if (tuple(ad["a"].shape), tuple(ad["b"].shape)) != want:
             raise ValueError(f"adapter {block}/{target} has shapes {tuple(ad['a'].shape)} / {tuple(ad['b'].shape)}, "
                              f"the model and lora.rank imply {want[0]} / {want[1]}")
-        new = (w.astype(jnp.float32) + delta(w.shape, ad, target, lcfg.scale)).astype(w.dtype)
+        new = (w.astype(jnp.float32) + _delta(w.shape, ad, target, lcfg.scale)).astype(w.dtype)
         merged[block] = _replaced(merged[block], target.split("/"), new)
         seen += 1
     n_adapters = len(jax.tree.leaves(adapters)) // 2
