@@ -41,6 +41,7 @@ import dataclasses
 import math
 import re
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Mapping
 
 import jax
@@ -160,12 +161,17 @@ def _adapter_shapes(w_shape, target: str, rank: int) -> tuple[tuple, tuple]:
 
 def init(base, cfg, key) -> dict:
     """Fresh adapters for the targeted weights of base: A ~ normal(0, 1/fan_in), B = 0 (float32)."""
-    lcfg, adapters = _config(cfg), {}
-    targeted = _targeted(base, lcfg)
-    keys = jax.random.split(key, len(targeted))
-    for k, (block, target, w) in zip(keys, targeted):
-        a_shape, b_shape = _adapter_shapes(w.shape, target, lcfg.rank)
-        fan_in = math.prod(_split_dims(tuple(w.shape), target)[1])
+    lcfg = _config(cfg)
+    spec = tuple((block, target, tuple(w.shape)) for block, target, w in _targeted(base, lcfg))
+    return _init_arrays(spec, lcfg.rank, key)
+
+
+@partial(jax.jit, static_argnums=(0, 1))  # one compiled program, not one per adapter shape
+def _init_arrays(spec, rank: int, key) -> dict:
+    adapters = {}
+    for k, (block, target, w_shape) in zip(jax.random.split(key, len(spec)), spec):
+        a_shape, b_shape = _adapter_shapes(w_shape, target, rank)
+        fan_in = math.prod(_split_dims(w_shape, target)[1])
         a = jax.random.normal(k, a_shape, jnp.float32) * fan_in ** -0.5
         _set(adapters, block, target, {"a": a, "b": jnp.zeros(b_shape, jnp.float32)})
     return adapters
@@ -188,8 +194,9 @@ def merge(base, adapters, cfg) -> dict:
     sampling.generate and hf.save take it as they take base."""
     lcfg = _config(cfg)
     merged = {k: v for k, v in base.items() if k != ADAPTER_KEY}
-    seen = 0
-    for block, target, w in _targeted(base, lcfg):
+    targeted = _targeted(base, lcfg)
+    pairs = []
+    for block, target, w in targeted:
         ad = _get(adapters, block, target)
         if ad is None:
             raise ValueError(f"adapters have no entry {block}/{target} (made for another lora.targets?)")
@@ -197,13 +204,22 @@ def merge(base, adapters, cfg) -> dict:
         if (tuple(ad["a"].shape), tuple(ad["b"].shape)) != want:
             raise ValueError(f"adapter {block}/{target} has shapes {tuple(ad['a'].shape)} / {tuple(ad['b'].shape)}, "
                              f"the model and lora.rank imply {want[0]} / {want[1]}")
-        new = (w.astype(jnp.float32) + _delta(w.shape, ad, target, lcfg.scale)).astype(w.dtype)
-        merged[block] = _replaced(merged[block], target.split("/"), new)
-        seen += 1
+        pairs.append((w, ad))
     n_adapters = len(jax.tree.leaves(adapters)) // 2
-    if n_adapters != seen:
-        raise ValueError(f"adapters hold {n_adapters} weights, lora.targets name {seen} in this model")
+    if n_adapters != len(targeted):
+        raise ValueError(f"adapters hold {n_adapters} weights, lora.targets name {len(targeted)} in this model")
+    # Only the new weights go through the jitted sum: the untargeted arrays are passed through, not copied.
+    news = _merged_weights([w for w, _ in pairs], [ad for _, ad in pairs], tuple(t for _, t, _ in targeted),
+                           lcfg.scale)
+    for (block, target, _), new in zip(targeted, news):
+        merged[block] = _replaced(merged[block], target.split("/"), new)
     return merged
+
+
+@partial(jax.jit, static_argnames=("targets", "scale"))  # one program for every weight (eager: one per shape)
+def _merged_weights(ws, ads, targets, scale):
+    return [(w.astype(jnp.float32) + _delta(w.shape, ad, t, scale)).astype(w.dtype)
+            for w, ad, t in zip(ws, ads, targets)]
 
 
 def _replaced(node: dict, path: list[str], value) -> dict:

@@ -286,3 +286,19 @@ def test_sharded_adapters_merge_into_the_base_layout(base):
     want = lora.merge(base, adapters, CFG)
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=0, atol=1e-6)
+
+
+def test_bf16_base_keeps_its_dtype_and_float32_adapters(base):
+    cfg = CFG.replace(dtype="bfloat16", param_dtype="bfloat16")
+    base = jax.tree.map(lambda x: x.astype(jnp.bfloat16), base)
+    adapters = lora.init(base, cfg, jax.random.key(1))
+    assert {x.dtype for x in jax.tree.leaves(adapters)} == {jnp.dtype(jnp.float32)}
+    merged = lora.merge(base, adapters, cfg)
+    for m, b in zip(jax.tree.leaves(merged), jax.tree.leaves(base)):
+        assert m.dtype == b.dtype
+        np.testing.assert_array_equal(np.asarray(m, np.float32), np.asarray(b, np.float32))  # B = 0: exact
+    adapters = _perturbed(adapters)
+    w, got = base["block_0"]["attn"]["wq"], lora.merge(base, adapters, cfg)["block_0"]["attn"]["wq"]
+    a, b = (np.asarray(adapters["block_0"]["attn"]["wq"][k], np.float64) for k in ("a", "b"))
+    want = np.asarray(w, np.float64) + 2.0 * (a @ b.reshape(3, -1)).reshape(w.shape)
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=2 ** -8, atol=1e-6)  # one bf16 rounding
