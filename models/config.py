@@ -2,7 +2,8 @@
 
 Build one with keywords (every field has a default giving a tiny byte-level model), derive variants with
 `dataclasses.replace(cfg, d_model=512)` or `cfg.replace(...)`, and load one from an experiment config with
-`ModelConfig.from_dict(d)`. Invalid values raise ValueError naming the field on construction.
+`ModelConfig.from_dict(d)`. Invalid values raise ValueError naming the field on construction. The optional sections
+`lora` and `upcycle` are the typed configs of models/lora.py and models/upcycle.py (a dict becomes one).
 
 `num_params`, `active_params_per_token` and `flops_per_token` are computed from the config alone (no arrays), so
 benchmarks and logs can report model size and MFU without building the model.
