@@ -5,6 +5,7 @@ only; the merged weight of one projection and the unmerged projection x W + s (x
 reference; hf.save(..., lora=adapters) reloads to the merged model's logits; the config section validates.
 """
 
+from functools import partial
 from pathlib import Path
 
 import jax
@@ -31,6 +32,7 @@ def _tokens(cfg, shape=(2, 7), seed=0):
     return jnp.asarray(np.random.default_rng(seed).integers(0, cfg.vocab_size, shape), jnp.int32)
 
 
+@partial(jax.jit, static_argnames=("seed", "scale"))  # one compiled program (eagerly: one per leaf shape)
 def _perturbed(adapters, seed=1, scale=0.3):
     """Adapters with B != 0 (a trained state), so the merge changes the weights."""
     leaves, treedef = jax.tree.flatten(adapters)
