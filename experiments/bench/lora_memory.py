@@ -21,32 +21,27 @@ import os
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
 from experiments.bench import common
+from models import hf, lora, pretrained, transformer
 
 MODEL = "smollm2-135m-instruct"
 
 
 def _nbytes(tree) -> int:
-    import jax
-
     return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)))
 
 
 def _count(tree) -> int:
-    import jax
-
     return int(sum(x.size for x in jax.tree.leaves(tree)))
 
 
 def _phase(mode: str, rank: int, rows: int, seq: int, reps: int) -> dict:
     """One mode's figures, measured in this process."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    import optax
-
-    from models import hf, lora, pretrained, transformer
-
     cfg, base = hf.load(pretrained.resolve(MODEL))
     cfg = cfg.replace(lora=dict(rank=rank, alpha=2.0 * rank))
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (rows, seq)), jnp.int32)
@@ -106,13 +101,7 @@ def main(argv=None) -> dict:
     if args.phase:  # a subprocess: one mode, one JSON line on stdout
         print(json.dumps(_phase(args.phase, args.rank, args.rows, args.seq, args.reps)))
         return {}
-    pretrained_path = None
-    try:
-        from models import pretrained
-
-        pretrained_path = str(pretrained.resolve(MODEL))
-    except ValueError as e:
-        raise SystemExit(f"error: {e}") from None
+    pretrained_path = str(pretrained.resolve_or_exit(MODEL))  # the install command when the wheel is missing
     full, lo = _run("full", args), _run("lora", args)
     rows = [(name, common.fmt(full[key]), common.fmt(lo[key]), common.fmt(lo[key] / full[key]))
             for name, key in (("trainable params", "trainable_params"), ("optimizer state bytes", "opt_state_bytes"),
