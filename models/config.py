@@ -2,7 +2,8 @@
 
 Build one with keywords (every field has a default giving a tiny byte-level model), derive variants with
 `dataclasses.replace(cfg, d_model=512)` or `cfg.replace(...)`, and load one from an experiment config with
-`ModelConfig.from_dict(d)`. Invalid values raise ValueError naming the field on construction.
+`ModelConfig.from_dict(d)`. Invalid values raise ValueError naming the field on construction. The optional sections
+`lora` and `upcycle` are the typed configs of models/lora.py and models/upcycle.py (a dict becomes one).
 
 `num_params`, `active_params_per_token` and `flops_per_token` are computed from the config alone (no arrays), so
 benchmarks and logs can report model size and MFU without building the model.
@@ -14,6 +15,9 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping
+
+from models.lora import LoraConfig
+from models.upcycle import UpcycleConfig
 
 _DTYPES = ("float32", "bfloat16", "float16")
 
@@ -51,9 +55,13 @@ class ModelConfig:
     scale_tied_unembed: bool = True  # tied unembedding multiplied by d_model**-0.5 (False for HF checkpoints)
     norm_topk_prob: bool = True  # renormalise the top-k router probabilities to sum to 1 (False: raw softmax probs)
     dense_layers: tuple[int, ...] = ()  # blocks kept dense whatever moe_every says (HF mlp_only_layers)
+    # Adaptation of a pretrained model (a dict in an experiment config becomes the typed section):
+    lora: LoraConfig | None = None  # LoRA adapters, dict(rank=, alpha=, targets=) (models/lora.py); None = none
+    upcycle: UpcycleConfig | None = None  # upcycle this dense model into an MoE, dict(n_experts=, top_k=, ...)
+    # (models/upcycle.py); None = none
 
     def __post_init__(self):
-        errors = _field_errors(self)
+        errors = _section_errors(self) + _field_errors(self)
         if errors:  # every bad field at once, each named
             raise ValueError("; ".join(errors))
         # Lists (from JSON or a ConfigDict) become a sorted tuple: the config is a static jit argument, so hashable.
@@ -117,6 +125,20 @@ def _float_error(name: str, value: Any, lo: float, hi: float, lo_open: bool) -> 
     return None if ok else f"{name} must be a finite number in {'(' if lo_open else '['}{lo:g}, {hi:g}], got {value!r}"
 
 
+def _section_errors(cfg: "ModelConfig") -> list[str]:
+    """Turns the lora / upcycle sections (None, a typed config, a dict or ConfigDict) into their typed configs;
+    their own validation errors (each naming lora.<field> / upcycle.<field>)."""
+    errors = []
+    for name, cls in (("lora", LoraConfig), ("upcycle", UpcycleConfig)):
+        value = getattr(cfg, name)
+        if value is not None:
+            try:
+                object.__setattr__(cfg, name, cls.from_value(value))
+            except (TypeError, ValueError) as e:
+                errors.append(str(e))
+    return errors
+
+
 def _field_errors(cfg: "ModelConfig") -> list[str]:
     """Every invalid field of cfg, as messages naming it (the cross-field rules only once the fields are sound)."""
     errors = [e for name, (lo, hi) in _INT_RANGES.items() if (e := _int_error(name, getattr(cfg, name), lo, hi))]
@@ -140,6 +162,9 @@ def _field_errors(cfg: "ModelConfig") -> list[str]:
         errors.append(f"head_dim ({cfg.head_dim}) must be even for rotary embeddings")
     if cfg.n_experts > 0 and cfg.experts_per_token > cfg.n_experts:
         errors.append(f"experts_per_token ({cfg.experts_per_token}) must be <= n_experts ({cfg.n_experts})")
+    if isinstance(cfg.upcycle, UpcycleConfig) and cfg.is_moe_model:
+        errors.append(f"upcycle needs a dense model to upcycle (n_experts = 0 or moe_every = 0), got n_experts="
+                      f"{cfg.n_experts}, moe_every={cfg.moe_every}")
     errors += [f"dense_layers entries must be ints in [0, n_layers={cfg.n_layers}), got {i!r}"
                for i in cfg.dense_layers if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < cfg.n_layers]
     return errors

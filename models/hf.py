@@ -5,6 +5,7 @@
     cfg, params = hf.load(path, dtype="bfloat16", mesh=mesh, rules=rules)     # sharded: each device reads its slices
     cfg, params = hf.load(path, dtype="bfloat16", param_dtype="float32")     # float32 master weights, bf16 compute
     hf.save("out/folder", cfg, params)                                        # transformers' from_pretrained reads it
+    hf.save("out/folder", cfg, base, lora=adapters)                           # LoRA adapters merged in (models/lora.py)
 
 Supported `model_type`s: qwen2 (q/k/v bias), qwen3 (per-head q/k RMSNorm, explicit head_dim, tied embeddings in the
 small models), qwen3_moe (q/k norm, routed experts every `decoder_sparse_step` blocks except `mlp_only_layers`,
@@ -47,6 +48,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from models import gguf_file, sharding
+from models import lora as lora_adapters
 from models.config import ModelConfig
 from models.transformer import init, param_shardings
 
@@ -428,12 +430,17 @@ def _to_hf(x: np.ndarray, spec: _Spec) -> np.ndarray:
     return np.ascontiguousarray(x.transpose(np.argsort(spec.perm)).reshape(spec.hf_shape))
 
 
-def save(path, cfg: ModelConfig, params, *, model_type: str | None = None, max_shard_bytes: int | None = None):
+def save(path, cfg: ModelConfig, params, *, model_type: str | None = None, max_shard_bytes: int | None = None,
+         lora=None):
     """Writes config.json and the weights (Hub layout) to the folder `path`; returns the model_type written.
 
     max_shard_bytes: split the weights into model-0000i-of-0000n.safetensors files of at most about this size, with
     model.safetensors.index.json; None = one model.safetensors. Parameters keep their dtype.
+    lora: LoRA adapters (models/lora.py, made with cfg.lora) merged into params before writing, so the folder is a
+    plain checkpoint of the adapted model.
     """
+    if lora is not None:
+        params = lora_adapters.merge(params, lora, cfg)
     model_type = model_type or infer_model_type(cfg)
     hf_cfg = config_to_hf(cfg, model_type)
     flat = traverse_util.flatten_dict(params)

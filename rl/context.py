@@ -170,6 +170,10 @@ def build_model_cfg(cfg: dict, notes: list | None = None):
     from models.config import ModelConfig
 
     arch, _ = cv.split_model_section(cfg["model"])
+    for name in ("lora", "upcycle"):  # models/lora.py, models/upcycle.py: the trainer does not use them yet
+        if arch.get(name) is not None:  # (issue 36): refuse rather than silently train every weight / stay dense
+            raise cv.ConfigError(f"model.{name} is not wired into the trainer yet (models/{name}.py holds the model "
+                                 f"side; docs/lora_upcycling.md)")
     path = checkpoint_path(cfg["model"])
     if not path:
         return ModelConfig(**arch)

@@ -1,0 +1,122 @@
+"""Sparse upcycling: a dense pretrained checkpoint's params turned into the project's MoE params.
+
+Komatsuzaki et al. 2022, "Sparse Upcycling: Training Mixture-of-Experts from Dense Checkpoints" (ICLR 2023): an
+MoE model starts from a dense one by replacing some of its MLP blocks with MoE blocks whose experts are all copies
+of that block's MLP, next to a freshly initialised router; every other weight is carried over as is.
+
+    moe_cfg = upcycle.moe_config(dense_cfg)                      # dense_cfg.upcycle = UpcycleConfig(...) (or a dict)
+    moe_params = upcycle.upcycle_params(dense_params, dense_cfg, key)
+    logits, aux = transformer.forward(moe_params, tokens, moe_cfg)   # == the dense model's logits at init
+
+The choices taken (UpcycleConfig fields):
+* n_experts experts per MoE block, each an exact copy of the dense block's SwiGLU (w_gate, w_up, w_down stacked on
+  the expert axis, models/moe.py's layout); no noise is added, so the upcycled model computes the dense function.
+* moe_every: which blocks become MoE, in ModelConfig's convention (block i iff (i + 1) % moe_every == 0). The paper
+  upcycles every other MLP layer; default 2 does the same (1 = every block).
+* top-k routing (top_k, the paper's decoder choice is k = 2) with the top-k gate weights renormalised to sum to one
+  (ModelConfig.norm_topk_prob = True): with identical experts, sum_k g_k f(x) = f(x), so the upcycled model's output
+  equals the dense model's whatever the router says. That is the property the tests check.
+* router: a fresh [d_model, n_experts] matrix, zero-mean normal with std router_init_std (default 0.02, the
+  initializer range of Llama / Mixtral configs): a small random router starts near-uniform and its logits break
+  the tie between the identical experts; its scale does not change the output at init (see the previous point).
+* capacity_factor: None (the default) is the project's dropless dispatch, so no token is ever dropped. A capacity
+  factor must be at least n_experts / top_k: then each expert's capacity ceil(cf * tokens * k / E) >= tokens, so no
+  token is dropped at init whatever the routing (dropping one would break the equality above).
+The rest of the dense config is kept (router loss weights at ModelConfig's, unless the run sets them).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+
+_FIELDS = ("n_experts", "top_k", "moe_every", "router_init_std", "capacity_factor")
+
+
+@dataclass(frozen=True, kw_only=True)
+class UpcycleConfig:
+    """The `model.upcycle` section (see the module docstring for the choices)."""
+
+    n_experts: int = 4  # experts per MoE block, each a copy of the dense MLP
+    top_k: int = 2  # experts per token; gates renormalised to sum to one
+    moe_every: int = 2  # block i becomes MoE iff (i + 1) % moe_every == 0 (2: every other block, as the paper)
+    router_init_std: float = 0.02  # std of the fresh router's normal init
+    capacity_factor: float | None = None  # None = dropless; else >= n_experts / top_k (nothing dropped at init)
+
+    def __post_init__(self):
+        errors = []
+        for name, lo, hi in (("n_experts", 2, 4096), ("top_k", 1, 4096), ("moe_every", 1, 10**4)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+                errors.append(f"upcycle.{name} must be an int in [{lo}, {hi}], got {v!r}")
+        std = self.router_init_std
+        if isinstance(std, bool) or not isinstance(std, (int, float)) or not math.isfinite(std) or not 0 < std <= 10:
+            errors.append(f"upcycle.router_init_std must be a finite number in (0, 10], got {std!r}")
+        if errors:
+            raise ValueError("; ".join(errors))
+        if self.top_k > self.n_experts:
+            raise ValueError(f"upcycle.top_k ({self.top_k}) must be <= upcycle.n_experts ({self.n_experts})")
+        cf = self.capacity_factor
+        if cf is not None:
+            least = self.n_experts / self.top_k
+            if isinstance(cf, bool) or not isinstance(cf, (int, float)) or not math.isfinite(cf) or cf < least:
+                raise ValueError(f"upcycle.capacity_factor must be None (dropless) or a number >= n_experts / top_k "
+                                 f"= {least:g} (so no token is dropped at init), got {cf!r}")
+
+    @classmethod
+    def from_value(cls, value: Any) -> "UpcycleConfig":
+        """An UpcycleConfig from itself, a mapping or an ml_collections ConfigDict (unknown keys are an error)."""
+        if isinstance(value, cls):
+            return value
+        if hasattr(value, "to_dict"):
+            value = value.to_dict()
+        if not isinstance(value, Mapping):
+            raise ValueError(f"upcycle must be None or a dict(n_experts=..., top_k=..., ...), got {value!r}")
+        unknown = sorted(set(value) - set(_FIELDS))
+        if unknown:
+            raise ValueError(f"upcycle has unknown field(s) {unknown}; known: {sorted(_FIELDS)}")
+        return cls(**value)
+
+
+def _upcycle_config(cfg) -> UpcycleConfig:
+    if getattr(cfg, "upcycle", None) is None:
+        raise ValueError("model.upcycle is not set: sparse upcycling needs ModelConfig.upcycle = dict(n_experts=...)")
+    return cfg.upcycle  # ModelConfig's validation has checked that the model is dense
+
+
+def moe_config(dense_cfg):
+    """The MoE ModelConfig of the upcycled model: dense_cfg with dense_cfg.upcycle's experts (each of width d_ff,
+    no shared experts, renormalised top-k gates) and upcycle = None (the result is a plain MoE config)."""
+    up = _upcycle_config(dense_cfg)
+    moe_cfg = dense_cfg.replace(n_experts=up.n_experts, experts_per_token=up.top_k, moe_every=up.moe_every,
+                                expert_d_ff=dense_cfg.d_ff, n_shared_experts=0, norm_topk_prob=True,
+                                capacity_factor=up.capacity_factor, upcycle=None)
+    if not moe_cfg.moe_layers:
+        raise ValueError(f"upcycle.moe_every={up.moe_every} makes no block of this {dense_cfg.n_layers}-block model "
+                         f"an MoE block (dense_layers={dense_cfg.dense_layers})")
+    return moe_cfg
+
+
+def upcycle_params(dense_params, dense_cfg, key) -> dict:
+    """The upcycled params (models.transformer.init(moe_config(dense_cfg))'s tree): in each MoE block the dense
+    "mlp" becomes "moe" = {router: normal(0, router_init_std) [D, E], w_gate/w_up [E, D, F], w_down [E, F, D]},
+    every expert a copy of the dense MLP; every other array is the dense one (not copied)."""
+    up, moe_cfg = _upcycle_config(dense_cfg), moe_config(dense_cfg)
+    params = dict(dense_params)
+    keys = jax.random.split(key, len(moe_cfg.moe_layers))
+    for k, i in zip(keys, moe_cfg.moe_layers):
+        block = dict(params[f"block_{i}"])
+        if "mlp" not in block:
+            raise ValueError(f"block_{i} has no dense 'mlp' to upcycle (params of another architecture?)")
+        mlp = block.pop("mlp")
+        d_model = mlp["w_gate"].shape[0]
+        dtype = mlp["w_gate"].dtype
+        router = (jax.random.normal(k, (d_model, up.n_experts), jnp.float32) * up.router_init_std).astype(dtype)
+        experts = {name: jnp.broadcast_to(w[None], (up.n_experts, *w.shape)) for name, w in mlp.items()}
+        block["moe"] = {"router": router, **{name: jnp.array(w) for name, w in experts.items()}}
+        params[f"block_{i}"] = block
+    return params
