@@ -119,8 +119,7 @@ def resolve(config_spec: str, overrides: list[tuple[str, str]]) -> dict:
     config = launch.get_config(config_spec)
     recipe_hf = bool(config.model.get("hf_path"))
     launch.apply_overrides(config, overrides)
-    cv.validate(config)
-    cfg, _ = launch.on_checkpoint(cv.to_dict(config), recipe_hf)  # the lengths the launcher will record
+    cfg, _ = launch.on_checkpoint(cv.validate(config), recipe_hf)  # the lengths the launcher will record
     return json.loads(json.dumps(cfg, default=str))
 
 

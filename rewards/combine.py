@@ -106,12 +106,16 @@ class RewardConfig(Checked):
             yield "prm_path", "must name a PRM file when w_prm > 0 or prm_steps is on"
 
 
+def _section_lang(v) -> str | None:
+    return None if v in ("", *LANGS) else f"must be '' (= tasks.lang), en or zh, got {v!r}"
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RewardSection(RewardConfig):
     """A run config's reward section: RewardConfig's fields, with lang "" (its default) following tasks.lang, so one
     language setting drives the prompts and the reward."""
 
-    lang: str = field("", "expected solution language (zh | en); '' = tasks.lang", choice("", *LANGS))
+    lang: str = field("", "expected solution language (zh | en); '' = tasks.lang", _section_lang)
 
     def resolve(self, tasks_lang: str) -> RewardConfig:
         """The RewardConfig the reward workers score with."""

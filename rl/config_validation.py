@@ -223,10 +223,6 @@ class ModelSection(ModelConfig):
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(ModelConfig)}
 
 
-def _stage_list(v) -> str | None:
-    return None if isinstance(v, tuple) and v else "must be a non-empty list of stage sections"
-
-
 @dataclass(frozen=True, kw_only=True)
 class RunConfig(Checked):
     """A validated experiment config: the typed, frozen tree `validate` returns and the run reads (rl/context.py,
@@ -244,7 +240,8 @@ class RunConfig(Checked):
     checkpoint: CheckpointSection = field(CheckpointSection(), "checkpoint settings")
     log: LogSection = field(LogSection(), "logging settings")
     run: RunSection = field(RunSection(), "process settings")
-    stages: tuple = field((), "the stages in order, each a stage kind's config (rl/stages/)", _stage_list)
+    stages: tuple = field((), "the stages in order, each a stage kind's config (rl/stages/); validate() asks for at "
+                              "least one (a context for evaluation only has none)")
 
 
 
