@@ -34,8 +34,9 @@ def test_config_loads_and_validates(name, variant):
     assert "python -m experiments.launch --config experiments/configs/" + name + ".py" in module.__doc__
     cfg = module.get_config(f"variant={variant},seed=3")
     assert cfg.seed == 3
-    cv.validate(cfg)
-    json.dumps(cv.to_dict(cfg))  # config.json must be writable
+    typed = cv.validate(cfg)
+    # config.json is the typed tree's dict: every key of the config file, with its value
+    assert json.loads(json.dumps(typed.to_dict())) == json.loads(json.dumps(cv.to_dict(cfg)))
     if hasattr(module, "get_sweep"):
         sweep = module.get_sweep()
         for path_ in sweep["axes"]:
