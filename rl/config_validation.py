@@ -1,21 +1,27 @@
-"""Experiment config schema (defaults + one-line docs) and validation before any compute.
+"""The experiment config's schema and its validation into a typed, frozen tree, before any compute.
 
 An experiment config is an `ml_collections.ConfigDict` with these sections:
 
-    seed, model, mesh, sharding_rules, tasks, reward, sampling, stages (a list), eval,
-    checkpoint, log, run
+    seed, sharding_rules, model, reward, mesh, tasks, sampling, eval, checkpoint, log, run, stages (a list)
 
-`default_config()` builds one with every field at its default; config files in
-experiments/configs/ start from it and override what they need, and `stage(kind, name, **kw)`
-builds one entry of `stages` from the stage kind's dataclass (rl/stages/). `describe()` prints
-every field with its doc (the launcher's --help_config).
+Each section is a frozen keyword-only dataclass whose fields carry their default, one-line doc and range check
+(models/fields.py): MeshSection, TasksSection, SamplingSection, EvalSection, CheckpointSection, LogSection, RunSection
+here, ModelSection = models.config.ModelConfig plus where the weights come from, RewardSection in rewards/combine.py,
+and the stage kinds' configs in rl/stages/. RunConfig composes them.
 
-`validate(config)` checks everything that needs no data and no devices: unknown keys (typos),
-types, ranges (finite numbers, sizes within bounds), cross-field rules, the model and reward
-dataclasses, every stage through its typed config (the same `components` mapping the run uses),
-and the task mix. It raises `ConfigError` naming each field path, e.g.
-"stages[2].clip_high must be >= 0.0, got -1". `check_environment(config)` (rl/preflight.py) adds
-the checks that need the data and the machine; the launcher runs both before any compute.
+    cfg = validate(config)     # RunConfig (frozen); ConfigError listing every problem, each naming its field path,
+                               # e.g. "stages[2].clip_high must be >= 0.0, got -1", with "did you mean" for typos
+    cfg.tasks.n_train, cfg.stages[2].lr, cfg["sampling"]["top_p"]   # attributes, or keys (a mapping view)
+    cfg.to_dict()              # plain containers: what workdir/config.json stores
+    default_config()           # a ConfigDict with every field at its default (config files start from it)
+    stage(kind, name, **kw)    # one `stages` entry of a kind, every field at its default plus kw
+    describe()                 # every field with its default and doc (the launcher's --help_config)
+
+`validate` checks everything that needs no data and no devices: unknown keys, types, finite ranges (booleans are not
+numbers), cross-field and cross-section rules and the task mix; a field a config leaves out takes its default, and a
+renamed field (ALIASES) is read under its new name with a deprecation note, so old config files and an old run's
+config.json still validate. rl.preflight.prepare adds what needs the data and the machine, once, for both the
+launcher's dry run and the run.
 """
 from __future__ import annotations
 
