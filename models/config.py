@@ -2,7 +2,9 @@
 
 Build one with keywords (every field has a default giving a tiny byte-level model), derive variants with
 `dataclasses.replace(cfg, d_model=512)` or `cfg.replace(...)`, and load one from an experiment config with
-`ModelConfig.from_dict(d)`. Invalid values raise ValueError naming the field on construction.
+`ModelConfig.from_dict(d)`. Each field carries its default, doc and range check (models/fields.py; the run config's
+model section lists them with --help_config); invalid values raise FieldErrors (a ValueError) naming every bad field
+on construction.
 
 `num_params`, `active_params_per_token` and `flops_per_token` are computed from the config alone (no arrays), so
 benchmarks and logs can report model size and MFU without building the model.
@@ -18,9 +20,6 @@ from models.fields import Checked, boolean, choice, field, integer, num, optiona
 
 _DTYPES = ("float32", "bfloat16", "float16")
 
-# Upper bounds keep a typo (1e9 layers, an infinite rope base) from reaching the model: a real checkpoint is far
-# inside them (vocabularies of 262k, 128 heads, 1M positions, rope bases of 1e7).
-
 
 def _block_indices(v) -> str | None:
     if not isinstance(v, (tuple, list)):
@@ -30,8 +29,9 @@ def _block_indices(v) -> str | None:
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig(Checked):
-    """Decoder-only transformer with optional Mixture-of-Experts feed-forward blocks. Each field carries its default,
-    doc and range check (models/fields.py); the run config's model section lists them (--help_config)."""
+    """Decoder-only transformer with optional Mixture-of-Experts feed-forward blocks. Upper bounds keep a typo (1e9
+    layers, an infinite rope base) from reaching the model: a real checkpoint is far inside them (vocabularies of
+    262k, 128 heads, 1M positions, rope bases of 1e7)."""
 
     vocab_size: int = field(259, "256 bytes + pad/bos/eos (models/tokenizer.py)", integer(1, 10**7))
     d_model: int = field(64, "residual stream width", integer(1, 2**17))

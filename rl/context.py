@@ -47,6 +47,7 @@ from rl import checkpoint as ckpt_lib
 from rl import config_validation as cv
 from rl import metrics as mlib
 from rl import pretrained, rollout, tasks
+from rl.memory_plan import MemoryPlan
 from rl.stages import sft_problem_count
 from rl.tasks.base import Problem
 from rl.tasks.render import render_prompt, render_solution, render_user_message
@@ -379,7 +380,7 @@ class Prepared:
     train: tuple[Problem, ...]
     val: tuple[Problem, ...]
     test: tuple[Problem, ...]
-    plan: object = None  # rl.memory_plan.MemoryPlan when prepared with the machine checks
+    plan: MemoryPlan | None = None  # with the machine checks (rl.preflight.prepare): the memory plan per device
     notes: tuple[str, ...] = ()  # lengths ported to a checkpoint's tokens (rl.pretrained.port_lengths)
 
 
