@@ -381,8 +381,10 @@ def upgrade(c: dict, *, quiet: bool = False) -> dict:
 
 
 def typed(config) -> RunConfig:
-    """A RunConfig as is; any other config (ConfigDict, plain dicts, a run's config.json) validated into one."""
-    return config if isinstance(config, RunConfig) else validate(config)
+    """A RunConfig as is (never validated again); any other config (ConfigDict, plain dicts, a run's config.json)
+    built into one by validate(config, complete=False): every section and stage through its dataclass's checks, not
+    the rules a runnable config must also meet (a helper given a tool's or a test's partial config needs no stages)."""
+    return config if isinstance(config, RunConfig) else validate(config, complete=False)
 
 
 def _section(cls, d, path: str, errors: list[str]):
@@ -397,10 +399,11 @@ def _section(cls, d, path: str, errors: list[str]):
         return None
 
 
-def validate(config) -> RunConfig:
+def validate(config, *, complete: bool = True) -> RunConfig:
     """The typed, frozen RunConfig of `config` (a ConfigDict, plain dicts or a run's config.json); ConfigError
     listing every problem (field paths in the messages) otherwise. Fields a config leaves out take their defaults;
-    renamed fields are read under their new names (ALIASES, with a note)."""
+    renamed fields are read under their new names (ALIASES, with a note). `complete`: also the rules of a runnable
+    config (at least one stage, the rules between sections and between a stage and the sections)."""
     c = to_dict(config)
     if not isinstance(c, dict):
         raise ConfigError(f"a config must be a ConfigDict (get_config() returned {type(config).__name__})")
@@ -424,23 +427,12 @@ def validate(config) -> RunConfig:
         except ValueError as e:
             errors.append(f"sharding_rules: {e}")
 
-    # cross-section
-    if isinstance(tasks.get("mix"), str):
-        errors += [f"tasks.{f}{msg}" for f, msg in
-                   split_source_errors(tasks["mix"], {f: tasks.get(f, "") for _, f, _ in SPLIT_SOURCES})]
-    for key in ("n_val", "n_test"):
-        if isinstance(ev.get(key), int) and isinstance(tasks.get(key), int) and ev[key] > tasks[key]:
-            errors.append(f"eval.{key} ({ev[key]}) must be <= tasks.{key} ({tasks[key]})")
-    if parts["model"] and parts["tasks"] and parts["sampling"]:
-        P, N, L = parts["tasks"].max_prompt_len, parts["sampling"].max_new_tokens, parts["model"].max_seq_len
-        if P + N > L:
-            errors.append(f"tasks.max_prompt_len + sampling.max_new_tokens ({P} + {N}) must be <= model.max_seq_len "
-                          f"({L})")
-
-    stages = c.get("stages")
-    if not isinstance(stages, list) or not stages:
+    if complete:
+        errors += _section_rules(tasks, ev, parts)
+    stages = c.get("stages", [])
+    if complete and (not isinstance(stages, list) or not stages):
         errors.append("stages must be a non-empty list of stage sections")
-        stages = []
+    stages = stages if isinstance(stages, list) else []
     names, rl_stage, parsed = set(), "", []
     n_train = tasks.get("n_train") if isinstance(tasks.get("n_train"), int) else None
     for i, s in enumerate(stages):
@@ -455,6 +447,8 @@ def validate(config) -> RunConfig:
             errors += e.prefixed(p + ".")
             continue
         parsed.append(sc)
+        if not complete:
+            continue
         for fld in ("n_problems", "n_prompts"):
             v = getattr(sc, fld, None)
             if n_train is not None and isinstance(v, int) and v > n_train:
@@ -469,6 +463,24 @@ def validate(config) -> RunConfig:
     if errors:
         raise problems_error("invalid config", errors)
     return RunConfig(**{k: c[k] for k in TOP if k in c}, **parts, stages=tuple(parsed))
+
+
+def _section_rules(tasks: dict, ev: dict, parts: dict) -> list[str]:
+    """The rules between sections: the task sources, eval counts within the splits, prompt + answer within the
+    model's length."""
+    errors = []
+    if isinstance(tasks.get("mix"), str):
+        errors += [f"tasks.{f}{msg}" for f, msg in
+                   split_source_errors(tasks["mix"], {f: tasks.get(f, "") for _, f, _ in SPLIT_SOURCES})]
+    for key in ("n_val", "n_test"):
+        if isinstance(ev.get(key), int) and isinstance(tasks.get(key), int) and ev[key] > tasks[key]:
+            errors.append(f"eval.{key} ({ev[key]}) must be <= tasks.{key} ({tasks[key]})")
+    if parts["model"] and parts["tasks"] and parts["sampling"]:
+        P, N, L = parts["tasks"].max_prompt_len, parts["sampling"].max_new_tokens, parts["model"].max_seq_len
+        if P + N > L:
+            errors.append(f"tasks.max_prompt_len + sampling.max_new_tokens ({P} + {N}) must be <= model.max_seq_len "
+                          f"({L})")
+    return errors
 
 
 def parse_rules(text: str) -> dict[str, Any]:

@@ -239,7 +239,8 @@ def train(config, workdir: str, config_path: str = "") -> dict:
     """Run (or resume) every stage of `config` in `workdir`; returns the summary dict. `config` is the launcher's
     rl.preflight.prepare(...) result (nothing is validated or loaded again) or a config (ConfigDict, plain dicts or a
     RunConfig), prepared here without the machine checks."""
-    cfg = config.cfg if isinstance(config, Prepared) else cv.typed(config)
+    cfg = config.cfg if isinstance(config, Prepared) else config if isinstance(config, cv.RunConfig) else (
+        cv.validate(config))
     if cfg.run.distributed:
         jax.distributed.initialize()  # coordinator / process ids from the cluster environment
     cache_dir = compile_cache.enable(cfg.run.compile_cache)  # before the first compile of this run

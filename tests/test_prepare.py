@@ -27,7 +27,7 @@ def counts(monkeypatch):
     """Calls of cv.validate and rl.context.load_problems (the problem loader) in this test."""
     n = collections.Counter()
     validate, load = cv.validate, context.load_problems
-    monkeypatch.setattr(cv, "validate", lambda c: n.update(["validate"]) or validate(c))
+    monkeypatch.setattr(cv, "validate", lambda c, **kw: n.update(["validate"]) or validate(c, **kw))
     monkeypatch.setattr(context, "load_problems", lambda c: n.update(["load"]) or load(c))
     return n
 
