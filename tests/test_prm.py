@@ -311,7 +311,7 @@ def test_reward_config_prm_fields_are_checked():
     c = cv.default_config()
     c.stages = [cv.stage("sft", "cold_start")]
     c.reward.w_prm = 0.2
-    with pytest.raises(cv.ConfigError, match="reward: RewardConfig.prm_path"):
+    with pytest.raises(cv.ConfigError, match="reward.prm_path must name a PRM file"):
         cv.validate(c)
 
 
