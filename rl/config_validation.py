@@ -25,6 +25,7 @@ launcher's dry run and the run.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import sys
 from dataclasses import dataclass
@@ -358,26 +359,47 @@ def parse_stages(c) -> list:
 
 def upgrade(c: dict, *, quiet: bool = False) -> dict:
     """`c` (plain dicts) with every renamed field (ALIASES) under its new name and the run's records (RECORD_KEYS)
-    dropped; a deprecation note per renamed field goes to stderr unless `quiet`. An old value never overwrites a
-    new one that is also set (validate then reports the old name as unknown)."""
+    dropped; a deprecation note per renamed field goes to stderr unless `quiet`. The new name may be nested in the
+    same section ("stages.clip_high" -> "stages.loss.clip_high"). An old value never overwrites a new one that is
+    also set (validate then reports the old name as unknown)."""
     c = {k: v for k, v in c.items() if k not in RECORD_KEYS}
     for old, new in ALIASES.items():
         section, _, old_key = old.partition(".")
-        new_key = new.partition(".")[2]
-        holders = c.get(section) if section == "stages" else [c.get(section)]
-        for i, d in enumerate(holders if isinstance(holders, list) else []):
-            if isinstance(d, dict) and old_key in d and new_key not in d:
-                d = dict(d)
-                d[new_key] = d.pop(old_key)
-                if section == "stages":
-                    c["stages"] = [*c["stages"][:i], d, *c["stages"][i + 1:]]
-                else:
-                    c[section] = d
-                if not quiet:
-                    where = f"stages[{i}].{old_key}" if section == "stages" else old
-                    print(f"config: {where} is deprecated, read as {new.replace('stages.', f'stages[{i}].')}; "
-                          "rename it (the old name is accepted for one release)", file=sys.stderr, flush=True)
+        new_path = new.split(".")[1:]
+        if section == "stages":
+            where = [(f"stages[{i}].", i) for i in range(len(c["stages"]))] if isinstance(c.get("stages"), list) else []
+        else:
+            where = [(f"{section}.", None)]
+        for shown, i in where:
+            d = c["stages"][i] if i is not None else c.get(section)
+            moved = _moved(d, old_key, new_path) if isinstance(d, dict) else None
+            if moved is None:
+                continue
+            if i is None:
+                c[section] = moved
+            else:
+                c["stages"] = [*c["stages"][:i], moved, *c["stages"][i + 1:]]
+            if not quiet:
+                print(f"config: {shown}{old_key} is deprecated, read as {shown}{'.'.join(new_path)}; rename it (the "
+                      "old name is accepted for one release)", file=sys.stderr, flush=True)
     return c
+
+
+def _moved(d: dict, old_key: str, new_path: list[str]) -> dict | None:
+    """A copy of the section `d` with d[old_key] at the (nested) new_path; None when there is nothing to move (no
+    old name, or the new field is set too)."""
+    node = d
+    for k in new_path[:-1]:
+        node = node.get(k, {}) if isinstance(node, dict) else None
+    if old_key not in d or not isinstance(node, dict) or new_path[-1] in node:
+        return None
+    out = copy.deepcopy(d)
+    value = out.pop(old_key)
+    node = out
+    for k in new_path[:-1]:
+        node = node.setdefault(k, {})
+    node[new_path[-1]] = value
+    return out
 
 
 def typed(config) -> RunConfig:

@@ -118,6 +118,13 @@ def test_renamed_fields_are_read_under_their_new_names(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "tasks.n_problems is deprecated, read as tasks.n_train" in err
     assert "stages[0].learning_rate is deprecated, read as stages[0].lr" in err
+    monkeypatch.setattr(cv, "ALIASES", {"stages.kl_lr": "stages.curriculum.refresh_every"})  # into a sub-section
+    nested = cv.to_dict(launch.get_config(QUICKSTART))
+    del nested["stages"][2]["curriculum"]["refresh_every"]
+    nested["stages"][2]["kl_lr"] = 7
+    assert cv.validate(nested).stages[2].curriculum.refresh_every == 7
+    assert "stages[2].kl_lr is deprecated, read as stages[2].curriculum.refresh_every" in capsys.readouterr().err
+    monkeypatch.setattr(cv, "ALIASES", {"tasks.n_problems": "tasks.n_train"})
     d["tasks"]["n_train"] = 5  # both names: the old one is not silently dropped
     with pytest.raises(cv.ConfigError, match="tasks.n_problems is not a known field"):
         cv.validate(d)
