@@ -234,7 +234,7 @@ class ModelSection(ModelConfig):
                                 "(models/pretrained.py; `make pretrained` installs it) ('' = none)",
                                 choice("", *PRETRAINED_SOURCES))
     chat_template: bool = field(True, "with model.hf_path or model.pretrained: each prompt is one user turn of the "
-                             "checkpoint's chat template (False = the plain prompt)", boolean)
+                                      "checkpoint's chat template (False = the plain prompt)", boolean)
 
     def cross_checks(self):
         yield from super().cross_checks()
@@ -254,7 +254,7 @@ class RunConfig(Checked):
     seed: int = field(0, "master seed: parameter init, data order, sampling (a run is reproducible from config + "
                          "seed)", integer(0, 2**32 - 1))
     sharding_rules: str = field("", "overrides of models.sharding.DEFAULT_RULES, 'logical=axis[+axis],...' "
-                            "('' = defaults; 'embed=' = replicated)", text)
+                                    "('' = defaults; 'embed=' = replicated)", text)
     model: ModelSection = field(ModelSection(), "the policy (models/config.py) and its checkpoint")
     reward: RewardSection = field(RewardSection(), "the reward terms and weights (rewards/combine.py)")
     mesh: MeshSection = field(MeshSection(), "device mesh axis sizes")
@@ -268,17 +268,18 @@ class RunConfig(Checked):
                               "least one (a context for evaluation only has none)")
 
 
-
 SECTIONS = {"model": ModelSection, "reward": RewardSection, "mesh": MeshSection, "tasks": TasksSection,
             "sampling": SamplingSection, "eval": EvalSection, "checkpoint": CheckpointSection, "log": LogSection,
             "run": RunSection}
 TOP = ("seed", "sharding_rules")  # RunConfig's scalar fields
 RECORD_KEYS = ("kernels",)  # what a run adds to its config.json besides the config (rl/prefix.py RECORD_KEY)
 
-# Renamed fields: "section.old" -> "section.new" ("stages.old" -> "stages.new" for every stage kind). An old config
-# file or run directory using an old name still validates, with a deprecation note; the tree has the new name.
+# Renamed fields: "section.old" -> "section.new" ("stages.old" -> "stages.new" for every stage kind; the new name may
+# sit in a sub-section, "stages.loss.new"). An old config file or run directory using an old name still validates,
+# with a deprecation note (upgrade()); the tree has the new name. No field has been renamed yet.
 ALIASES: dict[str, str] = {}
 MESH_AXES = tuple(f.name for f in dataclasses.fields(MeshSection))
+
 
 def stage(kind: str, name: str | None = None, **overrides) -> ml_collections.ConfigDict:
     """One `stages` entry of the given kind with every field at its default plus `overrides`."""
