@@ -73,7 +73,7 @@ def open_run(workdir: str, ckpt: str, *, mix: str = "", split: str = "test", n: 
     cfg["eval"]["n_val"], cfg["eval"]["n_test"] = t["n_val"], t["n_test"]
     cfg["mesh"] = {k: 1 for k in cfg["mesh"]}
     cfg["run"]["reward_workers"] = 0
-    cv.validate(ml_collections.ConfigDict(cfg))
+    cfg = cv.validate(ml_collections.ConfigDict(cfg))
     ctx = context.build_context(cfg, workdir, with_services=False)
     ctx.scorer = rollout.Scorer(context.make_reward_pool(cfg))
     where = f"{path}: {ck.policy_name(meta, step)}"  # one numbering: "grpo unit 40 = checkpoint 82 (...)"
@@ -116,13 +116,10 @@ def open_pretrained(path: str, *, mix: str, n: int, lang: str = "en", difficulty
     weights by models.hf.load, its tokenizer and chat template by HFTokenizer.from_pretrained) and an in-process
     reward pool; the evaluation settings are a default run config's with these fields set. The sampler pads every
     prompt to max_prompt_len (0: the longest prompt's length rounded up to 32)."""
-    cfg = cv.to_dict(cv.default_config())
-    cfg["seed"] = seed
-    cfg["tasks"].update(mix=mix, lang=lang, difficulty=difficulty, n_test=n, n_val=1, n_train=1,
-                        max_prompt_len=max_prompt_len or 4096)
-    cfg["sampling"].update(max_new_tokens=max_new_tokens, batch_rows=batch_rows)
-    cfg["run"]["reward_workers"] = 0
-    cfg["model"]["hf_path"] = path
+    cfg = cv.RunConfig(seed=seed, model=cv.ModelSection(hf_path=path), run=cv.RunSection(reward_workers=0),
+                       tasks=cv.TasksSection(mix=mix, lang=lang, difficulty=difficulty, n_test=n, n_val=1, n_train=1,
+                                             max_prompt_len=max_prompt_len or 4096),
+                       sampling=cv.SamplingSection(max_new_tokens=max_new_tokens, batch_rows=batch_rows))
     model_cfg, params = hf.load(path)
     tok = HFTokenizer.from_pretrained(path)
     if tok.chat_template is None:
@@ -132,7 +129,8 @@ def open_pretrained(path: str, *, mix: str, n: int, lang: str = "en", difficulty
                             row_multiple=1, train=[], val=[], test=list(test))
     lengths = [len(tok.encode(ctx.prompt(p))) for p in ctx.test]
     if not max_prompt_len:  # the sampler pads every prompt to tasks.max_prompt_len: keep it tight
-        ctx.cfg["tasks"]["max_prompt_len"] = max_prompt_len = -(-max(lengths) // 32) * 32
+        max_prompt_len = -(-max(lengths) // 32) * 32
+        ctx.cfg = cfg.replace(tasks=cfg.tasks.replace(max_prompt_len=max_prompt_len))
     too_long = [p for p, n in zip(ctx.test, lengths) if n > max_prompt_len]
     if too_long:
         raise ValueError(f"--max-prompt-len ({max_prompt_len}) is too small for {len(too_long)} prompts, e.g. "

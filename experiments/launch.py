@@ -33,7 +33,11 @@ import sys
 import ml_collections
 
 from rl import config_validation as cv
-from rl import workdir_lock
+from rl import prefix, preflight, workdir_lock
+from rl.checkpoint import CheckpointError
+from rl.config_fields import suggest
+from rl.context import Prepared, backend_kernels
+from rl.preflight import check_resume_compatible, has_checkpoint  # noqa: F401  (the launcher's resume rule)
 
 
 def load_config_file(spec: str):
@@ -126,8 +130,6 @@ def apply_override(config, path: str, text: str) -> None:
     try:
         current = node[last]
     except (KeyError, IndexError, TypeError, AttributeError):
-        from rl.config_fields import suggest
-
         known = list(node.keys()) if hasattr(node, "keys") else []
         raise cv.ConfigError(f"--config.{path}: no field {last!r} there" + (f"; {suggest(last, known)}" if known
                                                                             else "")) from None
@@ -189,96 +191,46 @@ def parse_args(argv: list[str]):
     return args, overrides
 
 
-def check_resume_compatible(workdir: str, cfg_dict: dict) -> None:
-    """A workdir's existing config.json must match the new one except run.* / log.* (resume safety)."""
-    if os.path.exists(workdir) and not os.path.isdir(workdir):
-        raise cv.ConfigError(f"--workdir {workdir!r} exists and is not a directory")
-    path = os.path.join(workdir, "config.json")
-    if not os.path.exists(path):
-        return
-    try:
-        with open(path, encoding="utf-8") as f:
-            old = json.load(f)
-    except (OSError, ValueError) as e:
-        raise cv.ConfigError(f"{path} is unreadable ({e}); it records the config of the run in that workdir - "
-                             "restore it or use a new --workdir") from None
-    if not isinstance(old, dict):
-        raise cv.ConfigError(f"{path} holds a JSON {type(old).__name__}, not a config object; it records the config "
-                             "of the run in that workdir - restore it or use a new --workdir")
-    if not _has_checkpoint(workdir):
-        return  # a run that stopped before its first checkpoint was written: nothing to resume, the config may differ
-    from rl.prefix import with_added_defaults
-
-    # run.* / log.* may change on resume; "kernels" (prefix.RECORD_KEY) is a fact about the machine, not config
-    strip = lambda d: {k: v for k, v in d.items() if k not in ("run", "log", "kernels")}  # noqa: E731
-    old = with_added_defaults(old, cfg_dict)  # fields added to the code since, at their default, are no change
-    if json.loads(json.dumps(strip(old))) != json.loads(json.dumps(strip(cfg_dict))):
-        raise cv.ConfigError(
-            f"{workdir} holds a run with a different config (config.json); resume needs the same config "
-            "(only run.* and log.* may change) - use a new --workdir"
-        )
+def on_checkpoint(cfg, recipe_hf: bool) -> tuple[dict, list[str]]:
+    """(the config the run uses as plain dicts, notes): a recipe written for the byte tokenizer (`recipe_hf`: its
+    get_config set model.hf_path) run on model.hf_path gets its lengths in the checkpoint's tokens
+    (rl.preflight.port_to_checkpoint; experiments/sweep.py records what the launcher will)."""
+    cfg = cv.typed(cfg)
+    if (cfg.model.hf_path or cfg.model.pretrained) and not recipe_hf:
+        cfg, notes = preflight.port_to_checkpoint(cfg)
+        return cfg.to_dict(), notes
+    return cfg.to_dict(), []
 
 
-def _has_checkpoint(workdir: str | None) -> bool:
-    """Whether the workdir holds a written checkpoint (one with checksums: a step directory a kill left without
-    them is not yet written and pins nothing)."""
-    last = os.path.join(workdir or "", "checkpoints", "last")
-    if not workdir or not os.path.isdir(last):
-        return False
-    from rl.checkpoint import written_steps  # imports JAX: only for a workdir that has checkpoints
-
-    return bool(written_steps(last))
-
-
-def on_checkpoint(cfg_dict: dict, recipe_hf: bool) -> tuple[dict, list[str]]:
-    """(the config the run uses, notes): a recipe written for the byte tokenizer (`recipe_hf`: its get_config set
-    model.hf_path) run on model.hf_path gets its lengths in the checkpoint's tokens (rl/pretrained.py)."""
-    if (cfg_dict["model"]["hf_path"] or cfg_dict["model"].get("pretrained")) and not recipe_hf:
-        from rl import preflight
-
-        return preflight.port_to_checkpoint(cfg_dict)
-    return cfg_dict, []
-
-
-def checked_config(args, overrides) -> tuple[dict, bool]:
-    """(the config the run uses, whether it starts from --init_from): every check before any compute. The
+def checked_config(args, overrides) -> tuple[Prepared, bool]:
+    """(the prepared run, whether it starts from --init_from): every check before any compute, in one pass. The
     override and field errors are reported together; once the config is valid, the workdir, the machine and the
-    data are checked and their problems reported together (rl/preflight.py)."""
+    data are checked and their problems reported together (rl.preflight.prepare, which the run then uses as is)."""
     config = get_config(args.config)
     recipe_hf = bool(config.model.get("hf_path") or config.model.get("pretrained"))
     errors = []
-
-    def note(fn):
-        try:
-            return fn()
-        except cv.ConfigError as e:
-            errors.extend(e.problems or [str(e)])
-
-    note(lambda: apply_overrides(config, overrides))
     try:
-        cv.validate(config)
+        apply_overrides(config, overrides)
+    except cv.ConfigError as e:
+        errors.extend(e.problems or [str(e)])
+    try:
+        cfg = cv.validate(config)
     except cv.ConfigError as e:  # the checks below need a valid config
         raise cv.problems_error("invalid config", errors + (e.problems or [str(e)])) from None
-    cfg_dict = cv.to_dict(config)  # a misspelled override is reported with the machine's and the data's problems
-    from rl import preflight  # data- and machine-dependent checks, still before any compute
-
-    cfg_dict, notes = on_checkpoint(cfg_dict, recipe_hf)
-    if notes:  # lengths only: the pre-run checks below hold them against the checkpoint's context
-        print("lengths in the checkpoint's tokens:\n  " + "\n  ".join(notes), flush=True)
-    if args.verbose:
-        print("resolved config:\n" + json.dumps(cfg_dict, indent=2, default=str))
-    if args.workdir:
-        note(lambda: check_resume_compatible(args.workdir, cfg_dict))
-    note(lambda: preflight.check_environment(cfg_dict))
-    seed = bool(args.init_from) and not _has_checkpoint(args.workdir)  # a workdir with its own run resumes it
+    prep = None
+    try:  # a misspelled override is reported with the machine's and the data's problems
+        prep = preflight.prepare(cfg, port=not recipe_hf, workdir=args.workdir or None)
+    except cv.ConfigError as e:
+        errors.extend(e.problems or [str(e)])
+    if prep is not None and args.verbose:
+        print("resolved config:\n" + json.dumps(prep.cfg.to_dict(), indent=2, default=str))
+    seed = bool(args.init_from) and not has_checkpoint(args.workdir)  # a workdir with its own run resumes it
     if seed and not errors:
-        from rl import prefix
-
-        prefix.plan(args.init_from, cfg_dict)
+        prefix.plan(args.init_from, prep.cfg.to_dict())
     if errors:
         raise (cv.problems_error(f"{len(errors)} problems, each with the field to change", errors) if len(errors) > 1
                else cv.ConfigError(errors[0]))
-    return cfg_dict, seed
+    return prep, seed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -296,7 +248,8 @@ def _main(argv: list[str], locks: list) -> int:
         print(cv.describe())
         return 0
     try:
-        cfg_dict, seed = checked_config(args, overrides)
+        prep, seed = checked_config(args, overrides)
+        cfg_dict = prep.cfg.to_dict()
         if args.workdir and not args.dry_run:
             locks.append(workdir_lock.lock_workdir(args.workdir, "launch"))  # one process per workdir
             check_resume_compatible(args.workdir, cfg_dict)  # again under the lock: no other launch changed it since
@@ -307,27 +260,19 @@ def _main(argv: list[str], locks: list) -> int:
         print(f"workdir error: {e}", file=sys.stderr)
         return 2
     if args.dry_run:
-        from rl import preflight  # data- and machine-dependent estimate, after validation
-
-        print(preflight.compute_estimate(cfg_dict)[0])  # what the run prints as it starts
+        print(preflight.compute_estimate(prep.cfg)[0])  # what the run prints as it starts
         print("config OK")
         return 0
-    from rl import prefix
-    from rl.context import backend_kernels  # the kernels this process will use, recorded with the config
-
-    write_config_json(args.workdir, {**cfg_dict, prefix.RECORD_KEY: backend_kernels()})
+    write_config_json(args.workdir, {**cfg_dict, prefix.RECORD_KEY: backend_kernels()})  # the kernels this process uses
     print(f"config: {args.config} -> {os.path.join(args.workdir, 'config.json')} (--verbose prints it)", flush=True)
     if seed:
-        from rl import prefix
-
         info = prefix.seed_from(args.workdir, args.init_from, cfg_dict)
         print(f"init_from: starting from {info['source']} checkpoint {info['step']} (after {info['stage']} unit "
               f"{info['unit']})", flush=True)
-    from rl import run  # imported after validation: nothing heavy runs for a bad config
-    from rl.checkpoint import CheckpointError
+    from rl import run  # deliberate lazy import: the training stack loads only once a config passed every check
 
     try:
-        run.train(cfg_dict, args.workdir, config_path=args.config)
+        run.train(prep, args.workdir, config_path=args.config)
     except cv.ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2

@@ -127,8 +127,7 @@ def resolve(config_spec: str, overrides: list[tuple[str, str]]) -> dict:
     config = launch.get_config(config_spec)
     recipe_hf = bool(config.model.get("hf_path"))
     launch.apply_overrides(config, overrides)
-    cv.validate(config)
-    cfg, _ = launch.on_checkpoint(cv.to_dict(config), recipe_hf)  # the lengths the launcher will record
+    cfg, _ = launch.on_checkpoint(cv.validate(config), recipe_hf)  # the lengths the launcher will record
     return json.loads(json.dumps(cfg, default=str))
 
 
@@ -428,7 +427,7 @@ def _main(argv: list[str], locks: list) -> int:
     # nothing runs before every directory is known to hold this sweep's runs or nothing
     states = [(r, *run_state(r["workdir"], r["cfg"])) for r in runs]
     todo = [r for r, st, _ in states if st != "done"]
-    fresh = {r["seed"] for r in todo if not launch._has_checkpoint(r["workdir"])}  # the others resume their own
+    fresh = {r["seed"] for r in todo if not launch.has_checkpoint(r["workdir"])}  # the others resume their own
     needed = [(j, *_shared_state(j)) for j in shared if j["seed"] in fresh]  # a shared run only where it is used
     conflicts = [why for _, st, why in states + needed if st == "conflict"]
     if conflicts:

@@ -2,7 +2,9 @@
 
 Build one with keywords (every field has a default giving a tiny byte-level model), derive variants with
 `dataclasses.replace(cfg, d_model=512)` or `cfg.replace(...)`, and load one from an experiment config with
-`ModelConfig.from_dict(d)`. Invalid values raise ValueError naming the field on construction. The optional sections
+`ModelConfig.from_dict(d)`. Each field carries its default, doc and range check (models/fields.py; the run config's
+model section lists them with --help_config); invalid values raise FieldErrors (a ValueError) naming every bad field
+on construction. The optional sections
 `lora` and `upcycle` are the typed configs of models/lora.py and models/upcycle.py (a dict becomes one).
 
 `num_params`, `active_params_per_token` and `flops_per_token` are computed from the config alone (no arrays), so
@@ -12,60 +14,107 @@ benchmarks and logs can report model size and MFU without building the model.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from models.lora import LoraConfig
-from models.upcycle import UpcycleConfig
+from models.fields import Checked, boolean, choice, field, integer, num, optional
+from models.adaptation import LoraConfig, UpcycleConfig
 
 _DTYPES = ("float32", "bfloat16", "float16")
 
 
-@dataclass(frozen=True, kw_only=True)
-class ModelConfig:
-    """Decoder-only transformer with optional Mixture-of-Experts feed-forward blocks."""
+def _section(cls):
+    """The check of an optional typed section (None, the typed config, or a dict / ConfigDict that builds one)."""
+    def check(v) -> str | None:
+        if v is None or isinstance(v, cls):
+            return None
+        try:
+            cls.from_value(v)
+        except (TypeError, ValueError) as e:
+            return str(e)
+        return None
+    return check
 
-    vocab_size: int = 259  # 256 bytes + pad/bos/eos (models/tokenizer.py)
-    d_model: int = 64  # residual stream width
-    n_layers: int = 2  # decoder blocks
-    n_heads: int = 4  # query heads
-    n_kv_heads: int = 2  # key/value heads (grouped-query attention); must divide n_heads
-    head_dim: int = 16  # width of each attention head
-    d_ff: int = 128  # hidden width of the dense SwiGLU blocks
-    n_experts: int = 4  # routed experts per MoE block (0 = all-dense model)
-    experts_per_token: int = 2  # top-k routing
-    moe_every: int = 2  # block i is MoE iff (i + 1) % moe_every == 0 and i not in dense_layers (0 = all dense)
-    expert_d_ff: int | None = None  # hidden width of each expert (None = d_ff); small for fine-grained experts
-    n_shared_experts: int = 0  # always-on experts (DeepSeekMoE), each of width expert_d_ff
-    capacity_factor: float | None = None  # None = dropless; else capacity = ceil(cf * tokens * k / n_experts)
-    router_aux_coef: float = 0.01  # weight of the load-balancing loss E * sum_e f_e p_e (used by the train step)
-    router_z_coef: float = 1e-3  # weight of the router z-loss mean(logsumexp(logits)^2) (used by the train step)
-    max_seq_len: int = 512  # longest sequence (prompt + response) the model is used with
-    rope_theta: float = 10_000.0  # rotary embedding base
-    norm_eps: float = 1e-6  # RMSNorm epsilon
-    dtype: str = "float32"  # compute dtype of activations and matmuls (logits and router are always float32)
-    param_dtype: str = "float32"  # storage dtype of parameters
-    tie_embeddings: bool = True  # unembedding = embedding table (scaled by d_model**-0.5 if scale_tied_unembed)
-    remat: bool = False  # rematerialise each block in the backward pass (saves activation memory)
-    logits_chunk: int = 0  # train step: logprobs + entropy N positions at a time, no [B, T, V] logits (0 = full)
+
+def _block_indices(v) -> str | None:
+    if not isinstance(v, (tuple, list)):
+        return f"must be a tuple of block indices, got {v!r}"
+    return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig(Checked):
+    """Decoder-only transformer with optional Mixture-of-Experts feed-forward blocks. Upper bounds keep a typo (1e9
+    layers, an infinite rope base) from reaching the model: a real checkpoint is far inside them (vocabularies of
+    262k, 128 heads, 1M positions, rope bases of 1e7)."""
+
+    vocab_size: int = field(259, "256 bytes + pad/bos/eos (models/tokenizer.py)", integer(1, 10**7))
+    d_model: int = field(64, "residual stream width", integer(1, 2**17))
+    n_layers: int = field(2, "decoder blocks", integer(1, 10**4))
+    n_heads: int = field(4, "query heads", integer(1, 4096))
+    n_kv_heads: int = field(2, "key/value heads (grouped-query attention); must divide n_heads", integer(1, 4096))
+    head_dim: int = field(16, "width of each attention head", integer(1, 4096))
+    d_ff: int = field(128, "hidden width of the dense SwiGLU blocks", integer(1, 2**20))
+    n_experts: int = field(4, "routed experts per MoE block (0 = all-dense model)", integer(0, 4096))
+    experts_per_token: int = field(2, "top-k routing", integer(1, 4096))
+    moe_every: int = field(2, "block i is MoE iff (i + 1) % moe_every == 0 and i not in dense_layers (0 = all dense)",
+                           integer(0, 10**4))
+    expert_d_ff: int | None = field(None, "hidden width of each expert (None = d_ff); small for fine-grained experts",
+                                    optional(integer(1, 2**20), "= d_ff"))
+    n_shared_experts: int = field(0, "always-on experts (DeepSeekMoE), each of width expert_d_ff", integer(0, 4096))
+    capacity_factor: float | None = field(None, "None = dropless; else capacity = ceil(cf * tokens * k / n_experts)",
+                                          optional(num(0.0, 1e3, lo_open=True), "dropless"))
+    router_aux_coef: float = field(0.01, "weight of the load-balancing loss E * sum_e f_e p_e (used by the train step)",
+                                   num(0.0, 1e3))
+    router_z_coef: float = field(1e-3, "weight of the router z-loss mean(logsumexp(logits)^2) (used by the train step)",
+                                 num(0.0, 1e3))
+    max_seq_len: int = field(512, "longest sequence (prompt + response) the model is used with", integer(1, 2**24))
+    rope_theta: float = field(10_000.0, "rotary embedding base", num(0.0, 1e12, lo_open=True))
+    norm_eps: float = field(1e-6, "RMSNorm epsilon", num(0.0, 1.0, lo_open=True))
+    dtype: str = field("float32", "compute dtype of activations and matmuls (logits and router are always float32)",
+                       choice(*_DTYPES))
+    param_dtype: str = field("float32", "storage dtype of parameters", choice(*_DTYPES))
+    tie_embeddings: bool = field(True, "unembedding = embedding table (scaled by d_model**-0.5 if scale_tied_unembed)",
+                                 boolean)
+    remat: bool = field(False, "rematerialise each block in the backward pass (saves activation memory)", boolean)
+    logits_chunk: int = field(0, "train step: logprobs + entropy N positions at a time, no [B, T, V] logits (0 = full)",
+                              integer(0, 2**24))
     # Fields that pretrained checkpoints need (models/hf.py sets them); the defaults reproduce the from-scratch model.
-    attn_bias: bool = False  # learned bias on the q/k/v projections (Qwen2)
-    qk_norm: bool = False  # per-head RMSNorm of queries and keys before the rotary embedding (Qwen3)
-    scale_tied_unembed: bool = True  # tied unembedding multiplied by d_model**-0.5 (False for HF checkpoints)
-    norm_topk_prob: bool = True  # renormalise the top-k router probabilities to sum to 1 (False: raw softmax probs)
-    dense_layers: tuple[int, ...] = ()  # blocks kept dense whatever moe_every says (HF mlp_only_layers)
+    attn_bias: bool = field(False, "learned bias on the q/k/v projections (Qwen2)", boolean)
+    qk_norm: bool = field(False, "per-head RMSNorm of queries and keys before the rotary embedding (Qwen3)", boolean)
+    scale_tied_unembed: bool = field(True, "tied unembedding multiplied by d_model**-0.5 (False for HF checkpoints)",
+                                     boolean)
+    norm_topk_prob: bool = field(True, "renormalise the top-k router probabilities to sum to 1 (False: raw softmax "
+                                       "probs)", boolean)
+    dense_layers: tuple[int, ...] = field((), "blocks kept dense whatever moe_every says (HF mlp_only_layers)",
+                                          _block_indices)
+
     # Adaptation of a pretrained model (a dict in an experiment config becomes the typed section):
-    lora: LoraConfig | None = None  # LoRA adapters, dict(rank=, alpha=, targets=) (models/lora.py); None = none
-    upcycle: UpcycleConfig | None = None  # upcycle this dense model into an MoE, dict(n_experts=, top_k=, ...)
-    # (models/upcycle.py); None = none
+    lora: LoraConfig | None = field(None, "LoRA adapters, dict(rank=, alpha=, targets=) (models/lora.py); None = none",
+                                    _section(LoraConfig))
+    upcycle: UpcycleConfig | None = field(None, "upcycle this dense model into an MoE, dict(n_experts=, top_k=, ...) "
+                                                "(models/upcycle.py); None = none", _section(UpcycleConfig))
 
     def __post_init__(self):
-        errors = _section_errors(self) + _field_errors(self)
-        if errors:  # every bad field at once, each named
-            raise ValueError("; ".join(errors))
+        super().__post_init__()  # every bad field at once, each named (FieldErrors, a ValueError)
+        for name, cls in (("lora", LoraConfig), ("upcycle", UpcycleConfig)):
+            object.__setattr__(self, name, None if getattr(self, name) is None else cls.from_value(getattr(self, name)))
         # Lists (from JSON or a ConfigDict) become a sorted tuple: the config is a static jit argument, so hashable.
         object.__setattr__(self, "dense_layers", tuple(sorted(set(self.dense_layers))))
+
+    def cross_checks(self):
+        if self.n_heads % self.n_kv_heads:
+            yield "n_heads", f"({self.n_heads}) must be divisible by n_kv_heads ({self.n_kv_heads})"
+        if self.head_dim % 2:
+            yield "head_dim", f"({self.head_dim}) must be even for rotary embeddings"
+        if self.n_experts > 0 and self.experts_per_token > self.n_experts:
+            yield "experts_per_token", f"({self.experts_per_token}) must be <= n_experts ({self.n_experts})"
+        if self.upcycle is not None and self.is_moe_model:
+            yield "upcycle", (f"needs a dense model to upcycle (n_experts = 0 or moe_every = 0), got n_experts="
+                              f"{self.n_experts}, moe_every={self.moe_every}")
+        for i in self.dense_layers:
+            if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.n_layers:
+                yield "dense_layers", f"entries must be ints in [0, n_layers={self.n_layers}), got {i!r}"
 
     # ---- derived quantities -------------------------------------------------------------------------------------
     @property
@@ -99,77 +148,6 @@ class ModelConfig:
         if unknown:
             raise ValueError(f"unknown ModelConfig field(s) {unknown}; known fields: {sorted(known)}")
         return cls(**d)
-
-
-# Upper bounds keep a typo (1e9 layers, an infinite rope base) from reaching the model: a real checkpoint is far
-# inside them (vocabularies of 262k, 128 heads, 1M positions, rope bases of 1e7).
-_INT_RANGES = {"vocab_size": (1, 10**7), "d_model": (1, 2**17), "n_layers": (1, 10**4), "n_heads": (1, 4096),
-               "n_kv_heads": (1, 4096), "head_dim": (1, 4096), "d_ff": (1, 2**20), "max_seq_len": (1, 2**24),
-               "n_experts": (0, 4096), "moe_every": (0, 10**4), "n_shared_experts": (0, 4096), "logits_chunk": (0, 2**24),
-               "experts_per_token": (1, 4096)}
-_FLOAT_RANGES = {"router_aux_coef": (0.0, 1e3, False), "router_z_coef": (0.0, 1e3, False),
-                 "rope_theta": (0.0, 1e12, True), "norm_eps": (0.0, 1.0, True)}  # (lo, hi, lo excluded)
-_BOOLS = ("tie_embeddings", "remat", "attn_bias", "qk_norm", "scale_tied_unembed", "norm_topk_prob")
-
-
-def _int_error(name: str, value: Any, lo: int, hi: int) -> str | None:
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        return f"{name} must be an int in [{lo}, {hi}], got {value!r}"
-    return None
-
-
-def _float_error(name: str, value: Any, lo: float, hi: float, lo_open: bool) -> str | None:
-    """Booleans are not numbers; inf / nan and values past the bound are refused."""
-    ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-          and (value > lo if lo_open else value >= lo) and value <= hi)
-    return None if ok else f"{name} must be a finite number in {'(' if lo_open else '['}{lo:g}, {hi:g}], got {value!r}"
-
-
-def _section_errors(cfg: "ModelConfig") -> list[str]:
-    """Turns the lora / upcycle sections (None, a typed config, a dict or ConfigDict) into their typed configs;
-    their own validation errors (each naming lora.<field> / upcycle.<field>)."""
-    errors = []
-    for name, cls in (("lora", LoraConfig), ("upcycle", UpcycleConfig)):
-        value = getattr(cfg, name)
-        if value is not None:
-            try:
-                object.__setattr__(cfg, name, cls.from_value(value))
-            except (TypeError, ValueError) as e:
-                errors.append(str(e))
-    return errors
-
-
-def _field_errors(cfg: "ModelConfig") -> list[str]:
-    """Every invalid field of cfg, as messages naming it (the cross-field rules only once the fields are sound)."""
-    errors = [e for name, (lo, hi) in _INT_RANGES.items() if (e := _int_error(name, getattr(cfg, name), lo, hi))]
-    if cfg.expert_d_ff is not None and (e := _int_error("expert_d_ff", cfg.expert_d_ff, 1, 2**20)):
-        errors.append(e)
-    if cfg.capacity_factor is not None and (e := _float_error("capacity_factor", cfg.capacity_factor, 0.0, 1e3, True)):
-        errors.append(e.replace("must be", "must be None (dropless) or"))
-    errors += [e for name, (lo, hi, lo_open) in _FLOAT_RANGES.items()
-               if (e := _float_error(name, getattr(cfg, name), lo, hi, lo_open))]
-    errors += [f"{name} must be one of {_DTYPES}, got {getattr(cfg, name)!r}" for name in ("dtype", "param_dtype")
-               if getattr(cfg, name) not in _DTYPES]
-    errors += [f"{name} must be a bool, got {getattr(cfg, name)!r}" for name in _BOOLS
-               if not isinstance(getattr(cfg, name), bool)]
-    if not isinstance(cfg.dense_layers, (tuple, list)):
-        errors.append(f"dense_layers must be a tuple of block indices, got {cfg.dense_layers!r}")
-    if errors:
-        return errors
-    if cfg.n_heads % cfg.n_kv_heads:
-        errors.append(f"n_heads ({cfg.n_heads}) must be divisible by n_kv_heads ({cfg.n_kv_heads})")
-    if cfg.head_dim % 2:
-        errors.append(f"head_dim ({cfg.head_dim}) must be even for rotary embeddings")
-    if cfg.n_experts > 0 and cfg.experts_per_token > cfg.n_experts:
-        errors.append(f"experts_per_token ({cfg.experts_per_token}) must be <= n_experts ({cfg.n_experts})")
-    if isinstance(cfg.upcycle, UpcycleConfig) and cfg.is_moe_model:
-        errors.append(f"upcycle needs a dense model to upcycle (n_experts = 0 or moe_every = 0), got n_experts="
-                      f"{cfg.n_experts}, moe_every={cfg.moe_every}")
-    errors += [f"dense_layers entries must be ints in [0, n_layers={cfg.n_layers}), got {i!r}"
-               for i in cfg.dense_layers if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < cfg.n_layers]
-    return errors
-
-
 
 
 # ---- sizes and FLOPs ----------------------------------------------------------------------------------------------

@@ -37,78 +37,20 @@ the optimizer holds only the adapters (experiments/bench/lora_memory.py measures
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
-from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Mapping
+from typing import Callable, Mapping
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
 
 from models import sharding
+from models.adaptation import DEFAULT_TARGETS, TARGETS, LoraConfig  # noqa: F401 (DEFAULT_TARGETS re-exported)
 
-# Block-relative path -> (lead dims, contracted "in" dims) of that weight (models/transformer.py _block_shapes).
-TARGETS = {
-    "attn/wq": (0, 1), "attn/wk": (0, 1), "attn/wv": (0, 1), "attn/wo": (0, 2),
-    "mlp/w_gate": (0, 1), "mlp/w_up": (0, 1), "mlp/w_down": (0, 1),
-    "moe/w_gate": (1, 1), "moe/w_up": (1, 1), "moe/w_down": (1, 1),
-    "moe/shared/w_gate": (0, 1), "moe/shared/w_up": (0, 1), "moe/shared/w_down": (0, 1),
-}
-# Every attention and dense-MLP projection: the "all linear layers" setting (QLoRA, Dettmers et al. 2023).
-DEFAULT_TARGETS = ("attn/wq", "attn/wk", "attn/wv", "attn/wo", "mlp/w_gate", "mlp/w_up", "mlp/w_down")
 ADAPTER_KEY = "lora"  # the adapters' key in a combined tree {**base, "lora": adapters}
 _BLOCK = re.compile(r"block_\d+")
-
-
-@dataclass(frozen=True, kw_only=True)
-class LoraConfig:
-    """The `model.lora` section: rank r >= 1, alpha > 0 (the update is scaled by alpha / r), known targets."""
-
-    rank: int = 8  # r: inner width of each adapter
-    alpha: float = 16.0  # the update is (alpha / rank) * A @ B
-    targets: tuple[str, ...] = DEFAULT_TARGETS  # block-relative param paths (TARGETS)
-
-    def __post_init__(self):
-        object.__setattr__(self, "targets", tuple(self.targets) if isinstance(self.targets, (list, tuple))
-                           else self.targets)
-        errors = []
-        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or not 1 <= self.rank <= 2**16:
-            errors.append(f"lora.rank must be an int in [1, 65536], got {self.rank!r}")
-        if (isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or not math.isfinite(self.alpha)
-                or self.alpha <= 0):
-            errors.append(f"lora.alpha must be a finite number > 0, got {self.alpha!r}")
-        if not isinstance(self.targets, tuple) or not self.targets:
-            errors.append(f"lora.targets must be a non-empty tuple of {sorted(TARGETS)}, got {self.targets!r}")
-        else:
-            unknown = [t for t in self.targets if t not in TARGETS]
-            if unknown:
-                errors.append(f"lora.targets {unknown} are not known; known: {sorted(TARGETS)}")
-            elif len(set(self.targets)) != len(self.targets):
-                errors.append(f"lora.targets lists a target twice: {self.targets!r}")
-        if errors:
-            raise ValueError("; ".join(errors))
-
-    @property
-    def scale(self) -> float:
-        return self.alpha / self.rank
-
-    @classmethod
-    def from_value(cls, value: Any) -> "LoraConfig":
-        """A LoraConfig from itself, a mapping or an ml_collections ConfigDict (unknown keys are an error)."""
-        if isinstance(value, cls):
-            return value
-        if hasattr(value, "to_dict"):
-            value = value.to_dict()
-        if not isinstance(value, Mapping):
-            raise ValueError(f"lora must be None or a dict(rank=..., alpha=..., targets=...), got {value!r}")
-        known = sorted(f.name for f in dataclasses.fields(cls))
-        unknown = sorted(set(value) - set(known))
-        if unknown:
-            raise ValueError(f"lora has unknown field(s) {unknown}; known: {known}")
-        return cls(**value)
 
 
 def _config(cfg) -> LoraConfig:

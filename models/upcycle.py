@@ -27,59 +27,10 @@ The rest of the dense config is kept (router loss weights at ModelConfig's, unle
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from typing import Any, Mapping
-
 import jax
 import jax.numpy as jnp
 
-_FIELDS = ("n_experts", "top_k", "moe_every", "router_init_std", "capacity_factor")
-
-
-@dataclass(frozen=True, kw_only=True)
-class UpcycleConfig:
-    """The `model.upcycle` section (see the module docstring for the choices)."""
-
-    n_experts: int = 4  # experts per MoE block, each a copy of the dense MLP
-    top_k: int = 2  # experts per token; gates renormalised to sum to one
-    moe_every: int = 2  # block i becomes MoE iff (i + 1) % moe_every == 0 (2: every other block, as the paper)
-    router_init_std: float = 0.02  # std of the fresh router's normal init
-    capacity_factor: float | None = None  # None = dropless; else >= n_experts / top_k (nothing dropped at init)
-
-    def __post_init__(self):
-        errors = []
-        for name, lo, hi in (("n_experts", 2, 4096), ("top_k", 1, 4096), ("moe_every", 1, 10**4)):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-                errors.append(f"upcycle.{name} must be an int in [{lo}, {hi}], got {v!r}")
-        std = self.router_init_std
-        if isinstance(std, bool) or not isinstance(std, (int, float)) or not math.isfinite(std) or not 0 < std <= 10:
-            errors.append(f"upcycle.router_init_std must be a finite number in (0, 10], got {std!r}")
-        if errors:
-            raise ValueError("; ".join(errors))
-        if self.top_k > self.n_experts:
-            raise ValueError(f"upcycle.top_k ({self.top_k}) must be <= upcycle.n_experts ({self.n_experts})")
-        cf = self.capacity_factor
-        if cf is not None:
-            least = self.n_experts / self.top_k
-            if isinstance(cf, bool) or not isinstance(cf, (int, float)) or not math.isfinite(cf) or cf < least:
-                raise ValueError(f"upcycle.capacity_factor must be None (dropless) or a number >= n_experts / top_k "
-                                 f"= {least:g} (so no token is dropped at init), got {cf!r}")
-
-    @classmethod
-    def from_value(cls, value: Any) -> "UpcycleConfig":
-        """An UpcycleConfig from itself, a mapping or an ml_collections ConfigDict (unknown keys are an error)."""
-        if isinstance(value, cls):
-            return value
-        if hasattr(value, "to_dict"):
-            value = value.to_dict()
-        if not isinstance(value, Mapping):
-            raise ValueError(f"upcycle must be None or a dict(n_experts=..., top_k=..., ...), got {value!r}")
-        unknown = sorted(set(value) - set(_FIELDS))
-        if unknown:
-            raise ValueError(f"upcycle has unknown field(s) {unknown}; known: {sorted(_FIELDS)}")
-        return cls(**value)
+from models.adaptation import UpcycleConfig  # noqa: F401 (re-exported)
 
 
 def _upcycle_config(cfg) -> UpcycleConfig:

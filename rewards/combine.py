@@ -46,14 +46,15 @@ import dataclasses
 import math
 import numbers
 
+from models.fields import Checked, boolean, choice, field, integer, num, text
 from rewards import penalties
 from rewards.format import LANGS, MODES, FormatConfig, format_reward
 from rewards.parse import ANSWER_WINDOW, as_text, extract_answer
 from rewards.steps import check_steps, step_score
 from rewards.verify import is_equiv
 
-__all__ = ["RewardConfig", "RewardWeights", "score", "error_result", "gold_text", "RESULT_KEYS", "PRM_AGGREGATES",
-           "PRM_CALIBRATIONS"]
+__all__ = ["RewardConfig", "RewardSection", "RewardWeights", "score", "error_result", "gold_text", "RESULT_KEYS",
+           "PRM_AGGREGATES", "PRM_CALIBRATIONS"]
 
 PRM_AGGREGATES = ("min", "mean", "prod", "last")  # a response's PRM score from its step scores (prm.metrics.aggregate)
 PRM_CALIBRATIONS = ("none", "temperature", "platt")  # the maps a PRM checkpoint stores (prm.metrics.calibrate)
@@ -62,72 +63,72 @@ MAX_ANSWER_LOG_CHARS = 200  # the answer is returned for logging only; hostile a
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class RewardConfig:
+class RewardConfig(Checked):
     """Weights and switches of the combined reward (seed practice: w_process 0.1-0.3 when on, w_format 0.05-0.1).
+    Each field carries its default, doc and range check (models/fields.py).
 
     w_format defaults to 0: under std-normalised GRPO (scale_by_std) a format term's small differences inside a
     group whose answers are all wrong become advantages as large as a right answer's (docs/rewards.md)."""
 
-    w_outcome: float = 1.0  # weight of the verified final answer (0/1)
-    w_process: float = 0.0  # weight of the mean step score (rule-checked arithmetic); 0 = off
-    w_format: float = 0.0  # weight of the format reward in [0, 1]; 0 = off (std-normalised GRPO inflates it)
-    lang: str = "zh"  # expected solution language: "zh" (步骤一：/答案：) or "en" (Step 1:/Answer:)
-    format_mode: str = "steps"  # format layout: "steps" (markers + answer line) or "think_answer" (<think>/<answer>)
-    accept_boxed: bool = True  # a \boxed{} answer satisfies the format's final-answer marker
-    overlong_max_len: int = 0  # DAPO overlong: hard length (tokens); 0 = penalty off
-    overlong_buffer: int = 0  # DAPO overlong: soft buffer before overlong_max_len (tokens)
-    w_overlong: float = 1.0  # weight of the overlong magnitude (only used when overlong_max_len > 0)
-    w_repetition: float = 0.0  # weight of the repetition magnitude; 0 = off
-    repetition_n: int = 4  # n-gram size for the repetition share
-    repetition_threshold: float = 0.3  # repeated share tolerated before the penalty starts
-    w_language: float = 0.0  # weight of the language-mixing penalty (1 - expected-script share); 0 = off
-    requires_reasoning: bool = False  # outcome reward only when the solution has >= min_reasoning_steps steps
-    min_reasoning_steps: int = 1  # steps needed to count as a reasoning process
-    process_default: float = 0.0  # process score when no step has a checkable claim
-    verify_timeout: float = 1.0  # seconds per is_equiv call
-    max_chars: int = 65_536  # only the last max_chars characters are scored (cost cap); longer -> truncated=1
-    prm_path: str = ""  # process reward model file (experiments/train_prm.py); "" = off; scored by the trainer
-    w_prm: float = 0.0  # weight of the PRM score of each (math) response, added by the trainer; 0.1-0.3 when on
-    prm_agg: str = "min"  # PRM response score from its calibrated step probabilities: min | mean | prod | last
-    prm_steps: bool = False  # step_rewards / process_grpo take their step scores from the PRM, not the checker
+    w_outcome: float = field(1.0, "weight of the verified final answer (0/1)", num(0.0, 100.0))
+    w_process: float = field(0.0, "weight of the mean step score (rule-checked arithmetic); 0 = off", num(0.0, 100.0))
+    w_format: float = field(0.0, "weight of the format reward in [0, 1]; 0 = off (std-normalised GRPO inflates it)",
+                            num(0.0, 100.0))
+    lang: str = field("zh", "expected solution language: \"zh\" (步骤一：/答案：) or \"en\" (Step 1:/Answer:)",
+                      choice(*LANGS))
+    format_mode: str = field("steps", "format layout: \"steps\" (markers + answer line) or \"think_answer\" "
+                                      "(<think>/<answer>)", choice(*MODES))
+    accept_boxed: bool = field(True, "a \\boxed{} answer satisfies the format's final-answer marker", boolean)
+    overlong_max_len: int = field(0, "DAPO overlong: hard length (tokens); 0 = penalty off", integer(0, 10**7))
+    overlong_buffer: int = field(0, "DAPO overlong: soft buffer before overlong_max_len (tokens)", integer(0, 10**7))
+    w_overlong: float = field(1.0, "weight of the overlong magnitude (only used when overlong_max_len > 0)",
+                              num(0.0, 100.0))
+    w_repetition: float = field(0.0, "weight of the repetition magnitude; 0 = off", num(0.0, 100.0))
+    repetition_n: int = field(4, "n-gram size for the repetition share", integer(1, 10**4))
+    repetition_threshold: float = field(0.3, "repeated share tolerated before the penalty starts", num(0.0, 0.99))
+    w_language: float = field(0.0, "weight of the language-mixing penalty (1 - expected-script share); 0 = off",
+                              num(0.0, 100.0))
+    requires_reasoning: bool = field(False, "outcome reward only when the solution has >= min_reasoning_steps steps",
+                                     boolean)
+    min_reasoning_steps: int = field(1, "steps needed to count as a reasoning process", integer(1, 10**4))
+    process_default: float = field(0.0, "process score when no step has a checkable claim", num(0.0, 1.0))
+    verify_timeout: float = field(1.0, "seconds per is_equiv call", num(1e-3, 600.0))
+    max_chars: int = field(65_536, "only the last max_chars characters are scored (cost cap); longer -> truncated=1",
+                           integer(1000, 10**9))
+    prm_path: str = field("", "process reward model file (experiments/train_prm.py); \"\" = off; scored by the "
+                              "trainer", text)
+    w_prm: float = field(0.0, "weight of the PRM score of each (math) response, added by the trainer; 0.1-0.3 when on",
+                         num(0.0, 100.0))
+    prm_agg: str = field("min", "PRM response score from its calibrated step probabilities: min | mean | prod | last",
+                         choice(*PRM_AGGREGATES))
+    prm_steps: bool = field(False, "step_rewards / process_grpo take their step scores from the PRM, not the checker",
+                            boolean)
 
-    def __post_init__(self):
-        for name in ("w_outcome", "w_process", "w_format", "w_overlong", "w_repetition", "w_language"):
-            _check_number(self, name, lo=0.0, hi=100.0)
-        _check_number(self, "repetition_threshold", lo=0.0, hi=0.99)
-        _check_number(self, "process_default", lo=0.0, hi=1.0)
-        _check_number(self, "verify_timeout", lo=1e-3, hi=600.0)
-        for name, lo in (("overlong_max_len", 0), ("overlong_buffer", 0), ("repetition_n", 1), ("min_reasoning_steps", 1),
-                         ("max_chars", 1000)):
-            v = getattr(self, name)
-            if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < lo:
-                raise ValueError(f"RewardConfig.{name} must be an int >= {lo}, got {v!r}")
+    def cross_checks(self):
         if self.overlong_buffer > self.overlong_max_len:
-            raise ValueError(f"RewardConfig.overlong_buffer ({self.overlong_buffer}) must be <= overlong_max_len "
-                             f"({self.overlong_max_len})")
-        if self.lang not in LANGS:
-            raise ValueError(f"RewardConfig.lang must be one of {LANGS}, got {self.lang!r}")
-        if self.format_mode not in MODES:
-            raise ValueError(f"RewardConfig.format_mode must be one of {MODES}, got {self.format_mode!r}")
-        _check_number(self, "w_prm", lo=0.0, hi=100.0)
-        if not isinstance(self.prm_path, str):
-            raise ValueError(f"RewardConfig.prm_path must be a path string ('' = off), got {self.prm_path!r}")
-        if self.prm_agg not in PRM_AGGREGATES:
-            raise ValueError(f"RewardConfig.prm_agg must be one of {PRM_AGGREGATES}, got {self.prm_agg!r}")
-        if (self.w_prm > 0 or self.prm_steps is True) and not self.prm_path:
-            raise ValueError("RewardConfig.prm_path must name a PRM file when w_prm > 0 or prm_steps is on")
-        for name in ("accept_boxed", "requires_reasoning", "prm_steps"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"RewardConfig.{name} must be a bool, got {getattr(self, name)!r}")
+            yield "overlong_buffer", f"({self.overlong_buffer}) must be <= overlong_max_len ({self.overlong_max_len})"
+        if (self.w_prm > 0 or self.prm_steps) and not self.prm_path:
+            yield "prm_path", "must name a PRM file when w_prm > 0 or prm_steps is on"
+
+
+def _section_lang(v) -> str | None:
+    return None if v in ("", *LANGS) else f"must be '' (= tasks.lang), en or zh, got {v!r}"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RewardSection(RewardConfig):
+    """A run config's reward section: RewardConfig's fields, with lang "" (its default) following tasks.lang, so one
+    language setting drives the prompts and the reward."""
+
+    lang: str = field("", "expected solution language (zh | en); '' = tasks.lang", _section_lang)
+
+    def resolve(self, tasks_lang: str) -> RewardConfig:
+        """The RewardConfig the reward workers score with."""
+        kw = {f.name: getattr(self, f.name) for f in dataclasses.fields(RewardConfig)}
+        return RewardConfig(**{**kw, "lang": self.lang or tasks_lang})
 
 
 RewardWeights = RewardConfig  # the name the team contract also uses
-
-
-def _check_number(cfg, name: str, lo: float, hi: float) -> None:
-    v = getattr(cfg, name)
-    if not isinstance(v, numbers.Real) or isinstance(v, bool) or not math.isfinite(v) or not lo <= v <= hi:
-        raise ValueError(f"RewardConfig.{name} must be a number in [{lo}, {hi}], got {v!r}")
 
 
 RESULT_KEYS = ("total", "outcome", "correct", "process", "format", "overlong", "repetition", "language",

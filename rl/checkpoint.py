@@ -49,6 +49,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from models import transformer
+
 __all__ = ["Checkpointer", "CheckpointError", "verify_checkpoint", "written_steps", "load_policy", "find_policy"]
 
 MANIFEST = "checksums.json"
@@ -449,8 +451,7 @@ def load_policy(workdir: str, which: str | int = "best"):
     """(cfg, model_cfg, params, tokenizer) of a finished or running run: cfg is workdir/config.json as a dict,
     params the policy's parameters (JAX arrays on the default device; a PPO value head is dropped), checked
     against the model config's shapes. See find_policy for `which`."""
-    from models import transformer
-    from rl import context
+    from rl import context  # deliberate lazy import: rl.context builds on this module (its Checkpointer)
 
     with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
         cfg = json.load(f)

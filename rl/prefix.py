@@ -20,7 +20,7 @@ import shutil
 from rl import config_validation as cv
 
 IGNORED = ("run", "log")  # sections that never change what a unit computes (the launcher's resume rule)
-RECORD_KEY = "kernels"  # config.json's record of the backend kernels in use: a fact about the machine, not config
+RECORD_KEY = cv.RECORD_KEYS[0]  # config.json's record of the backend kernels in use: a fact about the machine, not config
 _MISSING = object()
 
 

@@ -1,36 +1,51 @@
-"""Checks and estimates that need the data and the machine, run before any compute (also by --dry_run).
+"""Prepare a run once, before any compute: validate, load the problems, build what the checks need, check.
 
-    plan = check_environment(cfg) # ConfigError listing every problem, each naming the field to change and the value
-                                  # that works: mesh vs devices, the checkpoint folder (model.hf_path: config.json,
-                                  # weights, tokenizer files, chat template; models/hf_checks.py), the memory plan per
-                                  # device (printed; rl/memory_plan.py), problems the splits can supply (the count
-                                  # that fits), prompt / solution lengths in the run's tokenizer and prompt format
-                                  # (the length the longest needs), prompt + answer against the model's context
-    cfg, notes = port_to_checkpoint(cfg)   # a byte-tokenizer recipe on model.hf_path: lengths in its tokens
+    prep = prepare(config)        # rl.context.Prepared: the frozen RunConfig (validated once; a RunConfig passes as
+                                  # is), the run's ModelConfig, tokenizer, problems per split and the memory plan;
+                                  # ConfigError listing every problem otherwise, each naming the field to change and
+                                  # the value that works: mesh vs devices, the checkpoint folder (model.hf_path:
+                                  # config.json, weights, tokenizer files, chat template; models/hf_checks.py), the
+                                  # memory plan per device (printed; rl/memory_plan.py), problems the splits can
+                                  # supply (the count that fits), prompt / solution lengths in the run's tokenizer and
+                                  # prompt format (the length the longest needs), prompt + answer against the model's
+                                  # context, and with `workdir` whether a run there can resume with this config
+    prep = prepare(config, port=True)        # a byte-tokenizer recipe on model.hf_path: lengths in its tokens
+    prep = prepare(config, environment=False)   # no machine checks (rl.context.prepare_inputs): what train() does
+                                                # when given a config rather than a Prepared
     text, totals = compute_estimate(cfg)   # generated tokens, verifier calls, train tokens per stage and in total
 
-Every check runs even when an earlier one failed (when it can: no memory plan without a mesh and a model), so one
-dry run reports every problem. `cfg` is a validated config as plain dicts (rl.config_validation.to_dict).
+The launcher's dry run and its run share one prepare(): the launcher prepares, then hands the Prepared to
+rl.run.train, which validates and loads nothing again. Every check runs even when an earlier one failed (when it
+can: no memory plan without a mesh and a model), so one dry run reports every problem.
 """
 from __future__ import annotations
 
+import json
+import os
+import textwrap
+
+import jax
 import numpy as np
 
+from models import hf, hf_checks
 from rl import config_validation as cv
+from rl import context, memory_plan, prefix, pretrained
+from rl.checkpoint import written_steps
+from rl.context import Prepared
+from rl.stages import sft_problem_count
+from rl.stages.base import stage_problems
 
 
 def resolved_mesh(cfg: dict, n_dev: int) -> dict:
     """The mesh axis sizes with a -1 axis resolved against n_dev devices (ConfigError naming mesh.* when they do
     not fit this machine)."""
-    sizes = dict(cfg["mesh"])
+    sizes = dict(cfg["mesh"])  # key access: a RunConfig or plain dicts (the sweep's memory estimate)
     fixed = int(np.prod([v for v in sizes.values() if v != -1]))
     if -1 in sizes.values():
         if n_dev % fixed:
             raise cv.ConfigError(f"mesh {sizes}: the fixed axes ({fixed} devices) do not divide the {n_dev} devices here")
         return {k: (n_dev // fixed if v == -1 else v) for k, v in sizes.items()}
     if fixed > n_dev:
-        import jax
-
         fit = dict(sizes)
         while int(np.prod(list(fit.values()))) > n_dev:  # halve the largest axis until the mesh fits
             k = max(fit, key=fit.get)
@@ -50,10 +65,10 @@ def _collect(errors: list, fn):
         return None
 
 
-def _context_error(cfg: dict, model_cfg, longest: int | None) -> str | None:
+def _context_error(cfg: cv.RunConfig, model_cfg, longest: int | None) -> str | None:
     """tasks.max_prompt_len + sampling.max_new_tokens against the model's length (the checkpoint's context when
     model.hf_path), with the values that fit."""
-    P, N = cfg["tasks"]["max_prompt_len"], cfg["sampling"]["max_new_tokens"]
+    P, N = cfg.tasks.max_prompt_len, cfg.sampling.max_new_tokens
     limit = model_cfg.max_seq_len
     if P + N <= limit and (longest or 0) <= P:
         return None
@@ -68,10 +83,7 @@ def _context_error(cfg: dict, model_cfg, longest: int | None) -> str | None:
     else:
         fix = f"the longest prompt ({L} tokens) leaves no room for an answer"
     what = f"model.max_seq_len ({limit})"
-    from models import hf, hf_checks
-    from rl import context
-
-    path = context.checkpoint_path(cfg["model"])
+    path = context.checkpoint_path(cfg.model)
     if path and hf.is_gguf(path):
         if hf.load_config(path).max_seq_len == limit:
             what = f"the checkpoint's context ({limit}, context_length in {path})"
@@ -82,25 +94,19 @@ def _context_error(cfg: dict, model_cfg, longest: int | None) -> str | None:
     return f"{head} exceed {what}: {fix}"
 
 
-def _checkpoint_errors(cfg: dict, model_cfg) -> list[str]:
+def _checkpoint_errors(cfg: cv.RunConfig, model_cfg) -> list[str]:
     """The checkpoint folder's files (models.hf_checks): weights complete and finite, shapes as config.json says. A
     GGUF file is checked by its own reader (models/gguf_file.py) when its metadata is read."""
-    from models import hf, hf_checks
-    from rl import context
-
-    path = context.checkpoint_path(cfg["model"])
+    path = context.checkpoint_path(cfg.model)
     if hf.is_gguf(path):
         return []
     model_type = hf_checks.read_config(path)["model_type"]
     return [f"model.hf_path: {p}" for p in hf_checks.check_folder(path, model_cfg, model_type)]
 
 
-def _load_splits(cfg: dict, errors: list):
+def _load_splits(cfg: cv.RunConfig, errors: list):
     """(train, val, test) or None; a split its source cannot fill is reported with the count that fits, and the
     other splits are still checked with that count."""
-    from rl import context
-
-    cfg = {**cfg, "tasks": dict(cfg["tasks"])}
     for _ in range(len(cv.SPLIT_SOURCES) + 1):
         try:
             return context.load_problems(cfg)
@@ -108,39 +114,49 @@ def _load_splits(cfg: dict, errors: list):
             errors.append(str(e))
             if getattr(e, "count_field", None) is None or e.fits < 1:
                 return None
-            cfg["tasks"][e.count_field] = e.fits
+            cfg = cfg.replace(tasks=cfg.tasks.replace(**{e.count_field: e.fits}))
         except (ValueError, OSError) as e:  # a source that cannot be built (bad file, unknown module)
             errors.append(f"tasks.mix: {e}")
             return None
     return None
 
 
-def check_environment(cfg: dict, verbose: bool = True):
-    """Raise ConfigError listing every problem this machine or the data has with `cfg` (see the module docstring),
-    each naming the field to change and, where one exists, the value that works; returns the memory plan (printed
-    when verbose), None when the mesh or the model could not be built."""
-    import jax
+def check_environment(config, verbose: bool = True):
+    """The memory plan of prepare(config) (printed when verbose; None when the mesh or the model could not be
+    built); ConfigError listing every problem this machine or the data has with the config."""
+    return prepare(config, verbose=verbose).plan
 
-    from models import hf_checks
-    from rl import context, memory_plan
-    from rl.stages import sft_problem_count
-    from rl.stages.base import stage_problems
 
+def prepare(config, *, environment: bool = True, port: bool = False, workdir: str | None = None,
+            verbose: bool = True) -> Prepared:
+    """Everything a run needs before any compute, built once (see the module docstring); ConfigError listing every
+    problem. `environment`: the machine and data checks (else rl.context.prepare_inputs); `port`: a byte-tokenizer
+    recipe on a checkpoint gets its lengths in the checkpoint's tokens (rl.pretrained.port_lengths; the notes are
+    printed when verbose); `workdir`: whether a run there resumes with this config (check_resume_compatible)."""
+    cfg = cv.typed(config)
+    if not environment:
+        return context.prepare_inputs(cfg)
     errors, notes = [], []
+    field = context.checkpoint_field(cfg.model)  # "hf_path" / "pretrained" / "" (from scratch)
+    hf_path = _collect(errors, lambda: context.checkpoint_path(cfg.model)) if field else ""
+    tok = _collect(errors, lambda: context.build_tokenizer(cfg))
+    splits = _load_splits(cfg, errors)
+    ported = []
+    if port and hf_path:
+        cfg, ported = port_to_checkpoint(cfg, tok, splits)
+        if ported and verbose:  # lengths only: the checks below hold them against the checkpoint's context
+            print("lengths in the checkpoint's tokens:\n  " + "\n  ".join(ported), flush=True)
+    if workdir:
+        _collect(errors, lambda: check_resume_compatible(workdir, cfg))
     sizes = _collect(errors, lambda: resolved_mesh(cfg, len(jax.devices())))
     model_cfg = _collect(errors, lambda: context.build_model_cfg(cfg, notes))
-    field = context.checkpoint_field(cfg["model"])  # "hf_path" / "pretrained" / "" (from scratch)
-    hf_path = _collect(errors, lambda: context.checkpoint_path(cfg["model"])) if field else ""
     if hf_path and model_cfg is not None:
         errors += _checkpoint_errors(cfg, model_cfg)
     if notes and verbose:
-        import textwrap
-
         print(f"model.{field} ({hf_path}) sets the architecture; the model section's values that differ:\n"
               + textwrap.fill(", ".join(notes), width=116, initial_indent="  ", subsequent_indent="  "), flush=True)
-    tok = _collect(errors, lambda: context.build_tokenizer(cfg))
     render = None
-    if tok is not None and hf_path and cfg["model"].get("chat_template", True):
+    if tok is not None and hf_path and cfg.model.chat_template:
         render = hf_checks.bounded  # every prompt below is rendered under the template's step / time limit
         _collect(errors, lambda: _raise_config(lambda: hf_checks.check_template(tok, f"model.{field}: {hf_path}")))
     if tok is not None and model_cfg is not None and tok.vocab_size > model_cfg.vocab_size:
@@ -152,17 +168,16 @@ def check_environment(cfg: dict, verbose: bool = True):
         if verbose:
             print(plan.text(), flush=True)
         _collect(errors, plan.check)
-    splits = _load_splits(cfg, errors)
     longest = None
     if splits is not None:
         train, val, test = splits
-        for i, st in enumerate(cfg["stages"]):  # a stage restricted to some task families draws from fewer problems
-            pool = len(stage_problems(train, st.get("families", "")))
-            need = max(int(st.get("n_problems") or 0),
-                       int(st.get("n_prompts") or 0) if st.get("kind") in ("grpo", "ppo") else 0)
-            if st.get("kind") != "sft" and need > pool or pool == 0:
-                errors.append(f"stages[{i}].families: {st.get('families')!r} leaves {pool} training problems in "
-                              f"tasks.mix, the stage needs {max(need, 1)}")
+        for i, st in enumerate(cfg.stages):  # a stage restricted to some task families draws from fewer problems
+            pool = len(stage_problems(train, getattr(st, "families", "")))
+            need = max(int(getattr(st, "n_problems", 0) or 0),
+                       int(getattr(st, "n_prompts", 0) or 0) if st.kind in ("grpo", "ppo") else 0)
+            if st.kind != "sft" and need > pool or pool == 0:
+                errors.append(f"stages[{i}].families: {getattr(st, 'families', '')!r} leaves {pool} training problems "
+                              f"in tasks.mix, the stage needs {max(need, 1)}")
         if tok is not None:
             try:
                 lengths = context.prompt_lengths(cfg, tok, train + val + test, render)
@@ -179,7 +194,9 @@ def check_environment(cfg: dict, verbose: bool = True):
         errors.append(msg)
     if errors:
         raise cv.problems_error("problems found before any compute", errors)
-    return plan
+    train, val, test = splits
+    return Prepared(cfg=cfg, model_cfg=model_cfg, tok=tok, train=tuple(train), val=tuple(val), test=tuple(test),
+                    plan=plan, notes=tuple(ported))
 
 
 def _raise_config(fn):
@@ -189,32 +206,72 @@ def _raise_config(fn):
         raise cv.ConfigError(str(e)) from None
 
 
-def port_to_checkpoint(cfg: dict) -> tuple[dict, list[str]]:
+def port_to_checkpoint(config, tok=None, splits=None) -> tuple[cv.RunConfig, list[str]]:
     """(cfg, notes) for a recipe written for the byte tokenizer run on model.hf_path: its prompt length measured in
-    the checkpoint's tokenizer and chat template (rl.pretrained.port_lengths). When the folder or the data cannot be
-    read the config comes back unchanged: check_environment then reports why."""
-    from models import hf_checks
-    from rl import context, pretrained
-
+    the checkpoint's tokenizer and chat template (rl.pretrained.port_lengths); `tok` / `splits`: the ones already
+    built, else built here. When the folder or the data cannot be read the config comes back unchanged: prepare()
+    then reports why."""
+    cfg = cv.typed(config)
     try:
-        context_len = context.hf_checkpoint_cfg(context.checkpoint_path(cfg["model"]), cfg["model"]).max_seq_len
-        tok = context.build_tokenizer(cfg)
-        train, val, test = context.load_problems(cfg)
+        context_len = context.hf_checkpoint_cfg(context.checkpoint_path(cfg.model), cfg.model).max_seq_len
+        tok = context.build_tokenizer(cfg) if tok is None else tok
+        train, val, test = context.load_problems(cfg) if splits is None else splits
         longest = max(context.prompt_lengths(cfg, tok, train + val + test, hf_checks.bounded), default=0)
-    except Exception:  # noqa: BLE001  (any failure here is check_environment's to report, with its field)
+    except Exception:  # noqa: BLE001  (any failure here is prepare()'s to report, with its field)
         return cfg, []
     return pretrained.port_lengths(cfg, longest, context_len)
 
 
-def compute_estimate(cfg: dict) -> tuple[str, dict]:
+def has_checkpoint(workdir: str | None) -> bool:
+    """Whether the workdir holds a written checkpoint (one with checksums: a step directory a kill left without
+    them is not yet written and pins nothing)."""
+    last = os.path.join(workdir or "", "checkpoints", "last")
+    if not workdir or not os.path.isdir(last):
+        return False
+    return bool(written_steps(last))
+
+
+def check_resume_compatible(workdir: str, config) -> None:
+    """A workdir's existing config.json must match the new config except run.* / log.* (resume safety). An old run's
+    config.json is read as validate() reads an old config: renamed fields under their new names (ALIASES), fields
+    added to the code since at their defaults (rl.prefix.with_added_defaults)."""
+    cfg_dict = config.to_dict() if isinstance(config, cv.RunConfig) else config
+    if os.path.exists(workdir) and not os.path.isdir(workdir):
+        raise cv.ConfigError(f"--workdir {workdir!r} exists and is not a directory")
+    path = os.path.join(workdir, "config.json")
+    if not os.path.exists(path):
+        return
+    try:
+        with open(path, encoding="utf-8") as f:
+            old = json.load(f)
+    except (OSError, ValueError) as e:
+        raise cv.ConfigError(f"{path} is unreadable ({e}); it records the config of the run in that workdir - "
+                             "restore it or use a new --workdir") from None
+    if not isinstance(old, dict):
+        raise cv.ConfigError(f"{path} holds a JSON {type(old).__name__}, not a config object; it records the config "
+                             "of the run in that workdir - restore it or use a new --workdir")
+    if not has_checkpoint(workdir):
+        return  # a run that stopped before its first checkpoint was written: nothing to resume, the config may differ
+    # run.* / log.* may change on resume; "kernels" (cv.RECORD_KEYS) is a fact about the machine, not config
+    strip = lambda d: {k: v for k, v in d.items() if k not in ("run", "log", *cv.RECORD_KEYS)}  # noqa: E731
+    old = prefix.with_added_defaults(cv.upgrade(old, quiet=True), cfg_dict)  # fields added since, at their default
+    if json.loads(json.dumps(strip(old))) != json.loads(json.dumps(strip(cfg_dict))):
+        raise cv.ConfigError(
+            f"{workdir} holds a run with a different config (config.json); resume needs the same config "
+            "(only run.* and log.* may change) - use a new --workdir"
+        )
+
+
+def compute_estimate(config) -> tuple[str, dict]:
     """Tokens to generate, verifier calls and train tokens per unit and in total, per stage (upper bounds)."""
-    N = cfg["sampling"]["max_new_tokens"]
-    P = cfg["tasks"]["max_prompt_len"]
-    e = cfg["eval"]
+    cfg = cv.typed(config)
+    N = cfg.sampling.max_new_tokens
+    P = cfg.tasks.max_prompt_len
+    e = cfg.eval
     rows, tot, evals = [], {"gen_tokens": 0, "verifier_calls": 0, "train_tokens": 0}, 0
-    for s in cv.parse_stages(cfg):
+    for s in cfg.stages:
         if s.kind == "sft":
-            n = s.n_problems or cfg["tasks"]["n_train"]
+            n = s.n_problems or cfg.tasks.n_train
             per = {"gen_tokens": 0, "verifier_calls": 0, "train_tokens": n * (P + N)}
         elif s.kind == "rejection":
             g = s.n_problems * s.samples
@@ -224,12 +281,12 @@ def compute_estimate(cfg: dict) -> tuple[str, dict]:
             g = int(s.n_prompts * k)
             per = {"gen_tokens": g * N, "verifier_calls": g, "train_tokens": s.epochs * g * (P + N)}
         units = s.units
-        n_val_evals = (units - 1) // e["every"] if e["every"] else 0  # mid-stage validation evals
+        n_val_evals = (units - 1) // e.every if e.every else 0  # mid-stage validation evals
         evals += 1
         for kk in tot:
             tot[kk] += per[kk] * units
         rows.append((s.name, s.kind, units, per, n_val_evals))
-    per_val, per_test = e["n_val"] * (1 + e["k"]), e["n_test"] * (1 + e["k"])
+    per_val, per_test = e.n_val * (1 + e.k), e.n_test * (1 + e.k)
     n_answers = (per_val + per_test) * (evals + 1) + per_test + per_val * sum(r[4] for r in rows)
     tot["gen_tokens"] += n_answers * N
     tot["verifier_calls"] += n_answers
@@ -238,7 +295,7 @@ def compute_estimate(cfg: dict) -> tuple[str, dict]:
     for name, kind, units, per, _ in rows:
         lines.append(f"  {name:<16}{kind:<10}{units:>6}{per['gen_tokens']:>14,}{per['verifier_calls']:>15,}"
                      f"{per['train_tokens']:>16,}")
-    lines.append(f"  evals: {n_answers:,} answers (initial, stage ends, every {e['every']} units, best policy)")
+    lines.append(f"  evals: {n_answers:,} answers (initial, stage ends, every {e.every} units, best policy)")
     lines.append(f"  total: {tot['gen_tokens']:,} generated tokens, {tot['verifier_calls']:,} verifier calls, "
                  f"{tot['train_tokens']:,} train tokens")
     return "\n".join(lines), tot

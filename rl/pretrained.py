@@ -22,16 +22,18 @@ from __future__ import annotations
 
 import dataclasses
 
+from models.config import ModelConfig
+from rl.config_validation import RunConfig
+
 # Fields a recipe may set on a checkpoint: how the model runs, not what it is.
 RUNTIME_FIELDS = ("dtype", "param_dtype", "remat", "capacity_factor", "router_aux_coef", "router_z_coef", "max_seq_len",
                   "logits_chunk")
 
 
-def on_checkpoint(ckpt, section: dict, source: str):
+def on_checkpoint(ckpt: ModelConfig, section, source: str) -> tuple[ModelConfig, list[str]]:
     """(the run's ModelConfig, notes): `ckpt` (a ModelConfig read from a checkpoint) with the model section's
-    run-time fields; see the module docstring."""
-    from models.config import ModelConfig
-
+    run-time fields (`section`: the model section, or its ModelConfig keyword arguments); see the module
+    docstring."""
     defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
     changes, notes = {}, []
     for name, default in defaults.items():
@@ -51,18 +53,17 @@ def on_checkpoint(ckpt, section: dict, source: str):
     return ckpt.replace(**changes), notes
 
 
-def port_lengths(cfg: dict, longest_prompt: int, context: int) -> tuple[dict, list[str]]:
+def port_lengths(cfg: RunConfig, longest_prompt: int, context: int) -> tuple[RunConfig, list[str]]:
     """(cfg with the lengths of a byte-tokenizer recipe measured in the checkpoint's tokens, notes)."""
-    cfg = {**cfg, "tasks": dict(cfg["tasks"]), "model": dict(cfg["model"])}
-    notes = []
-    P, N = cfg["tasks"]["max_prompt_len"], cfg["sampling"]["max_new_tokens"]
+    tasks, model, notes = cfg.tasks, cfg.model, []
+    P, N = tasks.max_prompt_len, cfg.sampling.max_new_tokens
     if longest_prompt > P:
-        cfg["tasks"]["max_prompt_len"] = longest_prompt
+        tasks = tasks.replace(max_prompt_len=longest_prompt)
         notes.append(f"tasks.max_prompt_len = {P} -> {longest_prompt} (the longest prompt in the checkpoint's "
                      f"tokenizer and chat template; the recipe counted bytes)")
-    need = min(cfg["tasks"]["max_prompt_len"] + N, context)  # beyond the context: the pre-run checks report it
-    if need > cfg["model"]["max_seq_len"]:
-        notes.append(f"model.max_seq_len = {cfg['model']['max_seq_len']} -> {need} (tasks.max_prompt_len + "
+    need = min(tasks.max_prompt_len + N, context)  # beyond the context: the pre-run checks report it
+    if need > model.max_seq_len:
+        notes.append(f"model.max_seq_len = {model.max_seq_len} -> {need} (tasks.max_prompt_len + "
                      f"sampling.max_new_tokens, at most the checkpoint's context)")
-        cfg["model"]["max_seq_len"] = need
-    return cfg, notes
+        model = model.replace(max_seq_len=need)
+    return cfg.replace(tasks=tasks, model=model), notes

@@ -39,6 +39,7 @@ import time
 
 import jax
 import numpy as np
+from tqdm import tqdm
 
 from rl import checkpoint as ckpt_lib
 from rl import compile_cache
@@ -47,7 +48,9 @@ from rl import evaluation as ev
 from rl import hacking
 from rl import metrics as mlib
 from rl import stages as stage_lib
-from rl.context import backend_kernels, build_context
+from models import transformer
+from rl import plots, preflight
+from rl.context import Prepared, backend_kernels, build_context
 
 SUMMARY_KEYS = ("pass@1", "pass@1_se", "pass@1_ci95", "pass@k", "maj@k", "format_rate", "mean_length",
                 "language_consistency")
@@ -111,7 +114,7 @@ class Loop:
         self.cache_dir: str | None = None
         self.clock = mlib.Clock()
         self.best_ck = ckpt_lib.Checkpointer(os.path.join(ctx.workdir, "checkpoints", "best_policy"), keep=1,
-                                             keep_best=False) if ctx.cfg["checkpoint"]["keep_best"] else None
+                                             keep_best=False) if ctx.cfg.checkpoint.keep_best else None
 
     def meta(self, run, si: int, u_next: int) -> dict:
         """Checkpoint meta: the tree belongs to stage `si`, whose next unit is `u_next` (== units: stage done)."""
@@ -141,13 +144,13 @@ class Loop:
     # -- evaluation ---------------------------------------------------------------------------
     def evaluate(self, params, si: int, unit: int, splits=("validation", "test"), stage: str = "") -> dict:
         """Metrics per split; the samples go to samples.jsonl at the current global unit; one progress line."""
-        e, ctx = self.ctx.cfg["eval"], self.ctx
-        out, t0, n_show = {}, time.time(), int(e.get("samples", 2))
+        e, ctx = self.ctx.cfg.eval, self.ctx
+        out, t0, n_show = {}, time.time(), int(e.samples)
         for j, split in enumerate(splits):
-            probs = ctx.val[: e["n_val"]] if split == "validation" else ctx.test[: e["n_test"]]
+            probs = ctx.val[: e.n_val] if split == "validation" else ctx.test[: e.n_test]
             key = jax.random.fold_in(ctx.key("eval", si + 2, unit), j)  # si: -2 best policy, -1 initial
             samples = [] if n_show else None
-            out[split] = ev.evaluate(ctx, params, probs, key, e["k"], e["temperature"], samples_out=samples,
+            out[split] = ev.evaluate(ctx, params, probs, key, e.k, e.temperature, samples_out=samples,
                                      n_show=n_show)
             ctx.writer.write_samples(self.gunit, samples or [], stage=stage, split=split)
         first = next((h["validation"] for h in self.history if "validation" in h), None)
@@ -170,8 +173,6 @@ class Loop:
             self.curves(recs)
 
     def curves(self, recs=None) -> None:
-        from rl import plots
-
         recs = mlib.read_jsonl(self.ctx.writer.path) if recs is None else recs
         plots.run_curves(recs, os.path.join(self.ctx.workdir, "curves.png"), hacking=self.summary.get("hacking"),
                          title=f"{self.summary.get('config', '')}  {self.ctx.workdir}")
@@ -219,8 +220,6 @@ class Loop:
         return self.summary
 
     def _policy_template(self):
-        from models import transformer
-
         return transformer.init(self.ctx.model_cfg, jax.random.key(0))
 
     def close(self) -> None:
@@ -237,26 +236,26 @@ def write_summary(workdir: str, summary: dict) -> None:
 
 
 def train(config, workdir: str, config_path: str = "") -> dict:
-    """Run (or resume) every stage of `config` in `workdir`; returns the summary dict."""
-    from rl import preflight
-
-    cv.validate(config)
-    cfg = cv.to_dict(config)
-    stage_cfgs = cv.parse_stages(cfg)
-    if cfg["run"]["distributed"]:
+    """Run (or resume) every stage of `config` in `workdir`; returns the summary dict. `config` is the launcher's
+    rl.preflight.prepare(...) result (nothing is validated or loaded again) or a config (ConfigDict, plain dicts or a
+    RunConfig), prepared here without the machine checks."""
+    cfg = config.cfg if isinstance(config, Prepared) else config if isinstance(config, cv.RunConfig) else (
+        cv.validate(config))
+    if cfg.run.distributed:
         jax.distributed.initialize()  # coordinator / process ids from the cluster environment
-    cache_dir = compile_cache.enable(cfg["run"]["compile_cache"])  # before the first compile of this run
+    cache_dir = compile_cache.enable(cfg.run.compile_cache)  # before the first compile of this run
     compile_start = compile_cache.stats()
     clock = mlib.Clock()
-    clock.say(f"building the run: {cfg['tasks']['n_train']} / {cfg['tasks']['n_val']} / {cfg['tasks']['n_test']} "
-              f"problems of {cfg['tasks']['mix']}, {cfg['run']['reward_workers']} reward worker(s)")
-    ctx = build_context(cfg, workdir)
+    clock.say(f"building the run: {cfg.tasks.n_train} / {cfg.tasks.n_val} / {cfg.tasks.n_test} problems of "
+              f"{cfg.tasks.mix}, {cfg.run.reward_workers} reward worker(s)")
+    prep = config if isinstance(config, Prepared) else preflight.prepare(cfg, environment=False)
+    ctx = build_context(prep, workdir)
     latest = ctx.ckpt.latest_step()
     meta = ctx.ckpt.restore_meta(latest) if latest is not None else None
-    ctx.writer = mlib.MetricsWriter(workdir, tensorboard=cfg["log"]["tensorboard"],
+    ctx.writer = mlib.MetricsWriter(workdir, tensorboard=cfg.log.tensorboard,
                                     truncate_after_step=(meta["global_unit"] if meta else -1))
     print(preflight.compute_estimate(cfg)[0], flush=True)
-    loop = Loop(ctx, stage_cfgs, config_path)
+    loop = Loop(ctx, list(cfg.stages), config_path)
     loop.clock, loop.compile_start, loop.cache_dir = clock, compile_start, cache_dir
     try:
         return _run(loop, meta, latest)
@@ -266,19 +265,15 @@ def train(config, workdir: str, config_path: str = "") -> dict:
 
 
 def _run(loop: Loop, meta, latest) -> dict:
-    from tqdm import tqdm
-
-    from models import transformer
-
     ctx, cfg = loop.ctx, loop.ctx.cfg
-    e, stop_after, ran = cfg["eval"], cfg["run"]["stop_after"], 0
-    bars, line_every = progress_mode(cfg["log"]["progress"], sys.stdout.isatty(), sys.stderr.isatty())
+    e, stop_after, ran = cfg.eval, cfg.run.stop_after, 0
+    bars, line_every = progress_mode(cfg.log.progress, sys.stdout.isatty(), sys.stderr.isatty())
     run = None
     if meta is None:
         params = ctx.init_params()  # model.hf_path's weights, else a random init
-        if e["initial"]:
-            loop.clock.say(f"evaluating the initial policy: {e['n_val']} validation + {e['n_test']} test problems, "
-                           f"greedy + {e['k']} samples each (the first call compiles the sampler)")
+        if e.initial:
+            loop.clock.say(f"evaluating the initial policy: {e.n_val} validation + {e.n_test} test problems, "
+                           f"greedy + {e.k} samples each (the first call compiles the sampler)")
             res = loop.evaluate(params, -1, 0, stage="initial")
             loop.summary["eval"]["initial"] = summary_entry(res["test"])
             loop.history.append({"stage": "initial", **res})
@@ -321,19 +316,19 @@ def _run(loop: Loop, meta, latest) -> dict:
                 loop.summary["eval"][sc.name] = summary_entry(res["test"])
                 loop.history.append({"stage": sc.name, **res})
                 ctx.writer.write(loop.gunit, res, stage=sc.name, phase="eval", unit=str(u))
-            elif e["every"] and (u + 1) % e["every"] == 0:
+            elif e.every and (u + 1) % e.every == 0:
                 val = loop.evaluate(run.policy_params(), si, u, splits=("validation",), stage=sc.name)["validation"]
                 ctx.writer.write(loop.gunit, {"validation": val}, stage=sc.name, phase="eval", unit=str(u))
             if val is not None:
                 loop.offer_best(run.policy_params(), sc.name, u, val["pass@1"])
-            if loop.gunit % cfg["log"]["every"] == 0 or last:
+            if loop.gunit % cfg.log.every == 0 or last:
                 ctx.writer.write(loop.gunit, m, stage=sc.name, phase="train", unit=str(u))
             bar.update(1)
             bar.set_postfix({k: f"{v:.3f}" for k, v in m.items() if k in PROGRESS_KEYS and isinstance(v, (float, np.floating))})
             ran += 1
             if last:
                 loop.stage_end(sc, first_step)
-            if last or stop or (u + 1) % cfg["checkpoint"]["every"] == 0:
+            if last or stop or (u + 1) % cfg.checkpoint.every == 0:
                 loop.stamp()
                 if last:
                     write_summary(ctx.workdir, loop.summary)  # one entry per finished stage, also while the run goes on

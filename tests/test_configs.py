@@ -34,8 +34,9 @@ def test_config_loads_and_validates(name, variant):
     assert "python -m experiments.launch --config experiments/configs/" + name + ".py" in module.__doc__
     cfg = module.get_config(f"variant={variant},seed=3")
     assert cfg.seed == 3
-    cv.validate(cfg)
-    json.dumps(cv.to_dict(cfg))  # config.json must be writable
+    typed = cv.validate(cfg)
+    # config.json is the typed tree's dict: every key of the config file, with its value
+    assert json.loads(json.dumps(typed.to_dict())) == json.loads(json.dumps(cv.to_dict(cfg)))
     if hasattr(module, "get_sweep"):
         sweep = module.get_sweep()
         for path_ in sweep["axes"]:
@@ -59,9 +60,9 @@ def _tiny():
     ("stages[2].kl_place", "reward", "stages[2].kl_place 'reward' needs kind ppo"),
     ("eval.n_val", "100", "eval.n_val (100) must be <= tasks.n_val (8)"),
     ("tasks.lang", "fr", "tasks.lang must be one of en|zh, got 'fr'"),
-    ("model.n_kv_heads", "3", "model: "),
+    ("model.n_kv_heads", "3", "model.n_heads (2) must be divisible by n_kv_heads (3)"),
     ("sampling.max_new_tokens", "1000", "must be <= model.max_seq_len"),
-    ("mesh.data", "0", "mesh axis sizes must be >= 1 or -1"),
+    ("mesh.data", "0", "mesh: axis sizes must be >= 1 or -1"),
     ("sharding_rules", "embed=gpu", "sharding_rules: rule 'embed=gpu'"),
     # ranges, not just types: finite numbers, sane sizes, known sources
     ("stages[2].lr", "1e999", "stages[2].lr must be a finite number, got inf"),

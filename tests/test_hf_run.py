@@ -87,7 +87,7 @@ def test_tokenizer_chat_prompts_and_starting_weights(tiny_folder):
     cfg["model"]["chat_template"] = False
     assert context.prompt_text(cfg, tok, p) == render_prompt(p, "en")
     # the starting policy is the checkpoint's weights, in the configured storage dtype
-    ctx = context.RunContext(cfg=cfg, workdir="", model_cfg=context.build_model_cfg(cfg), tok=tok, mesh=None,
+    ctx = context.RunContext(cfg=cv.typed(cfg), workdir="", model_cfg=context.build_model_cfg(cfg), tok=tok, mesh=None,
                              rules=None, row_multiple=1, train=[], val=[], test=[])
     _, want = hf.load(os.path.join(tiny_folder, "model"))
     got = ctx.init_params()

@@ -198,7 +198,7 @@ def test_target_absent_from_the_model_is_an_error():
         lora.init(transformer.init(cfg, jax.random.key(0)), cfg, jax.random.key(1))
 
 
-@pytest.mark.parametrize("name, section", [("lora", dict(rank=4)), ("upcycle", dict(n_experts=4))])
+@pytest.mark.parametrize("name, section", [("lora", dict(rank=4)), ("upcycle", dict(n_experts=4))])  # on a dense model
 def test_run_config_refuses_the_sections_until_the_trainer_uses_them(name, section):
     """rl/context.py: a run asking for LoRA / upcycling fails in the pre-run checks instead of silently training
     every weight of the plain model (until the trainer wiring of docs/lora_upcycling.md lands)."""
@@ -206,7 +206,7 @@ def test_run_config_refuses_the_sections_until_the_trainer_uses_them(name, secti
     from rl import context
 
     with pytest.raises(cv.ConfigError, match=f"model.{name} is not wired"):
-        context.build_model_cfg({"model": {name: section}})
+        context.build_model_cfg({"model": {name: section, "n_experts": 0}})
 
 
 # ---- the sampler on merged weights against an unmerged float64 NumPy forward -----------------------------------------

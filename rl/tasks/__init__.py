@@ -35,7 +35,7 @@ import functools
 import random
 import re
 
-from rl.tasks import arith, code, fractions_, instructions, linear, word
+from rl.tasks import arith, code, fractions_, gsm8k_math, gym, instructions, jsonl_io, linear, mathdataset, word
 from rl.tasks.base import (
     LEVELS, REWARDS, SPLITS, FixedSource, GeneratedSource, Problem, ShortSupply, Split, check_split, question_hash,
     split_of,
@@ -81,28 +81,24 @@ def get_source(name: str):
         return _GENERATED[name]
     base, _, arg = name.partition("@")
     if base == "mathdataset":
-        from rl.tasks import mathdataset
         return mathdataset.from_spec(arg or None)
     if base == "jsonl":
         if not arg:
             raise ValueError("source 'jsonl' needs a path: jsonl@path/to/file.jsonl")
-        from rl.tasks import jsonl_io
         return FixedSource.build(name, jsonl_io.read_jsonl(arg, source=name), description=f"JSONL file {arg}")
     if base in ("gsm8k", "math"):
         if not arg:
             raise ValueError(f"source {base!r} needs a path: {base}@path/to/file.jsonl")
-        from rl.tasks import gsm8k_math
         return FixedSource.build(name, gsm8k_math.read(arg, base, source=name),
                                  description=f"{base.upper()}-style JSONL file {arg}")
     if base == "tfds":
         if not arg:
             raise ValueError("source 'tfds' needs a dataset name: tfds@name or tfds@name@data_dir")
-        from rl.tasks import tfds_builder
+        from rl.tasks import tfds_builder  # deliberate lazy import: tensorflow_datasets loads only for a tfds source
         ds_name, _, data_dir = arg.partition("@")
         return FixedSource.build(name, tfds_builder.load_problems(ds_name, data_dir=data_dir or None),
                                  description=f"TFDS dataset {ds_name}")
     if base == "gym":
-        from rl.tasks import gym
         return gym.from_spec(arg)
     raise ValueError(f"unknown task source {name!r}; known: {sorted(list_sources())}")
 
@@ -162,7 +158,6 @@ def parse_mix(spec: str) -> list[tuple[str, float]]:
         if name not in _GENERATED and base not in _PARAMETERISED:
             raise ValueError(f"mix spec {spec!r}: unknown source {name!r}; known: {sorted(list_sources())}")
         if base == "gym":
-            from rl.tasks import gym
             try:
                 gym.check_spec(name.partition("@")[2])
             except ValueError as e:

@@ -1,0 +1,117 @@
+"""The typed `model.lora` and `model.upcycle` sections (LoraConfig, UpcycleConfig) and LoRA's target table.
+
+They sit apart from models/lora.py and models/upcycle.py, which need JAX, because models/config.py holds them as
+fields of ModelConfig and the launcher and the reward workers import the config without importing JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+# Block-relative path -> (lead dims, contracted "in" dims) of that weight (models/transformer.py _block_shapes).
+TARGETS = {
+    "attn/wq": (0, 1), "attn/wk": (0, 1), "attn/wv": (0, 1), "attn/wo": (0, 2),
+    "mlp/w_gate": (0, 1), "mlp/w_up": (0, 1), "mlp/w_down": (0, 1),
+    "moe/w_gate": (1, 1), "moe/w_up": (1, 1), "moe/w_down": (1, 1),
+    "moe/shared/w_gate": (0, 1), "moe/shared/w_up": (0, 1), "moe/shared/w_down": (0, 1),
+}
+# Every attention and dense-MLP projection: the "all linear layers" setting (QLoRA, Dettmers et al. 2023).
+DEFAULT_TARGETS = ("attn/wq", "attn/wk", "attn/wv", "attn/wo", "mlp/w_gate", "mlp/w_up", "mlp/w_down")
+
+@dataclass(frozen=True, kw_only=True)
+class LoraConfig:
+    """The `model.lora` section: rank r >= 1, alpha > 0 (the update is scaled by alpha / r), known targets."""
+
+    rank: int = 8  # r: inner width of each adapter
+    alpha: float = 16.0  # the update is (alpha / rank) * A @ B
+    targets: tuple[str, ...] = DEFAULT_TARGETS  # block-relative param paths (TARGETS)
+
+    def __post_init__(self):
+        object.__setattr__(self, "targets", tuple(self.targets) if isinstance(self.targets, (list, tuple))
+                           else self.targets)
+        errors = []
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or not 1 <= self.rank <= 2**16:
+            errors.append(f"lora.rank must be an int in [1, 65536], got {self.rank!r}")
+        if (isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or not math.isfinite(self.alpha)
+                or self.alpha <= 0):
+            errors.append(f"lora.alpha must be a finite number > 0, got {self.alpha!r}")
+        if not isinstance(self.targets, tuple) or not self.targets:
+            errors.append(f"lora.targets must be a non-empty tuple of {sorted(TARGETS)}, got {self.targets!r}")
+        else:
+            unknown = [t for t in self.targets if t not in TARGETS]
+            if unknown:
+                errors.append(f"lora.targets {unknown} are not known; known: {sorted(TARGETS)}")
+            elif len(set(self.targets)) != len(self.targets):
+                errors.append(f"lora.targets lists a target twice: {self.targets!r}")
+        if errors:
+            raise ValueError("; ".join(errors))
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+    @classmethod
+    def from_value(cls, value: Any) -> "LoraConfig":
+        """A LoraConfig from itself, a mapping or an ml_collections ConfigDict (unknown keys are an error)."""
+        if isinstance(value, cls):
+            return value
+        if hasattr(value, "to_dict"):
+            value = value.to_dict()
+        if not isinstance(value, Mapping):
+            raise ValueError(f"lora must be None or a dict(rank=..., alpha=..., targets=...), got {value!r}")
+        known = sorted(f.name for f in dataclasses.fields(cls))
+        unknown = sorted(set(value) - set(known))
+        if unknown:
+            raise ValueError(f"lora has unknown field(s) {unknown}; known: {known}")
+        return cls(**value)
+
+
+_FIELDS = ("n_experts", "top_k", "moe_every", "router_init_std", "capacity_factor")
+
+
+@dataclass(frozen=True, kw_only=True)
+class UpcycleConfig:
+    """The `model.upcycle` section (see the module docstring for the choices)."""
+
+    n_experts: int = 4  # experts per MoE block, each a copy of the dense MLP
+    top_k: int = 2  # experts per token; gates renormalised to sum to one
+    moe_every: int = 2  # block i becomes MoE iff (i + 1) % moe_every == 0 (2: every other block, as the paper)
+    router_init_std: float = 0.02  # std of the fresh router's normal init
+    capacity_factor: float | None = None  # None = dropless; else >= n_experts / top_k (nothing dropped at init)
+
+    def __post_init__(self):
+        errors = []
+        for name, lo, hi in (("n_experts", 2, 4096), ("top_k", 1, 4096), ("moe_every", 1, 10**4)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+                errors.append(f"upcycle.{name} must be an int in [{lo}, {hi}], got {v!r}")
+        std = self.router_init_std
+        if isinstance(std, bool) or not isinstance(std, (int, float)) or not math.isfinite(std) or not 0 < std <= 10:
+            errors.append(f"upcycle.router_init_std must be a finite number in (0, 10], got {std!r}")
+        if errors:
+            raise ValueError("; ".join(errors))
+        if self.top_k > self.n_experts:
+            raise ValueError(f"upcycle.top_k ({self.top_k}) must be <= upcycle.n_experts ({self.n_experts})")
+        cf = self.capacity_factor
+        if cf is not None:
+            least = self.n_experts / self.top_k
+            if isinstance(cf, bool) or not isinstance(cf, (int, float)) or not math.isfinite(cf) or cf < least:
+                raise ValueError(f"upcycle.capacity_factor must be None (dropless) or a number >= n_experts / top_k "
+                                 f"= {least:g} (so no token is dropped at init), got {cf!r}")
+
+    @classmethod
+    def from_value(cls, value: Any) -> "UpcycleConfig":
+        """An UpcycleConfig from itself, a mapping or an ml_collections ConfigDict (unknown keys are an error)."""
+        if isinstance(value, cls):
+            return value
+        if hasattr(value, "to_dict"):
+            value = value.to_dict()
+        if not isinstance(value, Mapping):
+            raise ValueError(f"upcycle must be None or a dict(n_experts=..., top_k=..., ...), got {value!r}")
+        unknown = sorted(set(value) - set(_FIELDS))
+        if unknown:
+            raise ValueError(f"upcycle has unknown field(s) {unknown}; known: {sorted(_FIELDS)}")
+        return cls(**value)

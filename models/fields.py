@@ -1,0 +1,222 @@
+"""Typed config fields: the project's one schema mechanism (a default, a one-line doc and a range check per field).
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class MyStage(Checked):
+        lr: float = field(1e-3, "peak learning rate", num(0.0, 10.0, lo_open=True))
+
+    MyStage(lr=-1)   # FieldErrors: "lr must be > 0.0, got -1"
+    from_dict(MyStage, {"lr": 1e-3, "lrr": 2}, path="stages[0]")   # FieldErrors naming "stages[0].lrr"
+    describe(MyStage, "stages[i]")   # ["stages[i].lr = 0.001  # peak learning rate"] (the launcher's --help_config)
+
+Every check returns the reason (without the field name) or None. Numbers must be finite and booleans are not
+numbers; sizes have upper bounds, so a typo such as 1e12 problems fails before any compute, with the field named.
+`FieldErrors` carries every problem at once (the launcher prints them all and exits 2).
+
+It sits in the bottom layer so that every section uses it: models/config.py (ModelConfig), rewards/combine.py
+(the reward section), rl/config_validation.py (run, tasks, sampling, eval, ...) and the stage configs (rl/stages/,
+through rl/config_fields.py). A Checked dataclass is frozen; it also reads like a mapping (`section["lr"]`,
+`section.get("lr")`, `dict(section)`), so code written against the config as plain dicts reads the typed tree too.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from typing import Any, Callable
+
+Check = Callable[[Any], "str | None"]
+
+
+class FieldErrors(ValueError):
+    """One or more invalid fields; `errors` holds (field path, reason) pairs."""
+
+    def __init__(self, errors: list[tuple[str, str]]):
+        self.errors = list(errors)
+        super().__init__("; ".join(f"{p} {m}" if p else m for p, m in self.errors))
+
+    def prefixed(self, prefix: str) -> list[str]:
+        """The errors as lines with `prefix` before each field path (e.g. 'stages[2].')."""
+        return [f"{prefix}{p} {m}" if p else f"{prefix.rstrip('.')}: {m}" for p, m in self.errors]
+
+
+def field(default, doc: str, check: Check | None = None):
+    """A dataclass field with its doc and range check in the metadata."""
+    if isinstance(default, (list, dict)):
+        return dataclasses.field(default_factory=lambda: type(default)(default), metadata={"doc": doc, "check": check})
+    return dataclasses.field(default=default, metadata={"doc": doc, "check": check})
+
+
+def doc_of(cls, name: str) -> str:
+    return next(f.metadata.get("doc", "") for f in dataclasses.fields(cls) if f.name == name)
+
+
+def default_of(f: dataclasses.Field):
+    """A field's default value (its factory called when it has one)."""
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
+
+def describe(cls, prefix: str) -> list[str]:
+    """'prefix.name = default  # doc' for every field of a Checked dataclass (nested sections are not expanded)."""
+    return [f"{prefix}.{f.name} = {default_of(f)!r}  # {f.metadata.get('doc', '')}"
+            for f in dataclasses.fields(cls)]
+
+
+def suggest(name: str, known) -> str:
+    """"did you mean 'epochs'?" for a misspelled field, else the list of known fields."""
+    close = difflib.get_close_matches(str(name), [str(k) for k in known], n=2, cutoff=0.6)
+    if close:
+        return f"did you mean {' or '.join(repr(c) for c in close)}?"
+    return f"known: {', '.join(sorted(str(k) for k in known))}"
+
+
+def unknown_field(name: str, known) -> str:
+    return f"is not a known field; {suggest(name, known)}"
+
+
+# -- checks ---------------------------------------------------------------------------------------------
+def integer(lo: int | None = None, hi: int | None = None) -> Check:
+    def c(v):
+        if isinstance(v, bool) or not isinstance(v, int):
+            return f"must be an int, got {v!r}"
+        if lo is not None and v < lo:
+            return f"must be >= {lo}, got {v}"
+        if hi is not None and v > hi:
+            return f"must be <= {hi}, got {v}"
+        return None
+
+    return c
+
+
+def num(lo: float | None = None, hi: float | None = None, lo_open: bool = False) -> Check:
+    def c(v):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return f"must be a number, got {v!r}"
+        if not math.isfinite(v):
+            return f"must be a finite number, got {v!r}"
+        if lo is not None and (v < lo or (lo_open and v == lo)):
+            return f"must be {'>' if lo_open else '>='} {lo}, got {v}"
+        if hi is not None and v > hi:
+            return f"must be <= {hi}, got {v}"
+        return None
+
+    return c
+
+
+def optional(check: Check, meaning: str) -> Check:
+    """None (meaning `meaning`) or a value `check` accepts."""
+    def c(v):
+        msg = None if v is None else check(v)
+        return msg and msg.replace("must be", f"must be None ({meaning}) or", 1)
+
+    return c
+
+
+def boolean(v) -> str | None:
+    return None if isinstance(v, bool) else f"must be true/false, got {v!r}"
+
+
+def choice(*opts) -> Check:
+    def c(v):
+        return None if v in opts else f"must be one of {'|'.join(map(str, opts))}, got {v!r}"
+
+    return c
+
+
+def text(v) -> str | None:
+    return None if isinstance(v, str) else f"must be a string, got {v!r}"
+
+
+def name(v) -> str | None:
+    if not isinstance(v, str) or not v.strip():
+        return f"must be a non-empty string, got {v!r}"
+    if any(ch in v for ch in "/\\\n"):
+        return f"must not contain '/', '\\' or newlines, got {v!r}"
+    return None
+
+
+# -- dataclasses with checked fields ----------------------------------------------------------------------
+class Checked:
+    """Mixin for frozen keyword-only dataclasses: `__post_init__` runs every field's check, then `cross_checks`.
+    Read-only mapping access (`s["x"]`, `s.get("x")`, `keys()`, `items()`, `dict(s)`) reads the fields."""
+
+    def __post_init__(self):
+        errors = []
+        for f in dataclasses.fields(self):
+            check = f.metadata.get("check")
+            if check is not None:
+                msg = check(getattr(self, f.name))
+                if msg:
+                    errors.append((f.name, msg))
+        if not errors:  # cross-field rules assume each field is well-formed
+            errors += list(self.cross_checks())
+        if errors:
+            raise FieldErrors(errors)
+
+    def cross_checks(self):
+        """(field, reason) pairs for rules between fields; none by default."""
+        return ()
+
+    def to_dict(self) -> dict:
+        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    def replace(self, **changes):
+        """A copy with `changes` (checked like a new instance)."""
+        return dataclasses.replace(self, **changes)
+
+    # -- read-only mapping access --------------------------------------------------------------------
+    def keys(self) -> list[str]:
+        return [f.name for f in dataclasses.fields(self)]
+
+    def items(self) -> list[tuple[str, Any]]:
+        return [(k, getattr(self, k)) for k in self.keys()]
+
+    def values(self) -> list:
+        return [getattr(self, k) for k in self.keys()]
+
+    def __getitem__(self, key: str):
+        if key not in self.keys():
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __contains__(self, key) -> bool:
+        return key in self.keys()
+
+    def get(self, key: str, default=None):
+        return getattr(self, key) if key in self.keys() else default
+
+
+def _plain(v):
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        return v.to_dict() if hasattr(v, "to_dict") else dataclasses.asdict(v)
+    if isinstance(v, (tuple, list)):
+        return [_plain(x) for x in v]
+    return v
+
+
+def from_dict(cls, d: dict, nested: dict[str, type] | None = None):
+    """Build `cls` from a plain dict: unknown keys are errors, missing keys take their defaults, lists become
+    tuples where the default is a tuple, and `nested` maps a field to the Checked class of its sub-dict."""
+    if not isinstance(d, dict):
+        raise FieldErrors([("", f"must be a section (a dict of fields), got {d!r}")])
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    errors = [(k, unknown_field(k, fields)) for k in d if k not in fields]
+    kwargs = {}
+    for k, v in d.items():
+        if k not in fields:
+            continue
+        if nested and k in nested:
+            try:
+                v = from_dict(nested[k], v)
+            except FieldErrors as e:
+                errors += [(f"{k}.{p}" if p else k, m) for p, m in e.errors]
+                continue
+        elif isinstance(v, list) and isinstance(fields[k].default, tuple):
+            v = tuple(v)
+        kwargs[k] = v
+    try:
+        obj = cls(**kwargs)
+    except FieldErrors as e:
+        raise FieldErrors(errors + e.errors) from None
+    if errors:
+        raise FieldErrors(errors)
+    return obj
