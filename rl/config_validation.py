@@ -266,7 +266,7 @@ def stage(kind: str, name: str | None = None, **overrides) -> ml_collections.Con
             raise ConfigError(f"stage {d['name']!r} ({kind}) curriculum has no field(s) {sorted(unknown)}")
         d["curriculum"].update(cur)
     for k, v in overrides.items():
-        if k not in d:
+        if k not in d and k not in stages.legacy_keys(kind):  # a legacy key stays (its one allowed value is checked)
             raise ConfigError(f"stage {d['name']!r} ({kind}) has no field {k!r}; {suggest(k, d)}")
         d[k] = v
     for k, v in d.items():
@@ -295,7 +295,7 @@ def describe() -> str:
     from models.config import ModelConfig
     from rewards.combine import RewardConfig
     from rl import curriculum
-    from rl.stages import CONFIGS
+    from rl.stages import CONFIGS, flat_fields
 
     lines = [f"{k} = {f.default!r}  # {f.doc}" for k, f in TOP.items()]
     docs = _comments(ModelConfig)
@@ -307,10 +307,8 @@ def describe() -> str:
         lines += [f"{name}.{k} = {f.default!r}  # {f.doc}" for k, f in fields.items()]
     seen = {}
     for kind, cls in CONFIGS.items():
-        for f in dataclasses.fields(cls):
-            if f.name in ("kind", "curriculum"):
-                continue
-            seen.setdefault(f.name, (cls().to_dict()[f.name], f.metadata.get("doc", ""), []))[2].append(kind)
+        for k, default, doc in flat_fields(cls):
+            seen.setdefault(k, (default, doc, []))[2].append(kind)
     for k, (default, doc, kinds) in seen.items():
         where = "every kind" if len(kinds) == len(CONFIGS) else "/".join(kinds)
         lines.append(f"stages[i].{k} = {default!r}  # ({where}) {doc}")

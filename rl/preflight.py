@@ -124,7 +124,7 @@ def check_environment(cfg: dict, verbose: bool = True):
     from models import hf_checks
     from rl import context, memory_plan
     from rl.stages import sft_problem_count
-    from rl.stages.base import stage_problems
+    from rl.stages.common import stage_problems
 
     errors, notes = [], []
     sizes = _collect(errors, lambda: resolved_mesh(cfg, len(jax.devices())))

@@ -8,7 +8,7 @@ token rows beside the policy's, not in the plain-Python reward pool. Config (rew
     reward.prm_agg    the response's PRM score from its calibrated step probabilities: min | mean | prod | last
     reward.prm_steps  step_rewards / process_grpo take their step scores from the PRM instead of the checker
 
-An RL stage adds its own terms (rl/stages/policy_gradient.py; stage-level, so a sweep over them shares the cold
+An RL stage adds its own terms (rl/stages/iteration.py; stage-level, so a sweep over them shares the cold
 start): stages[i].prm_weight (+ weight x the PRM score, on top of reward.w_prm) and stages[i].prm_calibration (the
 map its probabilities use: none | temperature | platt, each stored in the file by experiments/train_prm.py; ""
 = the file's own). "{seed}" in reward.prm_path is replaced by the run's seed (one PRM per seed in a sweep).
@@ -21,7 +21,7 @@ map its probabilities use: none | temperature | platt, each stored in the file b
 
 A response's PRM steps are rewards.prm.data.step_ends: its step lines, then its final answer; step-level rewards
 use the step lines only (the answer is the outcome reward's, or `final`'s in process GRPO). Positions follow
-rl.stages.policy_gradient.step_scores: resp_start + len(tok.encode(text[:end])) - 1. Every scoring call reports
+rl.advantages.step_scores: resp_start + len(tok.encode(text[:end])) - 1. Every scoring call reports
 its cost (`prm/seconds`, `prm/seconds_per_solution`).
 """
 from __future__ import annotations
@@ -82,14 +82,14 @@ class PRMScorer:
 
     def step_scores(self, out: dict, final=None, lengths=None, resp_start=None):
         """(scores, end positions, mask) of the step lines (the answer step dropped), in the layout of
-        rl.stages.policy_gradient.step_scores; with `final`, each response's final score is appended as the last
+        rl.advantages.step_scores; with `final`, each response's final score is appended as the last
         step at its last token (process GRPO)."""
         probs, pos, mask = out["probs"], out["pos"], out["mask"].copy()
         for r in np.flatnonzero(out["answer"]):
             j = int(mask[r].sum()) - 1
             if j >= 0:
                 mask[r, j] = 0  # the answer step: the outcome's, not the PRM's
-        from rl.stages.policy_gradient import step_arrays
+        from rl.advantages import step_arrays
 
         rows = [[(float(probs[r, j]), int(pos[r, j])) for j in np.flatnonzero(mask[r])] for r in range(len(probs))]
         if final is not None:

@@ -259,7 +259,7 @@ def test_prm_config_errors_name_the_field():
 def test_scorer_rows_match_the_trainers_step_positions(tiny_prm):
     from rl import rollout
     from rl.prm_reward import PRMScorer
-    from rl.stages.policy_gradient import step_scores
+    from rl.advantages import step_scores
 
     _, _, params, _ = tiny_prm
     prm = PRM(TINY, params, {"kind": "platt", "a": 0.5, "b": 0.1}, 0.5, "min", likelihood=True)
@@ -357,7 +357,7 @@ def test_stage_calibration_choice_matches_hand_computed_maps(tmp_path):
     prm_weight adds to reward.w_prm; "{seed}" in the path picks the seed's file."""
     from rl import rollout
     from rl.prm_reward import for_context
-    from rl.stages.grpo import GRPOConfig
+    from rl.stages import parse_stage
 
     params, _ = _tiny_head_prm(tmp_path, "seed7")
     texts = ["Step 1: 1+2=3\nStep 2: 3*3=10\nAnswer: 10", "Step 1: 2+2=4\nAnswer: 4"]
@@ -372,7 +372,7 @@ def test_stage_calibration_choice_matches_hand_computed_maps(tmp_path):
     reward = {"prm_path": str(tmp_path / "seed{seed}" / "prm.npz"), "w_prm": 0.1, "prm_agg": "min", "prm_steps": True}
     seen = {}
     for name, (a, bias) in HAND.items():
-        sc = for_context(_Ctx(reward, seed=7), GRPOConfig(prm_weight=0.3, prm_calibration=name), "stages[1]")
+        sc = for_context(_Ctx(reward, seed=7), parse_stage({"kind": "grpo", "prm_weight": 0.3, "prm_calibration": name}), "stages[1]")
         assert sc.w == pytest.approx(0.4) and sc.prm.calib == (CALIBS[name] if name else CALIBS["platt"])
         out = sc.score_rows(b["tokens"], b["attn_mask"], texts, b["resp_start"])
         for r in range(2):
@@ -391,7 +391,7 @@ def test_older_prm_files_load_and_get_their_maps(tmp_path):
     experiments.train_prm.store_calibrations adds the fitted maps to it once."""
     from experiments.train_prm import store_calibrations
     from rl.prm_reward import for_context
-    from rl.stages.grpo import GRPOConfig
+    from rl.stages import parse_stage
 
     _, path = _tiny_head_prm(tmp_path, "old")
     _drop_calibs(path)
@@ -402,7 +402,7 @@ def test_older_prm_files_load_and_get_their_maps(tmp_path):
         old.calibrated("temperature")
     reward = {"prm_path": str(path), "w_prm": 0.0, "prm_agg": "min", "prm_steps": False}
     with pytest.raises(ValueError, match=r"stages\[1\]\.prm_calibration 'temperature'"):
-        for_context(_Ctx(reward, seed=0), GRPOConfig(prm_calibration="temperature"), "stages[1]")
+        for_context(_Ctx(reward, seed=0), parse_stage({"kind": "grpo", "prm_calibration": "temperature"}), "stages[1]")
     assert store_calibrations(str(path), CALIBS) and not store_calibrations(str(path), CALIBS)
     back = load(path)
     assert back.calibs == CALIBS and back.calibrated("temperature").calib == CALIBS["temperature"]

@@ -11,7 +11,7 @@ from models.tokenizer import ByteTokenizer
 from rl import stages
 from rl.metrics import read_jsonl
 from rl.stages.grpo import grpo_token_advantages
-from rl.stages.policy_gradient import step_scores
+from rl.advantages import step_scores
 from rl.stages.rejection import keep_verified
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -91,7 +91,7 @@ def test_tiny_variant_trains_every_stage(name, tmp_path):
 
 
 def test_stage_reward_terms_add_process_and_format_and_subtract_language():
-    from rl.stages.policy_gradient import stage_reward_terms
+    from rl.stages.iteration import stage_reward_terms
 
     scores = [{"process": 1.0, "format": 0.5, "language": 0.0}, {"process": 0.25, "format": 1.0, "language": 0.5}]
     off = grpo_cfg(name="g")
@@ -107,7 +107,7 @@ def test_stage_format_weight_does_not_add_an_instruction_rows_outcome_again():
 
     from rewards.combine import RewardConfig
     from rewards.task_score import score_task, target_of
-    from rl.stages.policy_gradient import stage_reward_terms
+    from rl.stages.iteration import stage_reward_terms
 
     check = json.dumps({"lang": "en", "constraints": [{"type": "max_chars", "k": 100}]})
     text = "Step 1: 2+2=4\nAnswer: 4"

@@ -74,8 +74,8 @@ def main(argv=None) -> int:
 
     from rewards.task_score import score_task, target_of
     from rl import checkpoint, context, rollout, stages
+    from rl.advantages import step_scores
     from rl.stages.grpo import grpo_token_advantages
-    from rl.stages.policy_gradient import step_scores
 
     cfg, model_cfg, params, tok = checkpoint.load_policy(args.workdir, args.ckpt)
     cfg = json.loads(json.dumps(cfg))

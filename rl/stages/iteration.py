@@ -200,7 +200,7 @@ def unit(st: State, u: int) -> tuple[State, dict]:
     fut = ctx.scorer.submit(texts, [st.base.problems[int(a["ids"][p])] for p in a["prompt_index"]], a["lengths"])
     # Producer / consumer: while the reward pool scores this batch, sample ahead up to iteration u + k with the
     # current params (batch u + k then trains k updates later: bounded staleness k).
-    ahead = range(u + 1 + len(pending), min(u + lookahead(st), st.base.units - 1) + 1)
+    ahead = range(u + 1 + len(pending), min(u + lookahead(st), cfg.units - 1) + 1)
     t0 = time.time()
     for v in ahead:
         st, b = produce(st, v)
