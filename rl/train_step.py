@@ -67,6 +67,8 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from models import shared_prompt, sharding, transformer, vocab
+from models.transformer import unembedding
 from rl import losses
 from rl.losses import LossConfig
 
@@ -141,8 +143,6 @@ def _model_params(params: dict) -> dict:
 
 
 def _abstract_params(model_cfg, loss_cfg):
-    from models import transformer
-
     abstract = jax.eval_shape(lambda k: transformer.init(model_cfg, k), jax.random.key(0))
     if loss_cfg.mode in HEAD_MODES:
         abstract = {**abstract, "value_head": jax.eval_shape(lambda: _value_head(model_cfg.d_model))}
@@ -155,8 +155,6 @@ def state_shardings(model_cfg, loss_cfg, optim_cfg, mesh, rules=None) -> dict:
     Params follow models.transformer.param_shardings; the optimizer moments mirror their parameter;
     counters, RNG and the value head are replicated.
     """
-    from models import sharding, transformer
-
     rules = sharding.DEFAULT_RULES if rules is None else rules
     rep = NamedSharding(mesh, PartitionSpec())
     p_sh = dict(transformer.param_shardings(model_cfg, mesh, rules))
@@ -176,8 +174,6 @@ def init_train_state(model_cfg, loss_cfg: LossConfig, optim_cfg: OptimConfig, ke
     `params` (e.g. from an SFT checkpoint) are used when given, else initialised (sharded when a
     mesh is given). PPO and PRM add params["value_head"] = {"w": [d_model], "b": []}; other modes drop it.
     """
-    from models import sharding, transformer
-
     k_params, k_rng = jax.random.split(key)
     if params is None:
         if mesh is None:
@@ -222,8 +218,6 @@ def _shifted_values(params: dict, hidden: jax.Array) -> jax.Array:
 def _chunked_logprobs(params, aux, tokens, temperature, model_cfg, mesh, rules):
     """(logp, entropy) [B, T] from forward(..., return_logits=False)'s hidden states, model_cfg.logits_chunk positions
     at a time (models/vocab.py): the full-logits path's numbers without [B, T, vocab] float32 logits."""
-    from models import vocab
-
     return vocab.sequence_logprobs(_model_params(params), model_cfg, aux["hidden"], tokens, temperature,
                                    chunk_len=model_cfg.logits_chunk, mesh=mesh, rules=rules)
 
@@ -248,9 +242,6 @@ def _logprobs_entropy(params, logits, aux, tokens, temp, model_cfg, mesh, rules,
     if model_cfg.logits_chunk > 0:
         if not grouped:
             return _chunked_logprobs(params, aux, tokens, temp, model_cfg, mesh, rules)
-        from models import vocab
-        from models.transformer import unembedding
-
         w, layout, scale = unembedding(_model_params(params), model_cfg)
         return vocab.chunked_logprobs(aux["hidden"], w, tokens, layout=layout, scale=scale, temperature=temp,
                                       chunk_len=model_cfg.logits_chunk, mesh=mesh, rules=rules)
@@ -337,8 +328,6 @@ def make_loss_fn(model_cfg, loss_cfg: LossConfig, mesh, rules):
     parts gives the whole-batch values (router load-balancing loss: the token-weighted mean of the
     parts' losses, the usual accumulation approximation).
     """
-    from models import shared_prompt, transformer
-
     policy_fn = losses.get_policy_loss(loss_cfg.policy_loss)
     agg, max_len = loss_cfg.agg, loss_cfg.max_len_norm
     is_ppo, is_sft = loss_cfg.mode == "ppo", loss_cfg.mode == "sft"
@@ -499,8 +488,6 @@ def _accumulated_value_and_grad(loss_fn, params, batch, kl_coef, n_micro: int, a
 
 
 def _batch_sharding(mesh, rules):
-    from models import sharding
-
     rules = sharding.DEFAULT_RULES if rules is None else rules
     # Only the leading (row) axis is sharded, so one spec fits [B], [B, T] and [B, T, ...] leaves.
     lead = sharding.batch_sharding(mesh, rules, ndim=2).spec[0]
@@ -574,8 +561,6 @@ def make_train_step(model_cfg, loss_cfg: LossConfig, optim_cfg: OptimConfig, mes
 # ------------------------------------------------------------------------------------- logprobs
 def _logprobs(params, tokens, attn_mask, temperature, model_cfg, mesh, rules, with_values, routes=None,
               prompt_tokens=None, prompt_mask=None):
-    from models import shared_prompt, transformer
-
     chunked = model_cfg.logits_chunk > 0
     grouped = prompt_tokens is not None
     if grouped:

@@ -49,9 +49,7 @@ from rl import advantages as advm
 from rl import curriculum as cur
 from rl import grouped_batch, kl_control, losses, offpolicy, prm_reward, rollout, schedules
 from rl.config_fields import Checked, boolean, choice, field, integer, num
-from rl.kl_control import KLConfig
 from rl.losses import LossConfig
-from rl.offpolicy import OffPolicyConfig
 from rl.stages import common
 from rl.stages.common import Base
 from rl.train_loop import router_metrics, step_stats

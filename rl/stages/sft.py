@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
-
 from rl.config_fields import field, integer, num
+from rl.losses import LossConfig
 from rl.sft import build_sft_batch
 from rl.stages import common
 from rl.stages.common import Base, Flat, StageInfo, section
-from rl.losses import LossConfig
 from rl.train_loop import LoopConfig, router_metrics, step_stats
 
 
