@@ -35,7 +35,7 @@ import jax.numpy as jnp
 
 from rl.config_fields import Checked, boolean, choice, field, integer, num
 
-__all__ = ["FixedKL", "AdaptiveKL", "KLConfig", "controller", "make_kl_controller", "ramp_factor"]
+__all__ = ["FixedKL", "AdaptiveKL", "KLConfig", "controller", "ramp_factor"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -127,18 +127,6 @@ class AdaptiveKL:
 
     def coef_at(self, state: dict, iteration: int) -> float:
         return float(state["coef"]) * ramp_factor(iteration, self.ramp_steps)
-
-
-def make_kl_controller(kind: str, coef: float, target: float | None = None, horizon: float | None = None,
-                       ramp_steps: int = 0):
-    """Build a controller from config fields: kind "fixed" or "adaptive" (which needs target and horizon)."""
-    if kind == "fixed":
-        return FixedKL(coef, ramp_steps)
-    if kind == "adaptive":
-        if target is None or horizon is None:
-            raise ValueError("kl controller 'adaptive' needs target and horizon")
-        return AdaptiveKL(init_coef=coef, target=target, horizon=horizon, ramp_steps=ramp_steps)
-    raise ValueError(f"kl controller kind {kind!r} unknown; choose 'fixed' or 'adaptive'")
 
 
 def controller(cfg: KLConfig):
