@@ -323,7 +323,8 @@ def _run(loop: Loop, meta, latest) -> dict:
                 loop.history.append({"stage": sc.name, **res})
                 ctx.writer.write(loop.gunit, res, stage=sc.name, phase="eval", unit=str(u))
             elif e["every"] and (u + 1) % e["every"] == 0:
-                val = loop.evaluate(stage_lib.policy_params(run), si, u, splits=("validation",), stage=sc.name)["validation"]
+                val = loop.evaluate(stage_lib.policy_params(run), si, u, splits=("validation",),
+                                    stage=sc.name)["validation"]
                 ctx.writer.write(loop.gunit, {"validation": val}, stage=sc.name, phase="eval", unit=str(u))
             if val is not None:
                 loop.offer_best(stage_lib.policy_params(run), sc.name, u, val["pass@1"])

@@ -166,8 +166,9 @@ def test_every_stage_field_has_one_owner():
     for k in ("advantage", "scale_by_std", "filter_zero_variance", "process_grpo"):
         assert k in stages.defaults("grpo") and k not in stages.defaults("ppo")
     where = []
-    for path in sorted((p for p in os.listdir(os.path.join(ROOT, "rl")) if p.endswith(".py"))) + [
-            os.path.join("stages", p) for p in sorted(os.listdir(os.path.join(ROOT, "rl", "stages"))) if p.endswith(".py")]:
+    paths = [p for p in os.listdir(os.path.join(ROOT, "rl")) if p.endswith(".py")]
+    paths += [os.path.join("stages", p) for p in os.listdir(os.path.join(ROOT, "rl", "stages")) if p.endswith(".py")]
+    for path in sorted(paths):
         tree = ast.parse(open(os.path.join(ROOT, "rl", path), encoding="utf-8").read())
         for node in ast.walk(tree):
             if isinstance(node, ast.ClassDef):

@@ -19,7 +19,8 @@ def _fake(skip_calls=()):
 
     def step(state, mb, hp):
         real = np.asarray(mb["attn_mask"]).any(1)  # each minibatch is padded to max_rows (one shape) with empty rows
-        seen.append({"rows": np.asarray(mb["tokens"])[real, 0], "n_real": int(real.sum()), "lr": float(hp["lr"]), "kl_coef": float(hp["kl_coef"])})
+        seen.append({"rows": np.asarray(mb["tokens"])[real, 0], "n_real": int(real.sum()), "lr": float(hp["lr"]),
+                     "kl_coef": float(hp["kl_coef"])})
         skipped = np.int32(len(seen) - 1 in skip_calls)
         return {"n": state["n"] + 1}, {"skipped": skipped, "lr": hp["lr"], "loss/total": np.float32(len(seen))}
 

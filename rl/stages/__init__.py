@@ -42,7 +42,7 @@ KINDS: dict[str, Kind] = {
 CONFIGS: dict[str, type] = {k: v.config for k, v in KINDS.items()}
 
 __all__ = ["KINDS", "CONFIGS", "parse_stage", "defaults", "flat_fields", "legacy_keys", "sft_problem_count",
-           "FieldErrors", "init", "unit", "tree", "meta", "template", "load", "policy_params", "units"]
+           "FieldErrors", "init", "unit", "tree", "meta", "template", "load", "policy_params"]
 
 
 def _kind_error(kind) -> FieldErrors:
@@ -102,7 +102,3 @@ def load(st, tree: dict, meta: dict):
 
 
 policy_params = common.policy_params
-
-
-def units(st) -> int:
-    return st.base.cfg.units
