@@ -17,7 +17,7 @@ import sys
 
 import numpy as np
 
-from rl.stages.base import FAMILIES
+from rl.stages.common import FAMILIES
 
 
 def load(workdirs: list[str]) -> list[dict]:

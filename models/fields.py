@@ -157,7 +157,7 @@ class Checked:
         return ()
 
     def to_dict(self) -> dict:
-        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        return {f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
     def replace(self, **changes):
         """A copy with `changes` (checked like a new instance)."""
@@ -185,11 +185,11 @@ class Checked:
         return getattr(self, key) if key in self.keys() else default
 
 
-def _plain(v):
+def plain(v):
     if dataclasses.is_dataclass(v) and not isinstance(v, type):
         return v.to_dict() if hasattr(v, "to_dict") else dataclasses.asdict(v)
     if isinstance(v, (tuple, list)):
-        return [_plain(x) for x in v]
+        return [plain(x) for x in v]
     return v
 
 

@@ -1,5 +1,5 @@
 """Optimizer steps over minibatches: the loop the PRM trains with (prm/train.py), in the shape of the stages'
-optimizer loop (rl/stages/base.py, StageRun.train_on), so the PRM can run on one shared loop once that loop is a
+optimizer loop (rl/train_loop.py, train_on), so the PRM can run on one shared loop once that loop is a
 plain function.
 
     state, metrics = optimizer_steps(step_fn, state, batches, schedule, after_step=None)

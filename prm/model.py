@@ -23,7 +23,7 @@ weights (it reads the policy's tokens with the policy's tokenizer) or from a fre
 
 Rows are prompt (with BOS) + solution tokens, right-padded to seq_len (the trainer's row length); steps that end
 past seq_len are not scored. A step's position is len(tok.encode(prompt + solution[:end], add_bos=True)) - 1,
-the same rule as rl.stages.policy_gradient.step_scores, so trainer rows and text rows agree.
+the same rule as rl.advantages.step_scores, so trainer rows and text rows agree.
 
 Calibration. `calib` is the map probs() applies (the file's own: Platt scaling from prm/pipeline.py);
 `calibs` holds every map fitted on the calibration split ({"none", "temperature", "platt"}), so a user picks one

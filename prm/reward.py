@@ -11,7 +11,7 @@ them (the experiments package does that import). Config (reward section, rewards
     reward.prm_agg    the response's PRM score from its calibrated step probabilities: min | mean | prod | last
     reward.prm_steps  step_rewards / process_grpo take their step scores from the PRM instead of the checker
 
-An RL stage adds its own terms (rl/stages/policy_gradient.py; stage-level, so a sweep over them shares the cold
+An RL stage adds its own terms (rl/stages/iteration.py; stage-level, so a sweep over them shares the cold
 start): stages[i].prm_weight (+ weight x the PRM score, on top of reward.w_prm) and stages[i].prm_calibration (the
 map its probabilities use: none | temperature | platt, each stored in the file by prm/pipeline.py; ""
 = the file's own). "{seed}" in reward.prm_path is replaced by the run's seed (one PRM per seed in a sweep).
@@ -24,7 +24,7 @@ map its probabilities use: none | temperature | platt, each stored in the file b
 
 A response's PRM steps are prm.data.step_ends: its step lines, then its final answer; step-level rewards
 use the step lines only (the answer is the outcome reward's, or `final`'s in process GRPO). Positions follow
-rl.stages.policy_gradient.step_scores: resp_start + len(tok.encode(text[:end])) - 1. Every scoring call reports
+rl.advantages.step_scores: resp_start + len(tok.encode(text[:end])) - 1. Every scoring call reports
 its cost (`prm/seconds`, `prm/seconds_per_solution`).
 """
 from __future__ import annotations
@@ -39,7 +39,7 @@ from prm.metrics import aggregate
 from prm.model import logits_at, utf8_safe
 from rewards.parse import step_spans
 from rl.rollout import build_batch
-from rl.stages.policy_gradient import step_arrays
+from rl.advantages import step_arrays
 
 __all__ = ["PRMScorer", "for_context", "load_scorer", "prm_file", "eval_rerank"]
 
@@ -88,7 +88,7 @@ class PRMScorer:
 
     def step_scores(self, out: dict, final=None, lengths=None, resp_start=None):
         """(scores, end positions, mask) of the step lines (the answer step dropped), in the layout of
-        rl.stages.policy_gradient.step_scores; with `final`, each response's final score is appended as the last
+        rl.advantages.step_scores; with `final`, each response's final score is appended as the last
         step at its last token (process GRPO)."""
         probs, pos, mask = out["probs"], out["pos"], out["mask"].copy()
         for r in np.flatnonzero(out["answer"]):

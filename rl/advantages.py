@@ -25,6 +25,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rewards.parse import step_spans
+from rewards.steps import check_steps
+
 __all__ = [
     "grpo",
     "rloo",
@@ -39,6 +42,8 @@ __all__ = [
     "get_estimator",
     "group_runs",
     "grouped",
+    "step_scores",
+    "step_arrays",
 ]
 
 
@@ -261,3 +266,31 @@ def grouped(fn: Callable, values, group_sizes, *rest) -> np.ndarray:
             out = np.zeros((len(values),) + part.shape[1:], np.float32)
         out[sl] = part
     return out
+
+
+def step_scores(tok, texts: list[str], resp_start, lengths, final=None):
+    """[N, S] exact step checks (1 right, 0 wrong; unchecked steps left out), each step's last-token position
+    and a mask. With `final` ([N] scores of whole responses: the sequence reward), the answer line is appended as
+    the last step with that score, at the response's last token (EOS included): process supervision then credits
+    the answer, its format and penalties, not only the intermediate arithmetic."""
+    rows = []
+    for r, t in enumerate(texts):
+        start = int(resp_start[r])
+        row = [(float(c), start + len(tok.encode(t[:en], add_bos=False)) - 1)
+               for (_, en), c in zip(step_spans(t), check_steps(t)) if c is not None]
+        if final is not None:
+            row.append((float(final[r]), start + int(lengths[r]) - 1))
+        rows.append(row)
+    return step_arrays(rows)
+
+
+def step_arrays(rows: list[list[tuple[float, int]]]):
+    """(scores, end positions, mask) [N, S] of per-response lists of (score, end position) steps."""
+    S = max(1, max(len(r) for r in rows))
+    sc = np.zeros((len(rows), S), np.float32)
+    pos = np.zeros((len(rows), S), np.int32)
+    msk = np.zeros((len(rows), S), np.int32)
+    for i, row in enumerate(rows):
+        for j, (c, p) in enumerate(row):
+            sc[i, j], pos[i, j], msk[i, j] = c, p, 1
+    return sc, pos, msk

@@ -10,10 +10,10 @@ from __future__ import annotations
 import math
 
 from models.fields import (Check, Checked, FieldErrors, boolean, choice, default_of, describe, doc_of, field,
-                           from_dict, integer, name, num, optional, suggest, text, unknown_field)
+                           from_dict, integer, name, num, optional, plain, suggest, text, unknown_field)
 
 __all__ = ["Check", "Checked", "FieldErrors", "boolean", "choice", "default_of", "describe", "doc_of", "field",
-           "from_dict", "integer", "name", "num", "optional", "suggest", "text", "unknown_field", "three_ints",
+           "from_dict", "integer", "name", "num", "optional", "plain", "suggest", "text", "unknown_field", "three_ints",
            "three_weights"]
 
 

@@ -294,7 +294,7 @@ def stage(kind: str, name: str | None = None, **overrides) -> ml_collections.Con
             raise ConfigError(f"stage {d['name']!r} ({kind}) curriculum has no field(s) {sorted(unknown)}")
         d["curriculum"].update(cur)
     for k, v in overrides.items():
-        if k not in d:
+        if k not in d and k not in stage_lib.legacy_keys(kind):  # a legacy key stays (its one allowed value is checked)
             raise ConfigError(f"stage {d['name']!r} ({kind}) has no field {k!r}; {suggest(k, d)}")
         d[k] = v
     for k, v in d.items():
@@ -325,10 +325,8 @@ def describe() -> str:
         lines += describe_fields(cls, name)
     seen = {}
     for kind, cls in stage_lib.CONFIGS.items():
-        for f in dataclasses.fields(cls):
-            if f.name in ("kind", "curriculum"):
-                continue
-            seen.setdefault(f.name, (cls().to_dict()[f.name], f.metadata.get("doc", ""), []))[2].append(kind)
+        for k, default, doc in stage_lib.flat_fields(cls):
+            seen.setdefault(k, (default, doc, []))[2].append(kind)
     for k, (default, doc, kinds) in seen.items():
         where = "every kind" if len(kinds) == len(stage_lib.CONFIGS) else "/".join(kinds)
         lines.append(f"stages[i].{k} = {default!r}  # ({where}) {doc}")

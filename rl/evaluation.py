@@ -24,9 +24,12 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+import jax
 import numpy as np
 
+from rewards.parse import extract_answer
 from rewards.penalties import language_consistency, repetition_share
+from rewards.verify import is_equiv
 from rl import reward_terms
 
 
@@ -53,8 +56,7 @@ def _norm_answer(a: str | None) -> str | None:
 def answer_clusters(answers: list[str | None], equiv=None) -> list[int | None]:
     """Cluster id per answer (None for no answer): equal keys share a cluster, and distinct keys are merged when
     `equiv(a, b)` (default rewards.verify.is_equiv) says they are the same value."""
-    if equiv is None:
-        from rewards.verify import is_equiv as equiv
+    equiv = is_equiv if equiv is None else equiv
     keys = [_norm_answer(a) for a in answers]
     reps: list[str] = []  # one representative key per cluster
     by_key: dict[str, int] = {}
@@ -195,7 +197,6 @@ def sample_records(problems, prompts: list[str], greedy_texts: list[str], greedy
     "reward": the reward parts}; [] when n_show == 0."""
     if n_show <= 0:
         return []
-    from rewards.parse import extract_answer
 
     def rec(p, prompt, kind, text, sc):
         return {"problem_id": p.id, "kind": kind, "prompt": prompt, "response": text, "answer": extract_answer(text),
@@ -215,10 +216,6 @@ def evaluate(ctx, params, problems, key, k: int, temperature: float, samples_out
     `problems` (a RunContext from rl.context supplies the sampler, tokenizer and reward pool); per-family
     metrics (`by_family`) when the problems mix task families. With a `samples_out` list, `sample_records`
     (the greedy answer and `n_show` samples per problem) are appended to it."""
-    import jax
-
-    from rewards.parse import extract_answer
-
     prompts = [ctx.prompt(p) for p in problems]
     n = len(problems)
     greedy = ctx.sample(params, prompts, [1] * n, jax.random.fold_in(key, 0), temperature=0.0)

@@ -15,7 +15,7 @@ reference pass 0.82x, in the same run (experiments/bench/stage_layout.py, BENCHM
 
 `plan` says whether a batch can use it: every group the same size K (the curriculum's mixed K stays flat), at
 least one whole group per minibatch, and the minibatch's groups a multiple of the mesh's batch shards.
-Minibatches are then drawn over whole groups instead of rows (StageRun.train_on).
+Minibatches are then drawn over whole groups instead of rows (rl.train_loop.train_on).
 """
 from __future__ import annotations
 

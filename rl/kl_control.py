@@ -21,6 +21,9 @@ differently here (it first jumps to the floor); `min_coef=0` gives the paper's u
 coefficient at 0 stays 0. A non-finite `kl` leaves the state unchanged
 (one bad batch cannot poison the coefficient). `ramp_steps > 0` scales the coefficient linearly from
 1/ramp_steps to 1 over the first `ramp_steps` iterations (both kinds).
+
+`KLConfig` holds the stage fields of the KL to the reference (`stages[i].kl_coef`, `kl_adaptive`, ...: each one's
+default, doc and check); `controller(cfg)` builds the controller they ask for (None without a reference policy).
 """
 
 from __future__ import annotations
@@ -30,7 +33,30 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-__all__ = ["FixedKL", "AdaptiveKL", "make_kl_controller", "ramp_factor"]
+from rl.config_fields import Checked, boolean, choice, field, integer, num
+
+__all__ = ["FixedKL", "AdaptiveKL", "KLConfig", "controller", "ramp_factor"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class KLConfig(Checked):
+    """The KL to the reference policy of an RL stage (composed by the GRPO / PPO stage configs, flat keys)."""
+
+    kl_place: str = field("loss", "where the KL goes: loss (GRPO style) | reward (PPO style, per-token penalty)",
+                          choice("loss", "reward"))
+    kl_coef: float = field(0.04, "initial / fixed KL coefficient (0 and not adaptive = no reference policy)",
+                           num(0.0, 100.0))
+    kl_adaptive: bool = field(False, "adaptive KL controller towards kl_target", boolean)
+    kl_target: float = field(0.01, "adaptive KL target (per-token KL, mean over sequences)",
+                             num(0.0, 100.0, lo_open=True))
+    kl_horizon: int = field(10000, "adaptive KL horizon (in samples)", integer(1, 10**9))
+    kl_ramp_steps: int = field(0, "ramp the KL coefficient linearly from 0 over N iterations (0 = off)",
+                               integer(0, 10**6))
+
+    @property
+    def uses_reference(self) -> bool:
+        """A reference policy is kept (and its logprobs computed) only when some KL coefficient can be > 0."""
+        return self.kl_coef > 0 or self.kl_adaptive
 
 
 def ramp_factor(iteration: int, ramp_steps: int) -> float:
@@ -103,13 +129,11 @@ class AdaptiveKL:
         return float(state["coef"]) * ramp_factor(iteration, self.ramp_steps)
 
 
-def make_kl_controller(kind: str, coef: float, target: float | None = None, horizon: float | None = None,
-                       ramp_steps: int = 0):
-    """Build a controller from config fields: kind "fixed" or "adaptive" (which needs target and horizon)."""
-    if kind == "fixed":
-        return FixedKL(coef, ramp_steps)
-    if kind == "adaptive":
-        if target is None or horizon is None:
-            raise ValueError("kl controller 'adaptive' needs target and horizon")
-        return AdaptiveKL(init_coef=coef, target=target, horizon=horizon, ramp_steps=ramp_steps)
-    raise ValueError(f"kl controller kind {kind!r} unknown; choose 'fixed' or 'adaptive'")
+def controller(cfg: KLConfig):
+    """The controller a KLConfig asks for: AdaptiveKL, FixedKL (kl_coef > 0) or None (no KL term)."""
+    if cfg.kl_adaptive:
+        return AdaptiveKL(init_coef=float(cfg.kl_coef), target=float(cfg.kl_target), horizon=float(cfg.kl_horizon),
+                          ramp_steps=int(cfg.kl_ramp_steps))
+    if cfg.kl_coef > 0:
+        return FixedKL(float(cfg.kl_coef), ramp_steps=int(cfg.kl_ramp_steps))
+    return None

@@ -6,7 +6,9 @@ that is 1 on the tokens that count (response tokens). Per-token terms are reduce
 constant-length-normalised (Dr. GRPO) choices. `POLICY_LOSSES` maps a config name to a policy
 loss with the `policy_loss` signature, so a variant is a new entry rather than a new trainer:
 "ppo" (clipped token ratio), "reinforce" (unclipped), "gspo" (clipped sequence ratio, GSPO-token form) and
-"cispo" (stop-gradient importance weight, clipped from above, times the logprob).
+"cispo" (stop-gradient importance weight, clipped from above, times the logprob). `LossConfig` (at the end) is
+what the train step optimises: every loss knob a stage config exposes (`stages[i].clip_high`, ...) has its one
+default, doc and range check there, and the stage configs (rl/stages/) compose it.
 
 Alignment: `token_logprobs(logits, tokens)[:, t]` is log p(tokens[:, t] | tokens[:, :t]) computed
 from `logits[:, t - 1]`; position 0 has no prediction and gets 0 (its loss mask must be 0).
@@ -14,10 +16,13 @@ from `logits[:, t - 1]`; position 0 has no prediction and gets 0 (its loss mask 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
+
+from rl.config_fields import Checked, boolean, choice, field, integer, num
 
 __all__ = [
     "AGG_MODES",
@@ -34,11 +39,16 @@ __all__ = [
     "sft_loss",
     "POLICY_LOSSES",
     "get_policy_loss",
+    "LossConfig",
 ]
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 LOG_RATIO_CLAMP = 20.0  # exp(20) ~ 5e8: keeps the ratio finite for any logprob difference
 K3_MAX = 10.0  # k3 grows like exp(ref - logp); clamp so one rare token cannot dominate the batch
+CLIP = 0.2  # the default ratio clip on each side (PPO's epsilon): LossConfig's and the policy losses' default
+VALUE_CLIP = 0.2  # the default value-loss clip range: LossConfig's and value_loss's default
+MODES = ("sft", "grpo", "ppo", "prm")  # what the train step optimises (rl/train_step.py)
+KL_KINDS = ("k1", "k2", "k3")
 
 
 def aggregate(values: jax.Array, mask: jax.Array, mode: str = "token-mean", max_len: int | None = None,
@@ -113,7 +123,7 @@ def entropy_from_logits(logits: jax.Array, mask: jax.Array | None = None) -> jax
 
 
 def policy_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, mask: jax.Array,
-                clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: float | None = None,
+                clip_low: float = CLIP, clip_high: float = CLIP, dual_clip: float | None = None,
                 agg: str = "token-mean", max_len: int | None = None, denom: jax.Array | None = None):
     """PPO clipped surrogate with asymmetric clipping (DAPO clip-higher) and dual clip.
 
@@ -123,12 +133,9 @@ def policy_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, mas
     Returns `(loss, metrics)`; metrics are masked token means: clip_frac_low (A < 0 and ratio below
     1 - clip_low), clip_frac_high (A > 0 and ratio above 1 + clip_high), dual_clip_frac,
     approx_kl (k3 estimate of KL(old || new)), ratio_mean, and ratio_max over masked tokens.
-    `denom` overrides the aggregation denominator (gradient accumulation, see `aggregate`).
+    `denom` overrides the aggregation denominator (gradient accumulation, see `aggregate`). The arguments' ranges
+    (clips >= 0, dual_clip > 1) are LossConfig's checks.
     """
-    if clip_low < 0 or clip_high < 0:
-        raise ValueError(f"clip_low/clip_high must be >= 0, got {clip_low}, {clip_high}")
-    if dual_clip is not None and dual_clip <= 1.0:
-        raise ValueError(f"dual_clip must be > 1 (it bounds -A * ratio for A < 0), got {dual_clip}")
     m = jnp.asarray(mask, jnp.float32)
     adv = jnp.asarray(advantages, jnp.float32)
     log_ratio = jnp.clip(logp.astype(jnp.float32) - old_logp.astype(jnp.float32), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
@@ -155,7 +162,7 @@ def policy_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, mas
 
 
 def reinforce_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, mask: jax.Array,
-                   clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: float | None = None,
+                   clip_low: float = CLIP, clip_high: float = CLIP, dual_clip: float | None = None,
                    agg: str = "token-mean", max_len: int | None = None, denom: jax.Array | None = None):
     """Unclipped importance-weighted policy gradient `-A * ratio` (on-policy: plain REINFORCE).
 
@@ -193,7 +200,7 @@ def _ratio_metrics(ratio, log_ratio, adv, m, clip_low, clip_high, any_sign: bool
 
 
 def gspo_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, mask: jax.Array,
-              clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: float | None = None,
+              clip_low: float = CLIP, clip_high: float = CLIP, dual_clip: float | None = None,
               agg: str = "seq-mean-token-mean", max_len: int | None = None, denom: jax.Array | None = None):
     """GSPO (Zheng et al. 2025), GSPO-token form: a clipped sequence-level ratio.
 
@@ -220,7 +227,7 @@ def gspo_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, mask:
 
 
 def cispo_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, mask: jax.Array,
-               clip_low: float | None = None, clip_high: float = 0.2, dual_clip: float | None = None,
+               clip_low: float | None = None, clip_high: float = CLIP, dual_clip: float | None = None,
                agg: str = "token-mean", max_len: int | None = None, denom: jax.Array | None = None):
     """CISPO (MiniMax-M1, 2025): the importance weight is clipped and stop-gradiented, never the token dropped.
 
@@ -266,7 +273,7 @@ def kl_penalty(logp: jax.Array, ref_logp: jax.Array, kind: str = "k3") -> jax.Ar
 
 
 def value_loss(values: jax.Array, old_values: jax.Array, returns: jax.Array, mask: jax.Array,
-               clip: float | None = 0.2, agg: str = "token-mean", max_len: int | None = None,
+               clip: float | None = VALUE_CLIP, agg: str = "token-mean", max_len: int | None = None,
                denom: jax.Array | None = None):
     """PPO clipped value loss `0.5 * max((V - R)^2, (V_clip - R)^2)`, V_clip = V_old + clip(V - V_old, +-clip).
 
@@ -316,3 +323,64 @@ def get_policy_loss(name: str) -> Callable:
     if name not in POLICY_LOSSES:
         raise ValueError(f"policy loss {name!r} unknown; choose one of {sorted(POLICY_LOSSES)}")
     return POLICY_LOSSES[name]
+
+
+def _optional_positive_int(v) -> str | None:
+    return None if v is None else integer(1, 10**9)(v)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LossConfig(Checked):
+    """What the train step optimises (rl/train_step.py), checked on construction (FieldErrors names the field).
+
+    The GRPO / PPO stage configs compose it: their flat keys (`stages[i].clip_high`, ...) are these fields, so each
+    has its one default, doc and check here. `mode`, `max_len_norm` and `kl_in_loss` are not config keys: the
+    stage fills them in from its kind, sampling.max_new_tokens and kl_place (rl/stages/iteration.py, loss_for).
+    """
+
+    mode: str = dataclasses.field(metadata={"doc": "what is optimised: sft | grpo | ppo | prm (set by the stage)",
+                                            "check": choice(*MODES)})
+    policy_loss: str = field("ppo", "policy loss (rl.losses.POLICY_LOSSES): ppo (clipped token ratio) | reinforce | "
+                                    "gspo (clipped sequence ratio; needs agg seq-mean-token-mean) | cispo (clipped "
+                                    "stop-gradient weight min(ratio, 1 + clip_high) x logprob)",
+                             choice(*POLICY_LOSSES))
+    clip_low: float = field(CLIP, "PPO ratio clip below 1 - clip_low (cispo: only with cispo_floor)", num(0.0, 0.99))
+    clip_high: float = field(CLIP, "PPO ratio clip above 1 + clip_high (clip-higher: > clip_low)", num(0.0, 9.99))
+    dual_clip: float = field(0.0, "dual-clip constant c > 1 for negative advantages (0 = off)", num(0.0, 100.0))
+    cispo_floor: bool = field(False, "cispo: also floor the importance weight at 1 - clip_low (False = clipped from "
+                                     "above only, as in MiniMax-M1)", boolean)
+    agg: str = field("token-mean", "loss aggregation: token-mean | seq-mean-token-mean | seq-mean-token-sum | "
+                                   "seq-mean-token-sum-norm (Dr. GRPO: divided by sampling.max_new_tokens)",
+                     choice(*AGG_MODES))
+    max_len_norm: int | None = field(None, "constant divisor of seq-mean-token-sum-norm (None = T; set by the stage "
+                                           "from sampling.max_new_tokens)", _optional_positive_int)
+    kl_kind: str = field("k3", "KL estimator: k1 | k2 | k3 (k1 only in the reward)", choice(*KL_KINDS))
+    kl_in_loss: bool = field(True, "the KL to the reference is a loss term (False: only measured, e.g. PPO's KL in "
+                                   "the reward; set by the stage from kl_place)", boolean)
+    entropy_coef: float = field(0.0, "entropy bonus coefficient", num(0.0, 10.0))
+    value_coef: float = field(0.5, "PPO: value loss coefficient", num(0.0, 100.0))
+    value_clip: float = field(VALUE_CLIP, "PPO: value clip range (0 = off)", num(0.0, 1e6))
+    routing_replay: bool = field(False, "routing replay (R3, MoE models): the train step uses the experts the sampler "
+                                        "chose for every token, gate weights from the current router", boolean)
+
+    def cross_checks(self):
+        if self.dual_clip != 0 and self.dual_clip <= 1:
+            yield "dual_clip", f"must be 0 (off) or > 1, got {self.dual_clip}"
+        if self.policy_loss != "ppo" and self.dual_clip:
+            yield "dual_clip", f"applies to policy_loss ppo only, got {self.dual_clip} with {self.policy_loss}"
+        if self.policy_loss == "gspo" and self.agg != "seq-mean-token-mean":
+            yield "agg", f"must be seq-mean-token-mean for policy_loss gspo (its mean over sequences), got {self.agg!r}"
+        if self.cispo_floor and self.policy_loss != "cispo":
+            yield "cispo_floor", f"applies to policy_loss cispo only, got {self.policy_loss!r}"
+        if self.policy_loss == "cispo" and not self.cispo_floor and self.clip_low != CLIP:
+            yield "clip_low", (f"has no effect with policy_loss cispo (its weight is clipped from above only), got "
+                               f"{self.clip_low}; set cispo_floor=True to floor the weight at 1 - clip_low")
+        if self.mode != "sft" and self.kl_in_loss and self.kl_kind == "k1":
+            yield "kl_kind", ("'k1' cannot be used in the loss: the gradient of k1 = logp - ref_logp is the score "
+                              "function, whose expectation is zero, so it does not pull towards the reference; use k3 "
+                              "(or k2) in the loss, or k1 in the reward")
+
+    @property
+    def ratio_clip_low(self) -> float | None:
+        """The policy loss's clip_low argument: None (no lower bound) for cispo without cispo_floor."""
+        return None if self.policy_loss == "cispo" and not self.cispo_floor else self.clip_low

@@ -30,6 +30,12 @@ import time
 from typing import Any
 
 import numpy as np
+from tensorboardX import FileWriter
+from tensorboardX.proto.summary_pb2 import Summary
+from tensorboardX.summary import text as tb_text
+from tqdm import tqdm
+
+from rl.workdir_lock import WorkdirError
 
 
 def to_float(v: Any) -> float | None:
@@ -77,8 +83,6 @@ class MetricsWriter:
         self._s = open(self.samples_path, "a", encoding="utf-8")
         self._tb = None
         if tensorboard:
-            from tensorboardX import FileWriter
-
             tb_dir = os.path.join(workdir, "tb")
             backfill = old and not os.path.isdir(tb_dir)
             self._tb = FileWriter(tb_dir, flush_secs=10)
@@ -86,8 +90,6 @@ class MetricsWriter:
                 self._tb_scalars(r["step"], {k: v for k, v in r.items() if k not in ("step", "time")}, r.get("stage"))
 
     def _tb_scalars(self, step: int, flat: dict, stage: str | None) -> None:
-        from tensorboardX.proto.summary_pb2 import Summary
-
         vals = [Summary.Value(tag=k, simple_value=v) for k, v in flat.items() if isinstance(v, float)]
         if stage:
             if stage not in self.stages:
@@ -116,9 +118,7 @@ class MetricsWriter:
             self._s.write(json.dumps({"step": int(step), **tags, **s}, ensure_ascii=False, default=str) + "\n")
         self._s.flush()
         if self._tb is not None:
-            from tensorboardX.summary import text
-
-            self._tb.add_summary(text(f"samples/{tags.get('split', 'eval')}", samples_markdown(samples)), int(step))
+            self._tb.add_summary(tb_text(f"samples/{tags.get('split', 'eval')}", samples_markdown(samples)), int(step))
 
     def close(self) -> None:
         self._f.close()
@@ -137,8 +137,6 @@ def _truncate(path: str, last_step: int) -> None:
             except ValueError:
                 continue  # a line cut off by a kill: redone
             if not isinstance(rec, dict):
-                from rl.workdir_lock import WorkdirError
-
                 raise WorkdirError(f"{path} line {i} is a JSON {type(rec).__name__}, not a metrics record (the file "
                                    "was edited or damaged): remove that line, or use a new --workdir")
             try:
@@ -171,8 +169,6 @@ class Clock:
         self.t0 = time.time() - offset
 
     def say(self, msg: str) -> None:
-        from tqdm import tqdm
-
         tqdm.write(f"[{time.time() - self.t0:7.1f} s] {msg}", file=sys.stdout)
         sys.stdout.flush()
 

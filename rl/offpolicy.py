@@ -1,7 +1,7 @@
 """Off-policy correction between the behaviour policy (the sampler's logprobs) and the policy at the start of an update.
 
 The sampler and the trainer disagree for two reasons: numerics (bf16 sampling against float32 training, other
-kernels, MoE routes that flip) and staleness (a batch sampled k updates ago, rl/stages/policy_gradient.py). With
+kernels, MoE routes that flip) and staleness (a batch sampled k updates ago, rl/stages/iteration.py). With
 prox_t the trainer's logprob of token t at the start of the update (the denominator of the PPO ratio) and behav_t
 the sampler's, the per-token ratio is rho_t = exp(prox_t - behav_t). Three corrections, each optional:
 
@@ -14,21 +14,61 @@ the sampler's, the per-token ratio is rho_t = exp(prox_t - behav_t). Three corre
 
     w, metrics = correction(prox, behav, mask, tis_cap=2.0, mis_low=0.5, mis_high=2.0)
     w, metrics = correction(prox, behav, mask, icepop_low=0.5, icepop_high=5.0)
-    batch, metrics = corrected_batch(batch, prox, stage_cfg)     # what an RL stage does with it
+    batch, metrics = corrected_batch(batch, prox, OffPolicyConfig(tis_cap=2.0))   # what an RL stage does with it
 
 `w` [B, T] is the product of the active corrections (1 where none applies, 0 off the mask); the stage multiplies
 each token's advantage by it, which scales each token's policy-loss term by w for every loss in
 rl.losses.POLICY_LOSSES (all are positively homogeneous in the advantage), while the loss denominators stay the
 response-token counts. A bound of 0 means "no bound on that side". All functions are pure and jit-compatible,
-float32 in and out; log ratios are clamped to +-20 like rl.losses.
+float32 in and out; log ratios are clamped to +-20 like rl.losses. `OffPolicyConfig` holds the stage fields
+(`stages[i].tis_cap`, ...), each with its one default, doc and check; the GRPO / PPO stage configs compose it.
 """
 from __future__ import annotations
 
-import jax.numpy as jnp
+import dataclasses
 
+import jax.numpy as jnp
+import numpy as np
+
+from rl.config_fields import Checked, choice, field, num
 from rl.losses import LOG_RATIO_CLAMP
 
 MIS_KINDS = ("product", "geometric")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OffPolicyConfig(Checked):
+    """Which corrections an RL stage applies (all off by default; a bound of 0 = no bound on that side)."""
+
+    tis_cap: float = field(0.0, "truncated importance sampling: each token's policy loss weighted by min(rho, cap), "
+                                "rho = trainer / sampler probability at the start of the update (0 = off, else >= 1)",
+                           num(0.0, 1e6))
+    mis_low: float = field(0.0, "MIS: mask sequences whose ratio is below this (0 = no lower bound)", num(0.0, 1e6))
+    mis_high: float = field(0.0, "MIS: mask sequences whose ratio is above this (0 = no upper bound)", num(0.0, 1e6))
+    mis_kind: str = field("product", "MIS sequence ratio: product of the token ratios | geometric (their geometric "
+                                     "mean)", choice(*MIS_KINDS))
+    icepop_low: float = field(0.0, "IcePop: each token weighted by its ratio rho, and by 0 when rho is below this "
+                                    "(0 = no lower bound; not with tis_cap)", num(0.0, 1e6))
+    icepop_high: float = field(0.0, "IcePop: each token weighted by its ratio rho, and by 0 when rho is above this "
+                                     "(0 = no upper bound; not with tis_cap)", num(0.0, 1e6))
+
+    def cross_checks(self):
+        if 0 < self.tis_cap < 1:
+            yield "tis_cap", f"must be 0 (off) or >= 1, got {self.tis_cap}"
+        for name in ("mis", "icepop"):
+            lo, hi = getattr(self, f"{name}_low"), getattr(self, f"{name}_high")
+            if lo >= 1:
+                yield f"{name}_low", f"must be < 1 (0 = no lower bound), got {lo}"
+            if 0 < hi <= 1:
+                yield f"{name}_high", f"must be > 1 (0 = no upper bound), got {hi}"
+        if self.tis_cap and (self.icepop_low or self.icepop_high):
+            yield "icepop_high" if self.icepop_high else "icepop_low", \
+                "IcePop weights each token by its ratio rho already; set it or tis_cap, not both"
+
+    @property
+    def enabled(self) -> bool:
+        """Any correction on: the update recomputes the trainer's logprobs at its start."""
+        return self.tis_cap > 0 or self.mis_low > 0 or self.mis_high > 0 or self.icepop_low > 0 or self.icepop_high > 0
 
 
 def _mean(x, m):
@@ -105,13 +145,11 @@ def correction(prox_logp, behav_logp, mask, *, tis_cap: float = 0.0, mis_low: fl
     return w, met
 
 
-def corrected_batch(batch: dict, prox_logp, cfg) -> tuple[dict, dict]:
-    """A train batch corrected with the fields of an RL stage config `cfg` (tis_cap, mis_*, icepop_*): prox_logp
+def corrected_batch(batch: dict, prox_logp, cfg: OffPolicyConfig) -> tuple[dict, dict]:
+    """A train batch corrected as `cfg` asks: prox_logp
     (the trainer's logprobs at the start of the update) becomes the ratio's old policy, the behaviour logprobs
     batch["old_logp"] (the sampler's) give the weights, and each token's advantage is multiplied by its weight.
     Host NumPy in and out; the metrics as floats."""
-    import numpy as np
-
     mask = np.asarray(batch["loss_mask"], np.float32)
     prox = np.asarray(prox_logp, np.float32) * mask
     w, met = correction(prox, batch["old_logp"], mask, tis_cap=cfg.tis_cap, mis_low=cfg.mis_low,

@@ -18,6 +18,7 @@ import os
 import shutil
 
 from rl import config_validation as cv
+from rl import stages as stage_kinds
 
 IGNORED = ("run", "log")  # sections that never change what a unit computes (the launcher's resume rule)
 RECORD_KEY = cv.RECORD_KEYS[0]  # config.json's record of the backend kernels in use: a fact about the machine, not config
@@ -32,8 +33,6 @@ def _norm(d):
 def _defaults_like(cfg: dict) -> dict:
     """Every field's default in `cfg`'s layout: the sections of config_validation.default_config and, per stage,
     its kind's defaults (unknown kinds: none)."""
-    from rl import stages as stage_kinds
-
     out = cv.to_dict(cv.default_config())
     out["stages"] = [stage_kinds.defaults(st["kind"]) if isinstance(st, dict) and st.get("kind") in stage_kinds.CONFIGS
                      else {} for st in cfg.get("stages", [])]
@@ -43,8 +42,9 @@ def _defaults_like(cfg: dict) -> dict:
 def with_added_defaults(old: dict, new: dict) -> dict:
     """`old` (a stored config.json) plus every field that `new` has, `old` lacks and `new` holds at its default:
     a field added to the code after that run was launched, left at its default, changes nothing the run computed,
-    so resuming it, seeding from it or reusing it stays possible. Any other difference is kept. The RECORD_KEY
-    entry (which kernels the launching process used) is dropped: it is not a config field."""
+    so resuming it, seeding from it or reusing it stays possible. Likewise a stage key its kind no longer has and
+    never read (rl.stages.legacy_keys: GRPO's gamma, ...) is dropped when `new` lacks it. Any other difference is
+    kept. The RECORD_KEY entry (which kernels the launching process used) is dropped: it is not a config field."""
     def fill(o, n, d):
         if isinstance(o, dict) and isinstance(n, dict):
             out = dict(o)
@@ -62,7 +62,14 @@ def with_added_defaults(old: dict, new: dict) -> dict:
         return o
 
     old = {k: v for k, v in old.items() if k != RECORD_KEY} if isinstance(old, dict) else old
-    return fill(_norm(old), _norm(new), _norm(_defaults_like(new)))
+    out = fill(_norm(old), _norm(new), _norm(_defaults_like(new)))
+    if isinstance(out, dict) and isinstance(out.get("stages"), list) and isinstance(new, dict):
+        news = new.get("stages") if isinstance(new.get("stages"), list) else []
+        for i, st in enumerate(out["stages"]):
+            if isinstance(st, dict) and i < len(news) and isinstance(news[i], dict):
+                for k in set(stage_kinds.legacy_keys(st.get("kind"))) - set(news[i]):
+                    st.pop(k, None)
+    return out
 
 
 def shared_stages(a: dict, b: dict, ignore: tuple[str, ...] = IGNORED) -> int:

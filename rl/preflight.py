@@ -33,7 +33,7 @@ from rl import context, memory_plan, prefix, pretrained
 from rl.checkpoint import written_steps
 from rl.context import Prepared
 from rl.stages import sft_problem_count
-from rl.stages.base import stage_problems
+from rl.stages.common import stage_problems
 
 
 def resolved_mesh(cfg: dict, n_dev: int) -> dict:

@@ -27,6 +27,8 @@ from typing import Callable, Sequence
 import jax
 import numpy as np
 
+from rewards.task_score import target_of
+
 
 def round_up(n: int, m: int) -> int:
     return ((int(n) + m - 1) // m) * m
@@ -172,8 +174,6 @@ class Scorer:
 
     def submit(self, texts: list[str], problems, n_tokens=None):
         """Queue `texts[i]` scored against `problems[i]` (rl.tasks.Problem: each carries its own reward)."""
-        from rewards.task_score import target_of
-
         targets = [target_of(p.reward, p.answer, p.check) for p in problems]
         return self.pool.submit_batch(list(texts), targets, None if n_tokens is None else [int(x) for x in n_tokens])
 

@@ -120,7 +120,7 @@ class Loop:
         """Checkpoint meta: the tree belongs to stage `si`, whose next unit is `u_next` (== units: stage done)."""
         return {"stage": si, "unit": u_next, "global_unit": self.gunit, "summary": self.summary,
                 "history": self.history, "wall_seconds": self.wall(), "best": self.best,
-                "stage_meta": run.meta() if run is not None else {}}
+                "stage_meta": stage_lib.meta(run) if run is not None else {}}
 
     def load_meta(self, meta: dict) -> None:
         self.si, self.u0, self.gunit = meta["stage"], meta["unit"], meta["global_unit"]
@@ -282,45 +282,47 @@ def _run(loop: Loop, meta, latest) -> dict:
         loop.load_meta(meta)
         params = transformer.init(ctx.model_cfg, ctx.key("init"))  # replaced by the checkpoint's
         sc = loop.stage_cfgs[loop.si]
-        run = stage_lib.RUNS[sc.kind](ctx, loop.si, sc, params)
-        run.load(ctx.ckpt.restore(latest, run.template(meta["stage_meta"])), meta["stage_meta"])
+        run = stage_lib.init(ctx, loop.si, sc, params)
+        run = stage_lib.load(run, ctx.ckpt.restore(latest, stage_lib.template(run, meta["stage_meta"])),
+                             meta["stage_meta"])
         print(f"resuming from checkpoint {latest}: stage {loop.si + 1}/{len(loop.stage_cfgs)} {sc.name}, after unit "
               f"{loop.u0} (units from 1 within a stage; the checkpoint number is the global unit)", flush=True)
 
     while loop.si < len(loop.stage_cfgs):
         si, sc = loop.si, loop.stage_cfgs[loop.si]
         if run is None:
-            run = stage_lib.RUNS[sc.kind](ctx, si, sc, params)
+            run = stage_lib.init(ctx, si, sc, params)
         first_step = loop.gunit - loop.u0 + 1  # the global unit of this stage's first unit (also after a resume)
-        if loop.u0 < run.units:
+        if loop.u0 < sc.units:
             loop.clock.say(f"stage {si + 1}/{len(loop.stage_cfgs)} {sc.name} ({sc.kind}): units {loop.u0 + 1}-"
-                           f"{run.units} (the first unit compiles its step functions)")
-        bar = tqdm(total=run.units, initial=loop.u0, desc=f"{sc.name} ({sc.kind})", disable=not bars,
+                           f"{sc.units} (the first unit compiles its step functions)")
+        bar = tqdm(total=sc.units, initial=loop.u0, desc=f"{sc.name} ({sc.kind})", disable=not bars,
                    dynamic_ncols=True)
         t_line = time.time()
-        for u in range(loop.u0, run.units):
+        for u in range(loop.u0, sc.units):
             t0 = time.time()
-            m = run.run_unit(u)
+            run, m = stage_lib.unit(run, u)
             m["time/unit"] = time.time() - t0
             loop.gunit += 1
-            last = u == run.units - 1
+            last = u == sc.units - 1
             stop = bool(stop_after) and ran + 1 >= stop_after
             if u == loop.u0 or (line_every is not None and (last or stop or time.time() - t_line >= line_every)):
                 t_line = time.time()
-                loop.clock.say(f"{sc.name} unit {u + 1}/{run.units} done in {m['time/unit']:.1f} s" + "".join(
+                loop.clock.say(f"{sc.name} unit {u + 1}/{sc.units} done in {m['time/unit']:.1f} s" + "".join(
                     f", {k} {v:.3f}" for k, v in m.items() if k in PROGRESS_KEYS and isinstance(v, (float, np.floating))))
             val = None
             if last:
-                res = loop.evaluate(run.policy_params(), si, u, stage=sc.name)
+                res = loop.evaluate(stage_lib.policy_params(run), si, u, stage=sc.name)
                 val = res["validation"]
                 loop.summary["eval"][sc.name] = summary_entry(res["test"])
                 loop.history.append({"stage": sc.name, **res})
                 ctx.writer.write(loop.gunit, res, stage=sc.name, phase="eval", unit=str(u))
             elif e.every and (u + 1) % e.every == 0:
-                val = loop.evaluate(run.policy_params(), si, u, splits=("validation",), stage=sc.name)["validation"]
+                val = loop.evaluate(stage_lib.policy_params(run), si, u, splits=("validation",),
+                                    stage=sc.name)["validation"]
                 ctx.writer.write(loop.gunit, {"validation": val}, stage=sc.name, phase="eval", unit=str(u))
             if val is not None:
-                loop.offer_best(run.policy_params(), sc.name, u, val["pass@1"])
+                loop.offer_best(stage_lib.policy_params(run), sc.name, u, val["pass@1"])
             if loop.gunit % cfg.log.every == 0 or last:
                 ctx.writer.write(loop.gunit, m, stage=sc.name, phase="train", unit=str(u))
             bar.update(1)
@@ -332,18 +334,18 @@ def _run(loop: Loop, meta, latest) -> dict:
                 loop.stamp()
                 if last:
                     write_summary(ctx.workdir, loop.summary)  # one entry per finished stage, also while the run goes on
-                ctx.ckpt.save(loop.gunit, run.tree(), loop.meta(run, si, u + 1))
+                ctx.ckpt.save(loop.gunit, stage_lib.tree(run), loop.meta(run, si, u + 1))
             if stop and not (last and si + 1 == len(loop.stage_cfgs)):
                 bar.close()
                 print(f"stopping after {ran} units (run.stop_after); rerun the same command to resume", flush=True)
                 loop.stamp()
                 return loop.summary
         bar.close()
-        if getattr(run, "trained_units", None) == 0 and run.units > 0:
-            print(f"WARNING: stage {sc.name!r} trained in none of its {run.units} iterations: every group had equal "
+        if getattr(run, "trained_units", None) == 0 and sc.units > 0:
+            print(f"WARNING: stage {sc.name!r} trained in none of its {sc.units} iterations: every group had equal "
                   "rewards (no signal), so every update was skipped; the stage changed nothing. Make the task easier, "
                   "sample more answers per problem, or start from a stronger policy.", flush=True)
-        params = run.policy_params()
+        params = stage_lib.policy_params(run)
         run = None
         loop.si, loop.u0 = si + 1, 0
     return loop.finish()

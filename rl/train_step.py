@@ -14,7 +14,7 @@ host each step: the learning-rate schedule (rl.schedules.lr_at) and the KL contr
 (rl.kl_control) each have one owner outside the step, and a traced scalar never recompiles. An optional
 `hparams["loss_denom"]` replaces the batch's own aggregation denominator (its loss-token count for token-mean):
 length-bucketed SFT passes the epoch's denominator over its step count, so each step weighs by its share of the
-epoch's loss tokens (rl.stages.base.StageRun.train_on).
+epoch's loss tokens (rl.train_loop.train_on).
 
 A step whose loss, gradient or parameter update is not finite, or whose batch holds a non-finite
 value at a position that counts (masks 1), leaves params, optimizer state and step untouched and
@@ -67,7 +67,10 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from models import shared_prompt, sharding, transformer, vocab
+from models.transformer import unembedding
 from rl import losses
+from rl.losses import LossConfig
 
 __all__ = [
     "LossConfig",
@@ -80,63 +83,10 @@ __all__ = [
     "compute_logprobs",
 ]
 
-MODES = ("sft", "grpo", "ppo", "prm")
 HEAD_MODES = ("ppo", "prm")  # modes whose params carry "value_head"
-KL_KINDS = ("k1", "k2", "k3")
 
 
 # ------------------------------------------------------------------------------------- configs
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class LossConfig:
-    """What the train step optimises. Validated on construction (ValueError names the field)."""
-
-    mode: str  # "sft" | "grpo" | "ppo" | "prm"
-    policy_loss: str = "ppo"  # name in rl.losses.POLICY_LOSSES
-    clip_low: float | None = 0.2  # ratio lower bound 1 - clip_low (None: no lower bound, policy_loss "cispo" only)
-    clip_high: float = 0.2  # ratio upper bound 1 + clip_high (DAPO clip-higher: 0.28)
-    dual_clip: float | None = None  # c > 1 bounds the loss of negative-advantage tokens
-    agg: str = "token-mean"  # one of rl.losses.AGG_MODES
-    max_len_norm: int | None = None  # constant divisor for seq-mean-token-sum-norm (None = T)
-    kl_kind: str = "k3"  # k1 | k2 | k3 estimator of KL(policy || ref)
-    kl_in_loss: bool = True  # False: KL is only measured (the trainer puts it in the rewards)
-    value_coef: float = 0.5  # PPO value-loss weight
-    value_clip: float | None = 0.2  # PPO value clip (None = unclipped)
-    entropy_coef: float = 0.0  # entropy bonus weight (loss -= entropy_coef * entropy)
-    routing_replay: bool = False  # R3: MoE blocks use the batch's recorded routes (gates from the current router)
-
-    def __post_init__(self):
-        if self.mode not in MODES:
-            raise ValueError(f"LossConfig.mode must be one of {MODES}, got {self.mode!r}")
-        if self.policy_loss not in losses.POLICY_LOSSES:
-            raise ValueError(f"LossConfig.policy_loss must be one of {sorted(losses.POLICY_LOSSES)}, got {self.policy_loss!r}")
-        if self.clip_low is None and self.policy_loss != "cispo":
-            raise ValueError(f"LossConfig.clip_low None (no lower bound) is for policy_loss 'cispo' only, got "
-                             f"{self.policy_loss!r}")
-        for name in ("clip_low", "clip_high"):
-            if getattr(self, name) is not None and not 0.0 <= getattr(self, name) < 10.0:
-                raise ValueError(f"LossConfig.{name} must be in [0, 10), got {getattr(self, name)}")
-        if self.clip_low is not None and self.clip_low >= 1.0:
-            raise ValueError(f"LossConfig.clip_low must be < 1 (ratio floor 1 - clip_low > 0), got {self.clip_low}")
-        if self.dual_clip is not None and not self.dual_clip > 1.0:
-            raise ValueError(f"LossConfig.dual_clip must be None or > 1, got {self.dual_clip}")
-        if self.agg not in losses.AGG_MODES:
-            raise ValueError(f"LossConfig.agg must be one of {losses.AGG_MODES}, got {self.agg!r}")
-        if self.max_len_norm is not None and not self.max_len_norm > 0:
-            raise ValueError(f"LossConfig.max_len_norm must be None or > 0, got {self.max_len_norm}")
-        if self.kl_kind not in KL_KINDS:
-            raise ValueError(f"LossConfig.kl_kind must be one of {KL_KINDS}, got {self.kl_kind!r}")
-        if self.mode != "sft" and self.kl_in_loss and self.kl_kind == "k1":
-            raise ValueError("LossConfig.kl_kind 'k1' cannot be used in the loss: the gradient of k1 = logp - ref_logp "
-                             "is the score function, whose expectation is zero, so it does not pull towards the "
-                             "reference; use k3 (or k2) in the loss, or k1 in the reward")
-        if not self.value_coef >= 0:
-            raise ValueError(f"LossConfig.value_coef must be >= 0, got {self.value_coef}")
-        if self.value_clip is not None and not self.value_clip > 0:
-            raise ValueError(f"LossConfig.value_clip must be None or > 0, got {self.value_clip}")
-        if not self.entropy_coef >= 0:
-            raise ValueError(f"LossConfig.entropy_coef must be >= 0, got {self.entropy_coef}")
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class OptimConfig:
     """AdamW (decoupled weight decay on matrices) after an optional global-norm clip.
@@ -193,8 +143,6 @@ def _model_params(params: dict) -> dict:
 
 
 def _abstract_params(model_cfg, loss_cfg):
-    from models import transformer
-
     abstract = jax.eval_shape(lambda k: transformer.init(model_cfg, k), jax.random.key(0))
     if loss_cfg.mode in HEAD_MODES:
         abstract = {**abstract, "value_head": jax.eval_shape(lambda: _value_head(model_cfg.d_model))}
@@ -207,8 +155,6 @@ def state_shardings(model_cfg, loss_cfg, optim_cfg, mesh, rules=None) -> dict:
     Params follow models.transformer.param_shardings; the optimizer moments mirror their parameter;
     counters, RNG and the value head are replicated.
     """
-    from models import sharding, transformer
-
     rules = sharding.DEFAULT_RULES if rules is None else rules
     rep = NamedSharding(mesh, PartitionSpec())
     p_sh = dict(transformer.param_shardings(model_cfg, mesh, rules))
@@ -228,8 +174,6 @@ def init_train_state(model_cfg, loss_cfg: LossConfig, optim_cfg: OptimConfig, ke
     `params` (e.g. from an SFT checkpoint) are used when given, else initialised (sharded when a
     mesh is given). PPO and PRM add params["value_head"] = {"w": [d_model], "b": []}; other modes drop it.
     """
-    from models import sharding, transformer
-
     k_params, k_rng = jax.random.split(key)
     if params is None:
         if mesh is None:
@@ -274,8 +218,6 @@ def _shifted_values(params: dict, hidden: jax.Array) -> jax.Array:
 def _chunked_logprobs(params, aux, tokens, temperature, model_cfg, mesh, rules):
     """(logp, entropy) [B, T] from forward(..., return_logits=False)'s hidden states, model_cfg.logits_chunk positions
     at a time (models/vocab.py): the full-logits path's numbers without [B, T, vocab] float32 logits."""
-    from models import vocab
-
     return vocab.sequence_logprobs(_model_params(params), model_cfg, aux["hidden"], tokens, temperature,
                                    chunk_len=model_cfg.logits_chunk, mesh=mesh, rules=rules)
 
@@ -300,9 +242,6 @@ def _logprobs_entropy(params, logits, aux, tokens, temp, model_cfg, mesh, rules,
     if model_cfg.logits_chunk > 0:
         if not grouped:
             return _chunked_logprobs(params, aux, tokens, temp, model_cfg, mesh, rules)
-        from models import vocab
-        from models.transformer import unembedding
-
         w, layout, scale = unembedding(_model_params(params), model_cfg)
         return vocab.chunked_logprobs(aux["hidden"], w, tokens, layout=layout, scale=scale, temperature=temp,
                                       chunk_len=model_cfg.logits_chunk, mesh=mesh, rules=rules)
@@ -389,8 +328,6 @@ def make_loss_fn(model_cfg, loss_cfg: LossConfig, mesh, rules):
     parts gives the whole-batch values (router load-balancing loss: the token-weighted mean of the
     parts' losses, the usual accumulation approximation).
     """
-    from models import shared_prompt, transformer
-
     policy_fn = losses.get_policy_loss(loss_cfg.policy_loss)
     agg, max_len = loss_cfg.agg, loss_cfg.max_len_norm
     is_ppo, is_sft = loss_cfg.mode == "ppo", loss_cfg.mode == "sft"
@@ -442,8 +379,8 @@ def make_loss_fn(model_cfg, loss_cfg: LossConfig, mesh, rules):
                 adv = adv[:, None]
             adv = jnp.broadcast_to(adv, mask.shape)
             old = inputs["old_logp"] if "old_logp" in inputs else jax.lax.stop_gradient(logp)
-            policy, pmet = policy_fn(logp, old, adv, mask, loss_cfg.clip_low, loss_cfg.clip_high,
-                                     loss_cfg.dual_clip, agg, max_len, denom)
+            policy, pmet = policy_fn(logp, old, adv, mask, loss_cfg.ratio_clip_low, loss_cfg.clip_high,
+                                     loss_cfg.dual_clip or None, agg, max_len, denom)
             metrics.update({f"policy/{k}": v if f"policy/{k}" in _MAX_METRICS else v * tok_w
                             for k, v in pmet.items()})
         total = policy - loss_cfg.entropy_coef * entropy
@@ -462,7 +399,7 @@ def make_loss_fn(model_cfg, loss_cfg: LossConfig, mesh, rules):
         if is_ppo:
             values = _head(params, aux["hidden"]) if grouped else _shifted_values(params, aux["hidden"])
             vloss, vmet = losses.value_loss(values, inputs["old_values"], inputs["returns"], mask,
-                                            loss_cfg.value_clip, agg, max_len, denom)
+                                            loss_cfg.value_clip or None, agg, max_len, denom)
             total = total + loss_cfg.value_coef * vloss
             metrics.update({f"value/{k}": v * tok_w for k, v in vmet.items()})
 
@@ -551,8 +488,6 @@ def _accumulated_value_and_grad(loss_fn, params, batch, kl_coef, n_micro: int, a
 
 
 def _batch_sharding(mesh, rules):
-    from models import sharding
-
     rules = sharding.DEFAULT_RULES if rules is None else rules
     # Only the leading (row) axis is sharded, so one spec fits [B], [B, T] and [B, T, ...] leaves.
     lead = sharding.batch_sharding(mesh, rules, ndim=2).spec[0]
@@ -626,8 +561,6 @@ def make_train_step(model_cfg, loss_cfg: LossConfig, optim_cfg: OptimConfig, mes
 # ------------------------------------------------------------------------------------- logprobs
 def _logprobs(params, tokens, attn_mask, temperature, model_cfg, mesh, rules, with_values, routes=None,
               prompt_tokens=None, prompt_mask=None):
-    from models import shared_prompt, transformer
-
     chunked = model_cfg.logits_chunk > 0
     grouped = prompt_tokens is not None
     if grouped:

@@ -148,10 +148,10 @@ def test_documented_off_values_are_accepted_and_mean_off():
         launch.apply_override(cfg, path, value)
     cv.validate(cfg)
     loss, optim, ctl = stages.parse_stage(cv.to_dict(cfg)["stages"][2]).components(max_new_tokens=32)
-    assert optim.grad_clip is None and loss.dual_clip is None
+    assert optim.grad_clip is None and loss.dual_clip == 0  # LossConfig's 0 = off: the step passes None on
     ppo = stages.parse_stage({**stages.defaults("ppo"), "value_clip": 0.0})
     loss, _, _ = ppo.components(max_new_tokens=32)
-    assert loss.value_clip is None
+    assert loss.value_clip == 0  # off (rl.train_step passes None to the value loss)
 
 
 def test_kl_defaults_and_dr_grpo_constant():

@@ -78,7 +78,7 @@ def test_loss_and_gradients_equal_the_flat_rows_with_padding_groups(mode):
         rng = np.random.default_rng(5)
         batch.update(old_values=(rng.normal(size=mask.shape) * mask).astype(np.float32),
                      returns=(rng.normal(size=mask.shape) * mask).astype(np.float32))
-    loss_cfg = LossConfig(mode=mode, kl_kind="k3", value_clip=0.2 if mode == "ppo" else None)
+    loss_cfg = LossConfig(mode=mode, kl_kind="k3", value_clip=0.2 if mode == "ppo" else 0.0)
     params = init_train_state(CFG, loss_cfg, OptimConfig(), jax.random.PRNGKey(0))["params"]
     loss_fn = make_loss_fn(CFG, loss_cfg, None, None)
     grad = jax.jit(jax.value_and_grad(lambda p, b: loss_fn(p, b, jnp.float32(0.04)), has_aux=True))

@@ -4,7 +4,7 @@ import jax
 import numpy as np
 import pytest
 
-from rl.kl_control import AdaptiveKL, FixedKL, make_kl_controller
+from rl.kl_control import AdaptiveKL, FixedKL, KLConfig, controller
 
 
 def ref_adaptive(coef, kl, target, horizon, n_steps):
@@ -53,10 +53,12 @@ def test_validation_and_factory():
         AdaptiveKL(init_coef=0.1, target=1.0, horizon=-1.0)
     with pytest.raises(ValueError, match="coef"):
         FixedKL(-1.0)
-    assert isinstance(make_kl_controller("fixed", 0.1), FixedKL)
-    assert isinstance(make_kl_controller("adaptive", 0.1, 1.0, 100.0), AdaptiveKL)
-    with pytest.raises(ValueError, match="kind"):
-        make_kl_controller("pid", 0.1)
+    assert isinstance(controller(KLConfig(kl_coef=0.1)), FixedKL)  # the stage's KL fields pick the controller
+    ada = controller(KLConfig(kl_coef=0.1, kl_adaptive=True, kl_target=1.0, kl_horizon=100))
+    assert isinstance(ada, AdaptiveKL) and (ada.init_coef, ada.target, ada.horizon) == (0.1, 1.0, 100.0)
+    assert controller(KLConfig(kl_coef=0.0)) is None  # no KL term, no reference policy
+    with pytest.raises(ValueError, match="kl_adaptive"):
+        KLConfig(kl_adaptive="pid")
 
 
 def test_adaptive_started_at_zero_can_grow():

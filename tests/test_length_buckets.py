@@ -8,7 +8,7 @@ import pytest
 
 from models.config import ModelConfig
 from rl import rollout
-from rl.stages.base import bucketed_denominator
+from rl.train_loop import bucketed_denominator
 from rl.train_step import (LossConfig, OptimConfig, compute_logprobs, denom_share, init_train_state, make_loss_fn,
                            make_train_step)
 
@@ -133,12 +133,9 @@ def test_bucketed_steps_add_up_to_the_epochs_token_mean_gradient():
 
 
 def test_train_on_passes_the_epoch_denominator_only_with_buckets():
-    """StageRun.train_on with length_buckets gives every step hparams["loss_denom"] = the epoch's loss tokens / its
-    steps (the same for every epoch); without buckets the step keeps its own token count (no loss_denom)."""
-    from types import SimpleNamespace
-
-    from rl.stages.base import StageRun
-    from rl.stages.sft import SFTConfig
+    """rl.train_loop.train_on with length_buckets gives every step hparams["loss_denom"] = the epoch's loss tokens /
+    its steps (the same for every epoch); without buckets the step keeps its own token count (no loss_denom)."""
+    from rl.train_loop import Carry, LoopConfig, Trainer, train_on
 
     seen = []
 
@@ -146,15 +143,14 @@ def test_train_on_passes_the_epoch_denominator_only_with_buckets():
         seen.append({k: float(v) for k, v in hp.items()})
         return state, {"skipped": np.int32(0), "lr": hp["lr"], "loss/total": np.float32(0.0)}
 
-    run = object.__new__(StageRun)
-    run.cfg, run.loss_cfg = SFTConfig(name="s"), LossConfig(mode="sft")
-    run.units, run.opt_steps, run.consecutive_skips = 1, 0, 0
-    run.ctx, run.state, run.step_fn = SimpleNamespace(cfg={"run": {"max_consecutive_skips": 0}}), {}, fake_step
+    trainer = Trainer(step_fn=fake_step, loop=LoopConfig(), units=1, agg="token-mean")
     batch = _mixed_lengths_batch()
-    run.train_on(batch, epochs=2, rng=np.random.default_rng(0), max_rows=4, unit=0, length_buckets=4)
+    carry, _ = train_on(trainer, Carry(state={}), batch, epochs=2, rng=np.random.default_rng(0), max_rows=4, unit=0,
+                        length_buckets=4)
     assert len(seen) == 8 and all(h["loss_denom"] == pytest.approx(batch["loss_mask"].sum() / 4) for h in seen)
+    assert carry.opt_steps == 8
     seen.clear()
-    run.train_on(batch, epochs=1, rng=np.random.default_rng(0), max_rows=4, unit=0)
+    train_on(trainer, carry, batch, epochs=1, rng=np.random.default_rng(0), max_rows=4, unit=0)
     assert len(seen) == 4 and not any("loss_denom" in h for h in seen)
 
 
@@ -175,10 +171,10 @@ def test_step_divides_by_the_loss_denom_it_is_given():
 
 @pytest.mark.parametrize("bad", [-1, 65, 1.5])
 def test_length_buckets_field_is_validated(bad):
-    from rl.stages.sft import SFTConfig
+    from rl import stages
 
     with pytest.raises(Exception, match="length_buckets"):
-        SFTConfig(name="cold_start", length_buckets=bad)
+        stages.parse_stage({"kind": "sft", "name": "cold_start", "length_buckets": bad})
 
 
 @pytest.mark.slow  # compiles the R1 model's SFT step at every width (about a minute)

@@ -108,8 +108,8 @@ def test_dual_clip_hand_checked():
     assert float(met["dual_clip_frac"]) == 1.0
     # A positive advantage is untouched by dual clip.
     assert float(L.policy_loss(lp, old, -adv, m, dual_clip=3.0)[0]) == pytest.approx(-1.2, rel=1e-6)
-    with pytest.raises(ValueError, match="dual_clip"):
-        L.policy_loss(lp, old, adv, m, dual_clip=0.5)
+    with pytest.raises(ValueError, match="dual_clip"):  # the range is LossConfig's one check
+        L.LossConfig(mode="grpo", dual_clip=0.5)
 
 
 def test_policy_loss_extreme_logprobs_stay_finite():
@@ -294,16 +294,16 @@ def test_cispo_stage_has_no_floor_unless_asked():
     def cfg(**kw):
         return stages.parse_stage({**stages.defaults("grpo"), **kw})
 
-    assert cfg(policy_loss="cispo").components(32)[0].clip_low is None
-    assert cfg(policy_loss="cispo", cispo_floor=True, clip_low=0.5).components(32)[0].clip_low == 0.5
-    assert cfg().components(32)[0].clip_low == 0.2
+    assert cfg(policy_loss="cispo").components(32)[0].ratio_clip_low is None
+    assert cfg(policy_loss="cispo", cispo_floor=True, clip_low=0.5).components(32)[0].ratio_clip_low == 0.5
+    assert cfg().components(32)[0].ratio_clip_low == 0.2
     with pytest.raises(FieldErrors, match="clip_low has no effect with policy_loss cispo"):
         cfg(policy_loss="cispo", clip_low=0.5)
     with pytest.raises(FieldErrors, match="cispo_floor applies to policy_loss cispo only"):
         cfg(cispo_floor=True)
     from rl.train_step import LossConfig
 
-    with pytest.raises(ValueError, match="clip_low None"):
+    with pytest.raises(ValueError, match="clip_low must be a number"):  # no lower bound is cispo_floor=False's
         LossConfig(mode="grpo", clip_low=None)
 
 

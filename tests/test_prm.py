@@ -35,8 +35,9 @@ from rl import config_validation as cv
 from rl import reward_terms, rollout
 from rl.config_fields import FieldErrors
 from rl.context import cached
+from rl.advantages import step_scores
+from rl.stages import parse_stage
 from rl.stages.grpo import GRPOConfig
-from rl.stages.policy_gradient import step_scores
 from rl.tasks import load_mix
 from rl.train_step import LossConfig, OptimConfig, init_train_state
 
@@ -421,7 +422,7 @@ def test_stage_calibration_choice_matches_hand_computed_maps(tmp_path):
     reward = {"prm_path": str(tmp_path / "seed{seed}" / "prm"), "w_prm": 0.1, "prm_agg": "min", "prm_steps": True}
     seen = {}
     for name, (a, bias) in HAND.items():
-        sc = for_context(_Ctx(reward, seed=7), GRPOConfig(prm_weight=0.3, prm_calibration=name), "stages[1]")
+        sc = for_context(_Ctx(reward, seed=7), parse_stage({"kind": "grpo", "prm_weight": 0.3, "prm_calibration": name}), "stages[1]")
         assert sc.w == pytest.approx(0.4) and sc.prm.calib == (CALIBS[name] if name else CALIBS["platt"])
         out = sc.score_rows(b["tokens"], b["attn_mask"], texts, b["resp_start"])
         for r in range(2):
@@ -449,7 +450,7 @@ def test_older_prm_files_load_and_get_their_maps(tmp_path):
         old.calibrated("temperature")
     reward = {"prm_path": str(path), "w_prm": 0.0, "prm_agg": "min", "prm_steps": False}
     with pytest.warns(FutureWarning), pytest.raises(ValueError, match=r"stages\[1\]\.prm_calibration 'temperature'"):
-        for_context(_Ctx(reward, seed=0), GRPOConfig(prm_calibration="temperature"), "stages[1]")
+        for_context(_Ctx(reward, seed=0), parse_stage({"kind": "grpo", "prm_calibration": "temperature"}), "stages[1]")
     ck = tmp_path / "converted"
     convert(path, ck)
     assert store_calibrations(str(ck), CALIBS) and not store_calibrations(str(ck), CALIBS)
@@ -499,7 +500,7 @@ def test_the_prm_reaches_the_stages_through_its_registered_term(tmp_path, monkey
     assert "prm" in reward_terms.registered()
     params, path = _tiny_head_prm(tmp_path, "slot")
     reward = {"prm_path": str(path), "w_prm": 0.2, "prm_agg": "min", "prm_steps": True}
-    sc = reward_terms.scorer(_Ctx(reward, seed=0), GRPOConfig(prm_weight=0.1), "stages[1]")
+    sc = reward_terms.scorer(_Ctx(reward, seed=0), parse_stage({"kind": "grpo", "prm_weight": 0.1}), "stages[1]")
     assert sc.w == pytest.approx(0.3) and sc.steps and sc.prm.calib == CALIBS["platt"]
     _assert_same_tree(sc.prm.params, params)
     off = {"prm_path": "", "w_prm": 0.0, "prm_agg": "min", "prm_steps": False}

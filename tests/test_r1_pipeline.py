@@ -10,7 +10,7 @@ from experiments.configs import r1_pipeline
 from rl import config_validation as cv
 from rl import preflight, tasks
 from rl.metrics import read_jsonl
-from rl.stages.base import stage_problems
+from rl.stages.common import stage_problems
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAMILIES = ("code", "instructions", "math")

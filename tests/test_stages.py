@@ -1,5 +1,7 @@
 """Stage kinds through their public pieces: GRPO advantages (mixed group sizes, step rewards, process supervision
-crediting the answer), rejection keep rules, and each config's tiny variant training for real."""
+crediting the answer, REINFORCE++ by name), rejection keep rules, the flat config keys over composed sections (one
+owner per field, old config.json entries), and each config's tiny variant training for real."""
+import ast
 import json
 import os
 
@@ -8,10 +10,11 @@ import pytest
 
 from experiments import launch
 from models.tokenizer import ByteTokenizer
-from rl import stages
+from rl import prefix, stages
+from rl.advantages import step_scores
+from rl.config_fields import FieldErrors
 from rl.metrics import read_jsonl
 from rl.stages.grpo import grpo_token_advantages
-from rl.stages.policy_gradient import step_scores
 from rl.stages.rejection import keep_verified
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -91,7 +94,7 @@ def test_tiny_variant_trains_every_stage(name, tmp_path):
 
 
 def test_stage_reward_terms_add_process_and_format_and_subtract_language():
-    from rl.stages.policy_gradient import stage_reward_terms
+    from rl.stages.iteration import stage_reward_terms
 
     scores = [{"process": 1.0, "format": 0.5, "language": 0.0}, {"process": 0.25, "format": 1.0, "language": 0.5}]
     off = grpo_cfg(name="g")
@@ -107,7 +110,7 @@ def test_stage_format_weight_does_not_add_an_instruction_rows_outcome_again():
 
     from rewards.combine import RewardConfig
     from rewards.task_score import score_task, target_of
-    from rl.stages.policy_gradient import stage_reward_terms
+    from rl.stages.iteration import stage_reward_terms
 
     check = json.dumps({"lang": "en", "constraints": [{"type": "max_chars", "k": 100}]})
     text = "Step 1: 2+2=4\nAnswer: 4"
@@ -130,3 +133,66 @@ def test_rl_fields_that_would_be_ignored_are_refused():
         with pytest.raises(FieldErrors, match=fld):
             stages.parse_stage({**stages.defaults(kind), **kw})
     stages.parse_stage({**stages.defaults("grpo"), "advantage": "rloo", "scale_by_std": False})  # RLOO itself is fine
+
+
+def test_reinforce_pp_is_named_by_the_config():
+    """advantage "reinforce_pp" (rl.advantages.ESTIMATORS) is reachable from a stage entry: every row's advantage is
+    its reward whitened over the whole batch (no group baseline; float64 reference), broadcast to its tokens."""
+    rewards = np.array([1.0, 0.0, 0.5, 0.5, 1.0, 0.0], np.float64)
+    cfg = grpo_cfg(advantage="reinforce_pp", scale_by_std=False, filter_zero_variance=False)
+    adv, keep = grpo_token_advantages(cfg, rewards, [2, 2, 2], np.ones((6, 3), np.float32))
+    want = (rewards - rewards.mean()) / np.sqrt(rewards.var() + 1e-8)
+    np.testing.assert_allclose(adv[:, 0], want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(adv[:, 2], want, rtol=1e-5, atol=1e-6)
+    assert keep.all()
+    with pytest.raises(FieldErrors, match="scale_by_std"):
+        grpo_cfg(advantage="reinforce_pp")
+
+
+def test_every_stage_field_has_one_owner():
+    """Each flat key of each kind is one dataclass field (its default, doc and check in one place): flat reads go
+    through to it, the dict round-trips, GRPO and PPO share the loss / KL / off-policy sections' fields (PPO's
+    value-head and GAE fields are PPO's only), and clip_high is declared once in the whole of rl/ (rl/losses.py)."""
+    for kind, cls in stages.CONFIGS.items():
+        d = stages.defaults(kind)
+        cfg = stages.parse_stage(d)
+        assert cfg.to_dict() == d
+        keys = [k for k, _, _ in stages.flat_fields(cls)]
+        assert len(keys) == len(set(keys)) and set(keys) | {"kind", "curriculum"} >= set(d)
+    grpo, ppo = stages.parse_stage(stages.defaults("grpo")), stages.parse_stage(stages.defaults("ppo"))
+    assert grpo.clip_high == grpo.loss.clip_high == 0.2 and ppo.kl_place == "reward" and ppo.kl_kind == "k1"
+    for k in ("gamma", "lam", "value_coef", "value_clip"):
+        assert k in stages.defaults("ppo") and k not in stages.defaults("grpo")
+    for k in ("advantage", "scale_by_std", "filter_zero_variance", "process_grpo"):
+        assert k in stages.defaults("grpo") and k not in stages.defaults("ppo")
+    where = []
+    paths = [p for p in os.listdir(os.path.join(ROOT, "rl")) if p.endswith(".py")]
+    paths += [os.path.join("stages", p) for p in os.listdir(os.path.join(ROOT, "rl", "stages")) if p.endswith(".py")]
+    for path in sorted(paths):
+        tree = ast.parse(open(os.path.join(ROOT, "rl", path), encoding="utf-8").read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                where += [(path, node.name) for a in node.body
+                          if isinstance(a, ast.AnnAssign) and getattr(a.target, "id", None) == "clip_high"]
+    assert where == [("losses.py", "LossConfig")]
+
+
+def test_stage_entries_of_an_old_config_json_keep_their_meaning():
+    """Stage entries as config.json stored them at 55d2267 (tests/data/stages_55d2267.json: every field of the old
+    47-field RL config, GRPO entries with PPO's keys and PPO entries with GRPO's): each parses to the config of the
+    same entry without the keys its kind no longer has, and resuming such a run compares equal to today's config
+    (rl.prefix.with_added_defaults drops them). A value the old code refused still is refused, naming the field."""
+    with open(os.path.join(ROOT, "tests", "data", "stages_55d2267.json"), encoding="utf-8") as f:
+        old = json.load(f)
+    for name, entries in old.items():
+        new = []
+        for e in entries:
+            legacy = stages.legacy_keys(e["kind"])
+            cfg = stages.parse_stage(e)
+            assert cfg.to_dict() == {k: v for k, v in e.items() if k not in legacy}, (name, e["kind"])
+            new.append(cfg.to_dict())
+        assert prefix.with_added_defaults({"stages": entries}, {"stages": new})["stages"] == new
+    ppo = next(e for e in old["ppo_arith"] if e["kind"] == "ppo")
+    assert ppo["filter_zero_variance"] is False and "gamma" in next(e for e in old["grpo_arith"] if e["kind"] == "grpo")
+    with pytest.raises(FieldErrors, match="filter_zero_variance"):
+        stages.parse_stage({**ppo, "filter_zero_variance": True})

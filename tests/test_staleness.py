@@ -72,18 +72,18 @@ def _latest_meta(workdir):
 
 
 def test_lookahead_follows_max_staleness_overlap_and_curriculum():
+    from types import SimpleNamespace
+
     from rl import stages
-    from rl.stages.policy_gradient import PolicyGradientRun
+    from rl.stages.iteration import lookahead
 
-    class Fake:  # just what lookahead reads
-        def __init__(self, k, overlap, curriculum):
-            self.cfg = stages.parse_stage({**stages.defaults("grpo"), "max_staleness": k})
-            self.ctx = type("Ctx", (), {"cfg": {"run": {"overlap": overlap}}})()
-            self.cur_state = {} if curriculum else None
+    def fake(k, overlap, curriculum):  # just what lookahead reads
+        cfg = stages.parse_stage({**stages.defaults("grpo"), "max_staleness": k})
+        return SimpleNamespace(base=SimpleNamespace(cfg=cfg, ctx=SimpleNamespace(cfg={"run": {"overlap": overlap}})),
+                               cur_state={} if curriculum else None)
 
-    look = PolicyGradientRun.lookahead
-    assert look(Fake(3, True, False)) == 3 and look(Fake(0, True, False)) == 0
-    assert look(Fake(3, False, False)) == 0 and look(Fake(3, True, True)) == 0
+    assert lookahead(fake(3, True, False)) == 3 and lookahead(fake(0, True, False)) == 0
+    assert lookahead(fake(3, False, False)) == 0 and lookahead(fake(3, True, True)) == 0
 
 
 def test_pending_batches_round_trip_through_a_checkpoint(tmp_path):

@@ -28,7 +28,7 @@ from experiments.bench import common
 from rewards.task_score import score_task, target_of
 from rl import checkpoint, context, losses, rollout, stages
 from rl.stages.grpo import grpo_token_advantages
-from rl.stages.policy_gradient import step_scores
+from rl.advantages import step_scores
 from rl.train_step import compute_logprobs
 
 

@@ -6,7 +6,7 @@ mixed demonstrations (math 50 %, code 25 %, instructions 25 %: rows of ~85, ~250
 Both arms run the same rows through the same jitted SFT train step (experiments/configs/r1_pipeline.py's model):
 `padded` cuts every minibatch of 32 to the full 544 columns (length_buckets 0), `bucketed` groups rows of similar
 length and cuts each minibatch to the narrowest of N widths (rl.rollout.length_grouped_minibatches /
-column_bucket / trim_columns, as StageRun.train_on does). Each width is compiled before timing; the arms
+column_bucket / trim_columns, as rl.train_loop.train_on does). Each width is compiled before timing; the arms
 alternate rep by rep, so machine load moves both; the figure is the ratio of the median epoch times.
 """
 from __future__ import annotations
@@ -52,7 +52,7 @@ def main(argv=None) -> dict:
     hp = {"lr": jnp.float32(1e-3), "kl_coef": jnp.float32(0.0)}
     rng = np.random.default_rng(0)
 
-    def plan(bucketed: bool):  # one epoch's device minibatches, as StageRun.train_on builds them
+    def plan(bucketed: bool):  # one epoch's device minibatches, as rl.train_loop.train_on builds them
         n_buckets = args.buckets if bucketed else 0
         parts = rollout.epoch_minibatches(len(lengths), rows_per_step, rng, lengths if bucketed else None)
         return [{k: jnp.asarray(v) for k, v in rollout.take_minibatch(batch, idx, rows_per_step, n_buckets,

@@ -25,7 +25,7 @@ def get_config(arg=None):
         stage("sft", "cold_start", epochs=1, batch_size=32, n_problems=600, lr=3e-3, warmup_steps=5),
         stage("ppo", "ppo", iterations=60, n_prompts=16, samples=4, lr=1e-3, epochs=2, token_budget=4096,
               kl_kind="k1", kl_place="reward", kl_coef=0.05, kl_adaptive=True, kl_target=0.01, gamma=1.0, lam=0.95,
-              value_coef=0.5, value_clip=0.2, filter_zero_variance=False),
+              value_coef=0.5, value_clip=0.2),
     ]
     if variant == "tiny":
         tiny_variant(c)

@@ -1,47 +1,104 @@
-"""Stage kinds by name: each has a keyword-only config dataclass and a runtime with `run_unit(u)`.
+"""Stage kinds by name: each is a module with a keyword-only config dataclass and functions over a state.
 
     from rl import stages
     cfg = stages.parse_stage({"kind": "grpo", "name": "grpo", "iterations": 10, ...})   # FieldErrors names fields
-    run = stages.RUNS[cfg.kind](ctx, index, cfg, params)
+    st = stages.init(ctx, index, cfg, params)        # the kind's state (a frozen dataclass)
+    st, metrics = stages.unit(st, u)                  # one epoch / round / iteration
+    tree, meta = stages.tree(st), stages.meta(st)     # what a checkpoint holds; st = stages.load(st, tree, meta)
     stage("grpo", "grpo", iterations=10)   # a config-file entry with every field at its default (ConfigDict)
 
-Kinds: sft (rl/stages/sft.py), rejection (rejection.py), grpo (grpo.py), ppo (ppo.py); grpo and ppo share
-rl/stages/policy_gradient.py. A new kind is a new module registered here.
+Kinds: sft (rl/stages/sft.py), rejection (rejection.py), grpo (grpo.py), ppo (ppo.py); grpo and ppo are one
+iteration (rl/stages/iteration.py) with their own advantage functions. Every kind trains through the one optimizer
+loop, rl.train_loop.train_on. A new kind is a new module registered in KINDS.
 """
 from __future__ import annotations
 
-from rl import curriculum as cur
-from rl.config_fields import FieldErrors, from_dict
-from rl.stages.base import StageConfig, StageRun
-from rl.stages.grpo import GRPOConfig, GRPORun
-from rl.stages.ppo import PPOConfig, PPORun
-from rl.stages.rejection import RejectionConfig, RejectionRun
-from rl.stages.sft import SFTConfig, SFTRun
+from typing import Callable, NamedTuple
 
-CONFIGS: dict[str, type[StageConfig]] = {"sft": SFTConfig, "rejection": RejectionConfig, "grpo": GRPOConfig,
-                                         "ppo": PPOConfig}
-RUNS: dict[str, type[StageRun]] = {"sft": SFTRun, "rejection": RejectionRun, "grpo": GRPORun, "ppo": PPORun}
-
-__all__ = ["CONFIGS", "RUNS", "parse_stage", "defaults", "sft_problem_count", "FieldErrors"]
+from rl.config_fields import FieldErrors
+from rl.stages import common, grpo, iteration, ppo, rejection, sft
+from rl.stages.common import flat_fields, from_flat
 
 
-def parse_stage(d: dict) -> StageConfig:
+class Kind(NamedTuple):
+    """A stage kind: its config class and its functions (checkpoint functions: every kind's, or the RL ones)."""
+
+    config: type
+    init: Callable  # (ctx, index, cfg, params) -> state
+    unit: Callable  # (state, u) -> (state, metrics)
+    tree: Callable = common.tree  # state -> the checkpoint's array tree
+    meta: Callable = common.meta  # state -> the checkpoint's JSON meta
+    template: Callable = common.template  # (state, meta) -> the tree structure to restore into
+    load: Callable = common.load  # (state, tree, meta) -> state
+
+
+_RL = dict(tree=iteration.tree, meta=iteration.meta, template=iteration.template, load=iteration.load)
+KINDS: dict[str, Kind] = {
+    "sft": Kind(sft.SFTConfig, sft.init, sft.unit),
+    "rejection": Kind(rejection.RejectionConfig, rejection.init, rejection.unit),
+    "grpo": Kind(grpo.GRPOConfig, grpo.init, grpo.unit, **_RL),
+    "ppo": Kind(ppo.PPOConfig, ppo.init, ppo.unit, **_RL),
+}
+CONFIGS: dict[str, type] = {k: v.config for k, v in KINDS.items()}
+
+__all__ = ["KINDS", "CONFIGS", "parse_stage", "defaults", "flat_fields", "legacy_keys", "sft_problem_count",
+           "FieldErrors", "init", "unit", "tree", "meta", "template", "load", "policy_params"]
+
+
+def _kind_error(kind) -> FieldErrors:
+    return FieldErrors([("kind", f"must be one of {'|'.join(CONFIGS)}, got {kind!r}")])
+
+
+def parse_stage(d: dict):
     """The typed config of one `stages` entry (plain dict); FieldErrors names each bad field."""
     kind = d.get("kind") if isinstance(d, dict) else None
     if kind not in CONFIGS:
-        raise FieldErrors([("kind", f"must be one of {'|'.join(CONFIGS)}, got {kind!r}")])
-    nested = {"curriculum": cur.CurriculumConfig} if kind in ("grpo", "ppo") else None
-    return from_dict(CONFIGS[kind], d, nested)
+        raise _kind_error(kind)
+    return from_flat(CONFIGS[kind], d)
 
 
 def defaults(kind: str) -> dict:
-    """Every field of a stage kind at its default, as plain containers."""
+    """Every field of a stage kind at its default, as plain containers (the flat keys a config file writes)."""
     if kind not in CONFIGS:
-        raise FieldErrors([("kind", f"must be one of {'|'.join(CONFIGS)}, got {kind!r}")])
+        raise _kind_error(kind)
     return CONFIGS[kind]().to_dict()
+
+
+def legacy_keys(kind: str) -> dict:
+    """Keys old config.json entries of this kind may hold that it no longer has (rl/stages/common.py, LEGACY)."""
+    return dict(CONFIGS[kind].LEGACY) if kind in CONFIGS else {}
 
 
 def sft_problem_count(cfg: dict) -> int:
     """How many training problems the config's SFT stages render as worked solutions."""
     return max([s.get("n_problems") or cfg["tasks"]["n_train"] for s in cfg["stages"] if s.get("kind") == "sft"],
                default=0)
+
+
+# -- a stage's state, whatever its kind ---------------------------------------------------------------------------
+def init(ctx, index: int, cfg, params):
+    """The state of stage `index` (config `cfg`) starting from `params`."""
+    return KINDS[cfg.kind].init(ctx, index, cfg, params)
+
+
+def unit(st, u: int):
+    return KINDS[st.base.cfg.kind].unit(st, u)
+
+
+def tree(st) -> dict:
+    return KINDS[st.base.cfg.kind].tree(st)
+
+
+def meta(st) -> dict:
+    return KINDS[st.base.cfg.kind].meta(st)
+
+
+def template(st, meta: dict) -> dict:
+    return KINDS[st.base.cfg.kind].template(st, meta)
+
+
+def load(st, tree: dict, meta: dict):
+    return KINDS[st.base.cfg.kind].load(st, tree, meta)
+
+
+policy_params = common.policy_params

@@ -3,36 +3,77 @@
     stage("grpo", "grpo", iterations=180, n_prompts=32, samples=8, clip_high=0.28, kl_coef=0.02)
 
 Advantages per group of K answers to one problem (rl.advantages: grpo, dr_grpo when scale_by_std is off,
-rloo), broadcast to the response tokens. `step_rewards` adds +-0.5 per exactly checked step (weight
+rloo, reinforce_pp), broadcast to the response tokens. `step_rewards` adds +-0.5 per exactly checked step (weight
 step_reward_weight) to every token before the step's end; `process_grpo` replaces the outcome advantage by
 normalised step scores (DeepSeekMath's process supervision), the answer line being the last step, scored by
 the verifier. Groups whose rewards are all equal carry no signal and are dropped (filter_zero_variance).
+The iteration itself is rl/stages/iteration.py; this module is GRPO's config and advantage function.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
 from rl import advantages as advm
-from rl.config_fields import field
-from rl.stages.policy_gradient import PolicyGradientRun, RLConfig
+from rl.config_fields import boolean, choice, field
+from rl.curriculum import CurriculumConfig
+from rl.kl_control import KLConfig
+from rl.losses import LossConfig
+from rl.offpolicy import OffPolicyConfig
+from rl.stages import iteration
+from rl.stages.common import ANY, Flat, StageInfo, section
+from rl.train_loop import LoopConfig
+
+ADVANTAGES = ("grpo", "rloo", "reinforce_pp")  # rl.advantages.ESTIMATORS by config name (grpo: dr_grpo unscaled)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class GRPOConfig(RLConfig):
+class GRPOConfig(Flat):
     KIND = "grpo"
+    UNIT_FIELD = "iterations"
+    # PPO's value-head / GAE keys, which every GRPO entry of a config.json written before they moved to PPOConfig
+    # holds (at any value: GRPO never read them)
+    LEGACY = {"gamma": ANY, "lam": ANY, "value_coef": ANY, "value_clip": ANY}
 
-    kind: str = field("grpo", "stage kind")
+    stage: StageInfo = section(StageInfo, "name and problems")
+    loop: LoopConfig = section(LoopConfig, "learning-rate schedule and optimizer")
+    rl: iteration.IterationConfig = section(iteration.IterationConfig, "sampling, update, reward terms")
+    loss: LossConfig = section(LossConfig, "the loss", keys=iteration.LOSS_KEYS,
+                               factory=lambda: LossConfig(mode="grpo", kl_in_loss=False))
+    kl: KLConfig = section(KLConfig, "the KL to the reference policy")
+    offpolicy: OffPolicyConfig = section(OffPolicyConfig, "off-policy correction")
+    curriculum: CurriculumConfig = section(CurriculumConfig, "difficulty-stratified sampling", nested=True)
+    advantage: str = field("grpo", "grpo (group mean/std) | rloo (leave-one-out) | reinforce_pp (rewards whitened "
+                                   "over the batch, no group baseline)", choice(*ADVANTAGES))
+    scale_by_std: bool = field(True, "divide by the group std (False = Dr. GRPO); advantage grpo only (set False "
+                                     "with rloo and reinforce_pp)", boolean)
+    filter_zero_variance: bool = field(True, "drop groups whose rewards are all equal (zero advantage)", boolean)
+    process_grpo: bool = field(False, "process-supervised GRPO: advantages from normalised step rewards, the answer "
+                                      "line being the last step, scored by the verifier", boolean)
+
+    components = iteration.components
+    reward_checks = iteration.reward_checks
+    model_checks = iteration.model_checks
+    uses_reference = property(iteration.uses_reference)
+    records_routes = property(iteration.records_routes)
+    group_sizes = iteration.group_sizes
+
+    @property
+    def corrects_off_policy(self) -> bool:
+        return self.offpolicy.enabled
 
     def cross_checks(self):
-        yield from super().cross_checks()
+        yield from iteration.cross_checks(self)
+        if self.process_grpo and self.rl.step_rewards:
+            yield "process_grpo", "and step_rewards are alternatives; set only one"
         if any(k < 2 for k in self.group_sizes()):
             yield "samples", f"must be >= 2 for GRPO (group-relative advantages need a group), got {self.group_sizes()}"
-        if self.advantage == "rloo" and self.scale_by_std:
-            yield "scale_by_std", "divides GRPO's advantages by the group std; RLOO's leave-one-out baseline has no " \
-                                  "std scaling: set scale_by_std=False with advantage rloo"
-        if self.kl_place == "reward":
+        if self.advantage != "grpo" and self.scale_by_std:
+            yield "scale_by_std", f"divides GRPO's advantages by the group std; {self.advantage} has no std " \
+                                  f"scaling: set scale_by_std=False with advantage {self.advantage}"
+        if self.kl.kl_place == "reward":
             yield "kl_place", "'reward' needs kind ppo (GRPO's sequence advantages have no per-token reward)"
 
 
@@ -40,22 +81,22 @@ def grpo_token_advantages(cfg: GRPOConfig, rewards: np.ndarray, ks, loss_mask: n
     """Token advantages [N, T] of a GRPO batch and the rows to train (groups with signal).
 
     rewards [N] with each group's K rows contiguous (group sizes `ks`); `steps` = (scores, end positions, mask)
-    of the exactly checked steps (rl.stages.policy_gradient.step_scores), needed for step_rewards and
+    of the exactly checked steps (rl.advantages.step_scores), needed for step_rewards and
     process_grpo (where the answer line must be among them as the last step).
     """
     ks = np.asarray(ks)
     N, T = loss_mask.shape
-    name = "rloo" if cfg.advantage == "rloo" else ("grpo" if cfg.scale_by_std else "dr_grpo")
+    name = cfg.advantage if cfg.advantage != "grpo" else ("grpo" if cfg.scale_by_std else "dr_grpo")
     if cfg.process_grpo:
         sc, pos, msk = steps
         adv = advm.grouped(lambda x, k, p, m: advm.process_grpo(x, p, m, k, T), sc, ks, pos, msk)
     else:
         seq_adv = advm.grouped(advm.get_estimator(name), rewards.astype(np.float32), ks)
         adv = np.broadcast_to(seq_adv[:, None], (N, T)).astype(np.float32)
-        if cfg.step_rewards:
+        if cfg.rl.step_rewards:
             sc, pos, msk = steps
             placed = np.asarray(advm.place_step_rewards(sc - 0.5, pos, T, msk))  # +-0.5 for a right / wrong step
-            adv = adv + cfg.step_reward_weight * np.flip(np.cumsum(np.flip(placed, 1), 1), 1)
+            adv = adv + cfg.rl.step_reward_weight * np.flip(np.cumsum(np.flip(placed, 1), 1), 1)
     adv = adv * loss_mask
     keep = np.ones(N, bool)
     if cfg.filter_zero_variance:
@@ -67,14 +108,19 @@ def grpo_token_advantages(cfg: GRPOConfig, rewards: np.ndarray, ks, loss_mask: n
     return adv, keep
 
 
-class GRPORun(PolicyGradientRun):
-    def advantages(self, a, texts, scores, rewards, coef, kl_tok):
-        del coef, kl_tok  # GRPO's KL is in the loss
-        s = self.cfg
-        steps = None
-        if s.process_grpo:
-            steps = self.step_scores(a, texts, rewards)  # the answer line is the last step, scored by the reward
-        elif s.step_rewards:
-            steps = self.step_scores(a, texts)
-        adv, keep = grpo_token_advantages(s, rewards, a["ks"], a["loss_mask"].astype(np.float32), steps)
-        return {"advantages": adv}, keep
+def advantages(st: iteration.State, a: dict, texts, rewards, coef, kl_tok):
+    """GRPO's advantage function for the iteration: ({"advantages": [N, T]}, rows to keep). Its KL is in the
+    loss, so coef and kl_tok are unused."""
+    del coef, kl_tok
+    s = st.base.cfg
+    steps = None
+    if s.process_grpo:  # the answer line is the last step, scored by the reward
+        steps = iteration.batch_step_scores(st, a, texts, rewards)
+    elif s.rl.step_rewards:
+        steps = iteration.batch_step_scores(st, a, texts)
+    adv, keep = grpo_token_advantages(s, rewards, a["ks"], a["loss_mask"].astype(np.float32), steps)
+    return {"advantages": adv}, keep
+
+
+init = functools.partial(iteration.init, advantages=advantages, value_head=False)
+unit = iteration.unit

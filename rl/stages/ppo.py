@@ -6,56 +6,82 @@ Token rewards: the outcome reward on the last response token, minus kl_coef * k1
 on every response token (kl_place "reward", the default, with the unbiased k1 estimator as in the
 reference implementations), plus step rewards at step ends when `step_rewards` is on. Advantages come
 from GAE over the value head's estimates at sampling time (rl.advantages.gae) and are whitened over the
-batch; the value head is trained with a clipped value loss.
+batch; the value head is trained with a clipped value loss. The iteration itself is rl/stages/iteration.py; this
+module is PPO's config (its value-head and GAE fields) and advantage function.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax.numpy as jnp
 import numpy as np
 
 from rl import advantages as advm
-from rl.config_fields import boolean, choice, field
-from rl.stages.policy_gradient import PolicyGradientRun, RLConfig
+from rl.config_fields import field, num
+from rl.curriculum import CurriculumConfig
+from rl.kl_control import KLConfig
+from rl.losses import LossConfig
+from rl.offpolicy import OffPolicyConfig
+from rl.stages import iteration
+from rl.stages.common import ANY, Flat, StageInfo, section
+from rl.train_loop import LoopConfig
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class PPOConfig(RLConfig):
+class PPOConfig(Flat):
     KIND = "ppo"
+    UNIT_FIELD = "iterations"
+    # GRPO's keys, which every PPO entry of a config.json written before they moved to GRPOConfig holds (at the one
+    # value PPO accepted; scale_by_std at any: PPO never read it)
+    LEGACY = {"advantage": "grpo", "filter_zero_variance": False, "process_grpo": False, "scale_by_std": ANY}
 
-    kind: str = field("ppo", "stage kind")
-    kl_kind: str = field("k1", "KL estimator: k1 | k2 | k3 (k1 only in the reward)", choice("k1", "k2", "k3"))
-    kl_place: str = field("reward", "where the KL goes: loss (GRPO style) | reward (PPO style, per-token penalty)",
-                          choice("loss", "reward"))
-    filter_zero_variance: bool = field(False, "GRPO only (PPO's GAE advantages are not zero when a group's rewards "
-                                              "are equal): must stay False", boolean)
+    stage: StageInfo = section(StageInfo, "name and problems")
+    loop: LoopConfig = section(LoopConfig, "learning-rate schedule and optimizer")
+    rl: iteration.IterationConfig = section(iteration.IterationConfig, "sampling, update, reward terms")
+    loss: LossConfig = section(LossConfig, "the loss (with the value head's)",
+                               keys=(*iteration.LOSS_KEYS, "value_coef", "value_clip"),
+                               factory=lambda: LossConfig(mode="ppo", kl_kind="k1", kl_in_loss=False))
+    kl: KLConfig = section(KLConfig, "the KL to the reference policy", factory=lambda: KLConfig(kl_place="reward"))
+    offpolicy: OffPolicyConfig = section(OffPolicyConfig, "off-policy correction")
+    curriculum: CurriculumConfig = section(CurriculumConfig, "difficulty-stratified sampling", nested=True)
+    gamma: float = field(1.0, "discount", num(0.0, 1.0))
+    lam: float = field(0.95, "GAE lambda", num(0.0, 1.0))
+
+    components = iteration.components
+    reward_checks = iteration.reward_checks
+    model_checks = iteration.model_checks
+    uses_reference = property(iteration.uses_reference)
+    records_routes = property(iteration.records_routes)
+    group_sizes = iteration.group_sizes
+
+    @property
+    def corrects_off_policy(self) -> bool:
+        return self.offpolicy.enabled
 
     def cross_checks(self):
-        yield from super().cross_checks()
-        if self.process_grpo:
-            yield "process_grpo", "needs kind grpo"
-        if self.filter_zero_variance:
-            yield "filter_zero_variance", ("is a GRPO setting: PPO trains every row (its GAE advantages against the "
-                                           "value head are not zero when a group's rewards are equal)")
-        if self.advantage != "grpo":
-            yield "advantage", f"is a GRPO setting; PPO uses GAE, got {self.advantage!r}"
+        yield from iteration.cross_checks(self)
 
 
-class PPORun(PolicyGradientRun):
-    def advantages(self, a, texts, scores, rewards, coef, kl_tok):
-        s = self.cfg
-        T = a["tokens"].shape[1]
-        mask = a["loss_mask"].astype(np.float32)
-        last = np.clip(a["resp_start"] + a["lengths"] - 1, 0, T - 1)
-        tr = np.zeros((len(rewards), T), np.float32)
-        tr[np.arange(len(rewards)), last] = rewards
-        if kl_tok is not None and s.kl_place == "reward":
-            tr = tr - coef * kl_tok * mask
-        if s.step_rewards:
-            sc, pos, msk = self.step_scores(a, texts)
-            tr = tr + s.step_reward_weight * np.asarray(advm.place_step_rewards(sc - 0.5, pos, T, msk))
-        adv, ret = advm.gae(jnp.asarray(tr), jnp.asarray(a["old_values"]), jnp.asarray(mask), s.gamma, s.lam)
-        adv = np.asarray(advm.whiten(adv, jnp.asarray(mask)))
-        extra = {"advantages": adv * mask, "returns": np.asarray(ret) * mask, "old_values": a["old_values"]}
-        return extra, np.ones(len(rewards), bool)
+def advantages(st: iteration.State, a: dict, texts, rewards, coef, kl_tok):
+    """PPO's advantage function for the iteration: token rewards (outcome at the last token, - coef x k1 with
+    kl_place reward, step rewards) -> GAE against the sampled values -> whitened; every row kept."""
+    s = st.base.cfg
+    T = a["tokens"].shape[1]
+    mask = a["loss_mask"].astype(np.float32)
+    last = np.clip(a["resp_start"] + a["lengths"] - 1, 0, T - 1)
+    tr = np.zeros((len(rewards), T), np.float32)
+    tr[np.arange(len(rewards)), last] = rewards
+    if kl_tok is not None and s.kl.kl_place == "reward":
+        tr = tr - coef * kl_tok * mask
+    if s.rl.step_rewards:
+        sc, pos, msk = iteration.batch_step_scores(st, a, texts)
+        tr = tr + s.rl.step_reward_weight * np.asarray(advm.place_step_rewards(sc - 0.5, pos, T, msk))
+    adv, ret = advm.gae(jnp.asarray(tr), jnp.asarray(a["old_values"]), jnp.asarray(mask), s.gamma, s.lam)
+    adv = np.asarray(advm.whiten(adv, jnp.asarray(mask)))
+    extra = {"advantages": adv * mask, "returns": np.asarray(ret) * mask, "old_values": a["old_values"]}
+    return extra, np.ones(len(rewards), bool)
+
+
+init = functools.partial(iteration.init, advantages=advantages, value_head=True)
+unit = iteration.unit

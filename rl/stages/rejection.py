@@ -19,16 +19,21 @@ import time
 import numpy as np
 
 from rl.config_fields import field, integer, num
-from rl.stages.base import StageConfig, StageRun, router_metrics, step_stats
+from rl.losses import LossConfig
+from rl.sft import build_sft_batch
+from rl.stages import common
+from rl.stages.common import Base, Flat, StageInfo, section
 from rl.stages.sft import length_buckets_field, sft_rows
+from rl.train_loop import LoopConfig, router_metrics, step_stats
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class RejectionConfig(StageConfig):
+class RejectionConfig(Flat):
     KIND = "rejection"
     UNIT_FIELD = "rounds"
 
-    kind: str = field("rejection", "stage kind")
+    stage: StageInfo = section(StageInfo, "name and problems")
+    loop: LoopConfig = section(LoopConfig, "learning-rate schedule and optimizer")
     rounds: int = field(3, "STaR / RFT rounds (sample, filter, fine-tune)", integer(1, 10**5))
     n_problems: int = field(64, "problems sampled per round", integer(1, 10**7))
     samples: int = field(8, "answers sampled per problem (K)", integer(1, 4096))
@@ -42,48 +47,59 @@ class RejectionConfig(StageConfig):
                                     "answers (cold-start data replay; 0 = off)", num(0.0, 100.0))
     length_buckets: int = length_buckets_field()
 
+    def components(self, max_new_tokens: int):
+        """(LossConfig, OptimConfig, KL controller or None) of the train step this stage runs."""
+        del max_new_tokens
+        return LossConfig(mode="sft"), self.loop.optim(), None
 
-class RejectionRun(StageRun):
-    def run_unit(self, u: int) -> dict:
-        ctx, s = self.ctx, self.cfg
-        rng = ctx.rng("rejection", self.index, u)
-        ids = rng.choice(len(self.problems), size=s.n_problems, replace=False)
-        probs = [self.problems[i] for i in ids]
-        prompts = [ctx.prompt(p) for p in probs]
-        t0 = time.time()
-        smpl = ctx.sample(self.policy_params(), prompts, [s.samples] * len(probs), ctx.key("rejection", self.index, u),
-                          temperature=s.temperature)
-        t_sample = time.time() - t0
-        t0 = time.time()
-        scores = ctx.scorer.result(ctx.scorer.submit(smpl.texts, [probs[i] for i in smpl.prompt_index],
-                                                     smpl.lengths))
-        t_score = time.time() - t0
-        kept = keep_verified(smpl.texts, smpl.prompt_index, scores, s.min_format, s.max_keep_per_problem)
-        out = {"kept_share": len(kept) / len(smpl.texts),
-               "problems_with_kept": len({int(smpl.prompt_index[r]) for r in kept}) / len(probs),
-               "sample_accuracy": float(np.mean([sc["solved"] > 0.5 for sc in scores])), "n_kept": len(kept),
-               "format_rate": float(np.mean([sc["format"] for sc in scores])),
-               "reward/mean": float(np.mean([sc["total"] for sc in scores])),
-               "response_length": float(np.mean(smpl.lengths)),
-               "sample_tokens_per_s": float(smpl.lengths.sum()) / max(t_sample, 1e-9),
-               "time/sample": t_sample, "time/score": t_score}
-        if kept:
-            from rl.sft import build_sft_batch
 
-            xs, ys = [prompts[smpl.prompt_index[r]] for r in kept], [smpl.texts[r] for r in kept]
-            n_gold = min(int(round(s.gold_replay * len(kept))), len(self.problems))
-            if n_gold:  # replay the cold-start data beside the recycled answers
-                gold = [self.problems[i] for i in rng.choice(len(self.problems), size=n_gold, replace=False)]
-                xs += [ctx.prompt(p) for p in gold]
-                ys += [ctx.solution(p) for p in gold]
-                out["n_gold_replayed"] = n_gold
-            batch = build_sft_batch(xs, ys, ctx.tok, ctx.seq_len)
-            m = self.train_on(batch, epochs=s.epochs, rng=rng, max_rows=sft_rows(s.batch_size, ctx.row_multiple), unit=u,
-                              length_buckets=s.length_buckets)
-            out.update({"loss": m.get("loss/total"), "grad_norm": m.get("grad_norm"),
-                        "train_tokens_per_s": float(batch["loss_mask"].sum()) * s.epochs / max(m["time/train"], 1e-9),
-                        **step_stats(m), **router_metrics(m)})
-        return out
+@dataclasses.dataclass(frozen=True)
+class State:
+    base: Base
+
+
+def init(ctx, index: int, cfg: RejectionConfig, params) -> State:
+    return State(base=common.init_base(ctx, index, cfg, params, LossConfig(mode="sft")))
+
+
+def unit(st: State, u: int) -> tuple[State, dict]:
+    """One round: sample -> score -> keep -> fine-tune on the kept answers (and replayed gold solutions)."""
+    ctx, s, index, problems = st.base.ctx, st.base.cfg, st.base.index, st.base.problems
+    rng = ctx.rng("rejection", index, u)
+    ids = rng.choice(len(problems), size=s.n_problems, replace=False)
+    probs = [problems[i] for i in ids]
+    prompts = [ctx.prompt(p) for p in probs]
+    t0 = time.time()
+    smpl = ctx.sample(common.policy_params(st), prompts, [s.samples] * len(probs), ctx.key("rejection", index, u),
+                      temperature=s.temperature)
+    t_sample = time.time() - t0
+    t0 = time.time()
+    scores = ctx.scorer.result(ctx.scorer.submit(smpl.texts, [probs[i] for i in smpl.prompt_index], smpl.lengths))
+    t_score = time.time() - t0
+    kept = keep_verified(smpl.texts, smpl.prompt_index, scores, s.min_format, s.max_keep_per_problem)
+    out = {"kept_share": len(kept) / len(smpl.texts),
+           "problems_with_kept": len({int(smpl.prompt_index[r]) for r in kept}) / len(probs),
+           "sample_accuracy": float(np.mean([sc["solved"] > 0.5 for sc in scores])), "n_kept": len(kept),
+           "format_rate": float(np.mean([sc["format"] for sc in scores])),
+           "reward/mean": float(np.mean([sc["total"] for sc in scores])),
+           "response_length": float(np.mean(smpl.lengths)),
+           "sample_tokens_per_s": float(smpl.lengths.sum()) / max(t_sample, 1e-9),
+           "time/sample": t_sample, "time/score": t_score}
+    if kept:
+        xs, ys = [prompts[smpl.prompt_index[r]] for r in kept], [smpl.texts[r] for r in kept]
+        n_gold = min(int(round(s.gold_replay * len(kept))), len(problems))
+        if n_gold:  # replay the cold-start data beside the recycled answers
+            gold = [problems[i] for i in rng.choice(len(problems), size=n_gold, replace=False)]
+            xs += [ctx.prompt(p) for p in gold]
+            ys += [ctx.solution(p) for p in gold]
+            out["n_gold_replayed"] = n_gold
+        batch = build_sft_batch(xs, ys, ctx.tok, ctx.seq_len)
+        st, m = common.train(st, batch, epochs=s.epochs, rng=rng, max_rows=sft_rows(s.batch_size, ctx.row_multiple),
+                             unit=u, length_buckets=s.length_buckets)
+        out.update({"loss": m.get("loss/total"), "grad_norm": m.get("grad_norm"),
+                    "train_tokens_per_s": float(batch["loss_mask"].sum()) * s.epochs / max(m["time/train"], 1e-9),
+                    **step_stats(m), **router_metrics(m)})
+    return st, out
 
 
 def keep_verified(texts, prompt_index, scores, min_format: float, max_keep: int) -> list[int]:

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
-
 from rl.config_fields import field, integer, num
-from rl.stages.base import StageConfig, StageRun, router_metrics, step_stats
+from rl.losses import LossConfig
+from rl.sft import build_sft_batch
+from rl.stages import common
+from rl.stages.common import Base, Flat, StageInfo, section
+from rl.train_loop import LoopConfig, router_metrics, step_stats
 
 
 def length_buckets_field():
@@ -28,11 +30,12 @@ def length_buckets_field():
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class SFTConfig(StageConfig):
+class SFTConfig(Flat):
     KIND = "sft"
     UNIT_FIELD = "epochs"
 
-    kind: str = field("sft", "stage kind")
+    stage: StageInfo = section(StageInfo, "name and problems")
+    loop: LoopConfig = section(LoopConfig, "learning-rate schedule and optimizer")
     epochs: int = field(3, "passes over the worked solutions", integer(1, 10**5))
     batch_size: int = field(32, "sequences per optimizer step (an epoch is split into near-equal minibatches of at "
                                 "most this many)", integer(1, 10**5))
@@ -41,6 +44,11 @@ class SFTConfig(StageConfig):
                                      "steps (drawn once per run; 0 = every demonstration shows its steps)",
                                 num(0.0, 1.0))
     length_buckets: int = length_buckets_field()
+
+    def components(self, max_new_tokens: int):
+        """(LossConfig, OptimConfig, KL controller or None) of the train step this stage runs."""
+        del max_new_tokens
+        return LossConfig(mode="sft"), self.loop.optim(), None
 
 
 def sft_rows(batch_size: int, multiple: int) -> int:
@@ -56,21 +64,27 @@ def without_steps(problem):
     return dataclasses.replace(problem, steps=None) if problem.reward == "math" else problem
 
 
-class SFTRun(StageRun):
-    def __init__(self, ctx, index, cfg: SFTConfig, params):
-        super().__init__(ctx, index, cfg, params)
-        from rl.sft import build_sft_batch
+@dataclasses.dataclass(frozen=True)
+class State:
+    base: Base
+    batch: dict  # the stage's demonstrations, built once (rl.sft.build_sft_batch)
 
-        probs = self.problems[: (cfg.n_problems or len(self.problems))]
-        direct = ctx.rng("sft", index, DIRECT_STREAM).random(len(probs)) < cfg.direct_share
-        probs = [without_steps(p) if d else p for p, d in zip(probs, direct)]
-        self.batch = build_sft_batch([ctx.prompt(p) for p in probs], [ctx.solution(p) for p in probs], ctx.tok,
-                                     ctx.seq_len)
 
-    def run_unit(self, u: int) -> dict:
-        m = self.train_on(self.batch, epochs=1, rng=self.ctx.rng("sft", self.index, u),
-                          max_rows=sft_rows(self.cfg.batch_size, self.ctx.row_multiple), unit=u,
-                          length_buckets=self.cfg.length_buckets)
-        n_tok = float(self.batch["loss_mask"].sum())
-        return {"loss": m.get("loss/total"), "grad_norm": m.get("grad_norm"), "n_examples": len(self.batch["tokens"]),
+def init(ctx, index: int, cfg: SFTConfig, params) -> State:
+    base = common.init_base(ctx, index, cfg, params, LossConfig(mode="sft"))
+    probs = base.problems[: (cfg.n_problems or len(base.problems))]
+    direct = ctx.rng("sft", index, DIRECT_STREAM).random(len(probs)) < cfg.direct_share
+    probs = [without_steps(p) if d else p for p, d in zip(probs, direct)]
+    batch = build_sft_batch([ctx.prompt(p) for p in probs], [ctx.solution(p) for p in probs], ctx.tok, ctx.seq_len)
+    return State(base=base, batch=batch)
+
+
+def unit(st: State, u: int) -> tuple[State, dict]:
+    """One epoch over the demonstrations."""
+    ctx, cfg, index = st.base.ctx, st.base.cfg, st.base.index
+    st, m = common.train(st, st.batch, epochs=1, rng=ctx.rng("sft", index, u),
+                         max_rows=sft_rows(cfg.batch_size, ctx.row_multiple), unit=u,
+                         length_buckets=cfg.length_buckets)
+    n_tok = float(st.batch["loss_mask"].sum())
+    return st, {"loss": m.get("loss/total"), "grad_norm": m.get("grad_norm"), "n_examples": len(st.batch["tokens"]),
                 "train_tokens_per_s": n_tok / max(m["time/train"], 1e-9), **step_stats(m), **router_metrics(m)}

@@ -1,0 +1,472 @@
+"""The RL iteration of the GRPO and PPO stages: produce -> score -> advantages -> update, as functions over a state.
+
+GRPO (grpo.py) and PPO (ppo.py) differ only in their advantage function and in PPO's value head; each passes its own
+to `init`, and everything else is here:
+
+    st = init(ctx, index, cfg, params, advantages=grpo.advantages, value_head=False)
+    st, metrics = unit(st, u)          # one iteration (the function below reads top to bottom)
+
+One iteration:
+  curriculum (or uniform) picks problems and K per problem
+  -> sampler at the iteration's temperature; its logprobs ARE the behaviour policy (no extra forward)
+  -> reward pool scores the texts while the device computes reference logprobs (and PPO values) at the same
+     temperature, and, when run.overlap is on and no curriculum waits for this iteration's pass rates, samples
+     ahead up to iteration u + max_staleness (bounded staleness; each batch carries its behaviour logprobs, the
+     sampler's MoE routes when recorded, and the update count it was sampled at)
+  -> advantages (the kind's function), zero-variance groups dropped (GRPO)
+  -> with an off-policy correction on (tis_cap / mis_* / icepop_*): the trainer's logprobs at the start of the
+     update become the ratio's old policy and weight the advantages against the behaviour logprobs (rl/offpolicy.py)
+  -> epochs over near-equal minibatches (rl.train_loop.train_on), train-side logprobs at the sampling temperature
+     (replaying the sampler's experts with routing_replay); with batch_layout "auto" the minibatches hold whole groups
+     in the grouped layout, each prompt computed once for its K answers (rl/grouped_batch.py; the reference and PPO
+     value passes too)
+  -> the KL controller reads the sampled batch's KL (mean over sequences of the per-token masked mean)
+
+Every iteration logs `mismatch/logp_max_abs` (and `_mean_abs`, `mismatch/kl`): the largest |sampler logprob -
+trainer logprob| over the response tokens of the first minibatch-sized chunk of the batch (all rows for PPO, whose
+value pass computes them anyway), for the same parameters and temperature. In float32 it is ~1e-6; a change that
+breaks the sampler / trainer match shows up here at once (sampler_dtype bfloat16 makes it ~1e-2 on purpose).
+docs/training.md ("MoE RL") describes the mismatch fields.
+
+Config: `IterationConfig` holds the fields GRPO and PPO share that belong to the iteration itself; the loss, KL,
+off-policy and curriculum fields are their modules' sections (rl.losses.LossConfig, rl.kl_control.KLConfig,
+rl.offpolicy.OffPolicyConfig, rl.curriculum.CurriculumConfig), composed by each kind's config. The functions
+under "config rules" are the rules both kinds' configs apply (each config class binds them).
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rewards.combine import PRM_CALIBRATIONS as CALIBRATIONS
+from rewards.task_score import format_counts
+from rl import advantages as advm
+from rl import curriculum as cur
+from rl import grouped_batch, kl_control, losses, offpolicy, reward_terms, rollout, schedules
+from rl.config_fields import Checked, boolean, choice, field, integer, num
+from rl.losses import LossConfig
+from rl.stages import common
+from rl.stages.common import Base
+from rl.train_loop import router_metrics, step_stats
+
+# LossConfig keys every RL stage writes flat; PPO adds value_coef and value_clip (its value head's)
+LOSS_KEYS = ("policy_loss", "clip_low", "clip_high", "dual_clip", "cispo_floor", "agg", "kl_kind", "entropy_coef",
+             "routing_replay")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class IterationConfig(Checked):
+    """The iteration's own fields (GRPO and PPO): how much to sample, at which temperature, how to update, the
+    stage's reward terms and the sampler / trainer mismatch switches."""
+
+    iterations: int = field(50, "RL iterations (sample -> score -> update)", integer(1, 10**6))
+    n_prompts: int = field(16, "problems per iteration", integer(1, 10**6))
+    samples: int = field(8, "answers per problem (GRPO group size K) when the curriculum is off", integer(1, 4096))
+    temperature_start: float = field(1.0, "sampling temperature at the first iteration", num(0.0, 10.0, lo_open=True))
+    temperature_end: float = field(0.7, "sampling temperature at the last iteration", num(0.0, 10.0, lo_open=True))
+    temperature_kind: str = field("linear", "temperature schedule: linear | cosine | constant",
+                                  choice("linear", "cosine", "constant"))
+    epochs: int = field(1, "passes over each iteration's batch", integer(1, 1000))
+    token_budget: int = field(4096, "tokens (rows x padded length) per minibatch; an epoch's rows are split into "
+                                    "near-equal minibatches of at most this many rows", integer(1, 10**9))
+    language_weight: float = field(0.0, "this stage's language-consistency reward: subtracts weight x (1 - share of "
+                                        "the expected script in the reasoning), on top of reward.w_language",
+                                   num(0.0, 100.0))
+    process_weight: float = field(0.0, "this stage's process reward: adds weight x the share of exactly checked steps "
+                                       "that hold, on top of reward.w_process (a stage-level term keeps the cold "
+                                       "start shared in a sweep over it)", num(0.0, 100.0))
+    format_weight: float = field(0.0, "this stage's format reward: adds weight x the format score, on top of "
+                                      "reward.w_format", num(0.0, 100.0))
+    prm_weight: float = field(0.0, "this stage's PRM reward: adds weight x the response's PRM score, on top of "
+                                   "reward.w_prm (needs reward.prm_path; prm/reward.py)", num(0.0, 100.0))
+    prm_calibration: str = field("", "the PRM calibration map this stage applies: '' (the file's own) | none | "
+                                     "temperature | platt (needs reward.prm_path)", choice("", *CALIBRATIONS))
+    step_rewards: bool = field(False, "add step-level rewards (exactly checked arithmetic steps) at step ends", boolean)
+    step_reward_weight: float = field(0.1, "weight of the step-level rewards", num(0.0, 100.0))
+    # Sampler / trainer mismatch (docs/training.md): routes, precision, staleness (routing_replay: LossConfig's).
+    record_routes: bool = field(False, "record the sampler's experts and log router/replay_disagreement without "
+                                       "replaying them (implied by routing_replay)", boolean)
+    sampler_dtype: str = field("", "compute dtype the sampler runs the policy in ('' = model.dtype), e.g. bfloat16 "
+                                   "sampling against float32 training", choice("", "float32", "bfloat16", "float16"))
+    max_staleness: int = field(1, "bounded staleness: the sampler runs up to k updates ahead (k batches sampled "
+                                  "ahead, while rewards are computed; needs run.overlap and no curriculum); 0 = each "
+                                  "batch sampled right before its update", integer(0, 64))
+    batch_layout: str = field("auto", "update batches: auto (grouped: each prompt computed once for its K answers, "
+                                      "minibatches of whole groups; flat when group sizes differ, a group exceeds "
+                                      "token_budget or routes are recorded) | flat (prompt + answer in every row)",
+                              choice("auto", "flat"))
+
+
+# -- config rules (GRPOConfig / PPOConfig bind these) ----------------------------------------------------------
+def loss_for(cfg, max_new_tokens: int) -> LossConfig:
+    """The train step's LossConfig of an RL stage config: its loss section with the fields the stage derives."""
+    return dataclasses.replace(
+        cfg.loss, mode=cfg.KIND, kl_in_loss=cfg.kl.kl_place == "loss" and cfg.kl.uses_reference,
+        max_len_norm=int(max_new_tokens) if cfg.loss.agg == "seq-mean-token-sum-norm" else None)
+
+
+def components(cfg, max_new_tokens: int):
+    """(LossConfig, OptimConfig, KL controller or None) of the train step an RL stage runs."""
+    return loss_for(cfg, max_new_tokens), cfg.loop.optim(), kl_control.controller(cfg.kl)
+
+
+def uses_reference(cfg) -> bool:
+    return cfg.kl.uses_reference
+
+
+def records_routes(cfg) -> bool:
+    return cfg.loss.routing_replay or cfg.rl.record_routes
+
+
+def group_sizes(cfg) -> list[int]:
+    return list(cfg.curriculum.samples) if cfg.curriculum.enabled else [cfg.rl.samples]
+
+
+def cross_checks(cfg):
+    """Rules between sections (each section checks its own fields)."""
+    try:
+        loss_for(cfg, max_new_tokens=1)
+    except ValueError as e:  # the loss's rules that need the stage (k1 in the loss with kl_place loss)
+        yield from getattr(e, "errors", [("kl_kind", str(e))])
+
+
+def reward_checks(cfg, reward: dict):
+    """Rules that need the reward section (rl.config_validation.validate)."""
+    for fld in ("prm_weight", "prm_calibration"):
+        if getattr(cfg.rl, fld) and not reward.get("prm_path"):
+            yield fld, "needs reward.prm_path (a PRM file from experiments/train_prm.py)"
+
+
+def model_checks(cfg, model: dict):
+    """Rules that need the model section (rl.config_validation.validate)."""
+    moe = model.get("n_experts", 0) > 0 and model.get("moe_every", 0) > 0
+    for fld, on in (("routing_replay", cfg.loss.routing_replay), ("record_routes", cfg.rl.record_routes)):
+        if on and not moe:
+            yield fld, "needs an MoE model (model.n_experts > 0 and model.moe_every > 0)"
+
+
+# -- state ---------------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class State:
+    """An RL stage between iterations (frozen: each iteration returns a new one)."""
+
+    base: Base  # context, config, problems, the optimizer loop and the train state (rl/stages/common.py)
+    advantages: Callable  # the kind's: (st, a, texts, rewards, coef, kl_tok) -> (extra batch keys, rows to keep)
+    value_head: bool  # PPO: values at sampling time (old_values) from the train state's value head
+    kl_ctl: Any  # rl.kl_control controller or None
+    max_rows: int  # rows per minibatch (token_budget over the padded length)
+    sample_cfg: Any  # the model config the sampler runs (sampler_dtype)
+    prm: Any  # the PRM wing's scorer (rl/reward_terms.py) or None (reward.prm_path)
+    ref_params: Any = None  # the reference policy (a KL term), else None
+    kl_state: Any = None
+    cur_state: Any = None  # curriculum state (rl/curriculum.py), else None
+    pending: tuple = ()  # batches sampled ahead, oldest first (bounded staleness); checkpointed
+    trained_units: int = 0  # updates so far: a batch's "version" is this count when it was sampled
+    prm_out: Any = None  # the current batch's PRM scores (process reward and step scores share one forward)
+
+
+def init(ctx, index: int, cfg, params, *, advantages: Callable, value_head: bool) -> State:
+    loss_cfg, _, kl_ctl = components(cfg, ctx.cfg["sampling"]["max_new_tokens"])
+    base = common.init_base(ctx, index, cfg, params, loss_cfg)
+    st = State(base=base, advantages=advantages, value_head=value_head, kl_ctl=kl_ctl,
+               max_rows=rollout.rows_for_budget(cfg.rl.token_budget, ctx.seq_len, ctx.row_multiple),
+               sample_cfg=ctx.model_cfg.replace(dtype=cfg.rl.sampler_dtype) if cfg.rl.sampler_dtype else ctx.model_cfg,
+               prm=reward_terms.scorer(ctx, cfg, f"stages[{index}]"))  # reward.prm_path: the PRM wing's, else None
+    return dataclasses.replace(
+        st, ref_params=jax.tree.map(jnp.copy, common.policy_params(st)) if cfg.kl.uses_reference else None,
+        kl_state=kl_ctl.init() if kl_ctl is not None else None,
+        cur_state=cur.init_state(len(base.problems)) if cfg.curriculum.enabled else None)
+
+
+# -- one iteration --------------------------------------------------------------------------------------------
+def unit(st: State, u: int) -> tuple[State, dict]:
+    """Iteration u: produce (or take the batch sampled ahead) -> score -> advantages -> update."""
+    ctx, cfg = st.base.ctx, st.base.cfg
+    pending = [b for b in st.pending if b["unit"] >= u]
+    if pending and pending[0]["unit"] == u:
+        cur_b = pending.pop(0)
+    else:
+        st, cur_b = produce(st, u)
+        pending = []
+    a = cur_b["arrays"]
+    texts = _texts(ctx.tok, a)
+    fut = ctx.scorer.submit(texts, [st.base.problems[int(a["ids"][p])] for p in a["prompt_index"]], a["lengths"])
+    # Producer / consumer: while the reward pool scores this batch, sample ahead up to iteration u + k with the
+    # current params (batch u + k then trains k updates later: bounded staleness k).
+    ahead = range(u + 1 + len(pending), min(u + lookahead(st), cfg.units - 1) + 1)
+    t0 = time.time()
+    for v in ahead:
+        st, b = produce(st, v)
+        pending.append(b)
+    t_overlap = time.time() - t0 if len(ahead) else 0.0
+    st = dataclasses.replace(st, pending=tuple(pending))
+    t0 = time.time()
+    scores = ctx.scorer.result(fut)
+    t_wait = time.time() - t0
+    staleness = st.trained_units - cur_b["version"]
+
+    st, rewards, m = score(st, a, texts, scores)
+    kl_tok, kl_seq = sampled_kl(a, cfg.loss.kl_kind)
+    coef = st.kl_ctl.coef_at(st.kl_state, u) if st.kl_ctl is not None else 0.0
+    extra, keep_rows = st.advantages(st, a, texts, rewards, coef, kl_tok)
+    st, um = update(st, a, extra, keep_rows, coef, u)
+    if st.kl_ctl is not None and kl_seq is not None:
+        st = dataclasses.replace(st, kl_state=st.kl_ctl.update(st.kl_state, kl_seq, len(rewards)))
+        um["kl_controller_finite_input"] = float(np.isfinite(kl_seq))
+
+    starts = np.concatenate([[0], np.cumsum(a["ks"])[:-1]]).astype(np.int64)
+    m.update({"kept_groups": float(np.mean(keep_rows[starts])), "response_length": float(np.mean(a["lengths"])),
+              "temperature": cur_b["temperature"], "kl_coef": coef, "n_samples": int(np.sum(a["ks"]))})
+    if kl_seq is not None:
+        m["kl"] = kl_seq
+    m.update(um)
+    m.update(produce_metrics(a["stats"]))
+    m.update({"time/score_wait": t_wait, "time/overlap_sample": t_overlap, "staleness": float(staleness)})
+    return st, m
+
+
+def lookahead(st: State) -> int:
+    """Batches sampled ahead of the update: max_staleness, or 0 without run.overlap or with a curriculum (whose
+    next pick must see this iteration's pass rates)."""
+    return st.base.cfg.rl.max_staleness if st.base.ctx.cfg["run"]["overlap"] and st.cur_state is None else 0
+
+
+# -- produce ------------------------------------------------------------------------------------------------------
+def pick(st: State, u: int) -> tuple[State, tuple[np.ndarray, np.ndarray]]:
+    """(problem ids, samples per problem) of iteration u, with the curriculum's buckets refreshed when due."""
+    ctx, s, index = st.base.ctx, st.base.cfg, st.base.index
+    if st.cur_state is not None:
+        if cur.due_refresh(st.cur_state, u, s.curriculum.refresh_every):
+            st = dataclasses.replace(st, cur_state=cur.refresh(st.cur_state, u, s.curriculum))
+        seed = int(ctx.rng("rl", index).integers(2**31))
+        return st, cur.pick(st.cur_state, s.curriculum, s.rl.n_prompts, seed, u)
+    ids = ctx.rng("rl", index, u).choice(len(st.base.problems), size=s.rl.n_prompts, replace=False)
+    return st, (np.sort(ids), np.full((len(ids),), s.rl.samples, np.int64))
+
+
+def temperature(cfg, u: int) -> float:
+    r = cfg.rl
+    return schedules.temperature_at(u, r.iterations, r.temperature_start, r.temperature_end, r.temperature_kind)
+
+
+def produce(st: State, u: int) -> tuple[State, dict]:
+    """Sample iteration u's batch with the current params; reference logprobs (and PPO values) at the
+    sampling temperature; the sampler / trainer logprob match measured on the same params."""
+    ctx, cfg, index = st.base.ctx, st.base.cfg, st.base.index
+    st, (ids, ks) = pick(st, u)
+    temp = temperature(cfg, u)
+    prompts = [ctx.prompt(st.base.problems[i]) for i in ids]
+    params = common.policy_params(st)
+    t0 = time.time()
+    smpl = ctx.sample(params, prompts, ks, ctx.key("rl", index, u), temperature=temp, model_cfg=st.sample_cfg,
+                      return_routes=records_routes(cfg))
+    t_sample = time.time() - t0
+    b = rollout.build_batch([ctx.tok.encode(p, add_bos=True) for p in prompts], smpl, ctx.seq_len, pad_id=ctx.tok.PAD)
+    b["temperature"] = np.full((len(smpl.texts),), temp, np.float32)
+    t0 = time.time()
+    rows, mask = st.max_rows, b["loss_mask"].astype(np.float32)
+    layout = grouped_layout(st, ks)
+    if st.value_head:
+        lp, values = _chunked(st, ctx.value_fn, st.base.carry.state["params"], b, layout)
+        b["old_values"] = values * mask
+        checked = slice(None)
+    else:
+        checked = slice(0, rows)
+        part = {k: v[checked] for k, v in b.items()}
+        lp = _chunked(st, ctx.logprob_fn, params, part, None)  # flat: one minibatch's rows are enough
+    _, mm = offpolicy.correction(lp, b["sample_logp"][checked], mask[checked])  # same params: numerics only
+    if st.ref_params is not None:  # no routes: the reference policy routes its own way
+        b["ref_logp"] = _chunked(st, ctx.logprob_fn, st.ref_params, b, layout, routes=False) * mask
+    t_logp = time.time() - t0
+    arrays = {**b, "ids": ids.astype(np.int64), "ks": ks.astype(np.int64), "lengths": smpl.lengths,
+              "prompt_index": smpl.prompt_index.astype(np.int64),
+              "stats": np.array([t_sample, t_logp, float(smpl.lengths.sum()), mm["offpolicy/log_ratio_abs_max"],
+                                 mm["offpolicy/log_ratio_abs_mean"], mm["offpolicy/kl"]], np.float64)}
+    return st, {"arrays": arrays, "unit": u, "temperature": temp, "version": st.trained_units}
+
+
+def produce_metrics(st_: np.ndarray) -> dict:
+    """The metrics of a produced batch's `stats` row (sampling and logprob times, the sampler / trainer match)."""
+    m = {"time/sample": float(st_[0]), "time/logprobs": float(st_[1]),
+         "sample_tokens_per_s": float(st_[2]) / max(float(st_[0]), 1e-9), "mismatch/logp_max_abs": float(st_[3])}
+    if len(st_) > 4:  # checkpoints from before these statistics hold four
+        m.update({"mismatch/logp_mean_abs": float(st_[4]), "mismatch/kl": float(st_[5])})
+    return m
+
+
+def _chunked(st: State, fn, params, b: dict, layout, routes: bool = True):
+    """A make_logprob_fn function over all rows of batch `b`: grouped with a layout (each prompt computed once,
+    rl/grouped_batch.py), else flat in max_rows chunks with the row temperatures (and the recorded routes when
+    the train step replays them, unless routes=False: the trainer's logprobs are then those it trains on)."""
+    if layout is not None:
+        return grouped_batch.chunked_logprobs(fn, params, b, b["resp_start"], layout, b["temperature"])
+    args = (b["temperature"], b["routes"]) if routes and st.base.cfg.loss.routing_replay else (b["temperature"],)
+    return rollout.chunked(fn, params, b, st.max_rows, *args)
+
+
+def grouped_layout(st: State, ks):
+    """The update's grouped layout (rl/grouped_batch.py), or None for the flat one: batch_layout "flat",
+    recorded routes (replay needs the flat layout), mixed group sizes or a group larger than a minibatch."""
+    cfg, ctx = st.base.cfg, st.base.ctx
+    if cfg.rl.batch_layout == "flat" or records_routes(cfg):
+        return None
+    c = ctx.cfg
+    return grouped_batch.plan(ks, st.max_rows, ctx.row_multiple, c["tasks"]["max_prompt_len"],
+                              c["sampling"]["max_new_tokens"], ctx.tok.PAD)
+
+
+def _texts(tok, a: dict) -> list[str]:
+    toks, start, lens = a["tokens"], a["resp_start"], a["lengths"]
+    return [tok.decode(toks[r, start[r] : start[r] + lens[r]]) for r in range(toks.shape[0])]
+
+
+# -- score ----------------------------------------------------------------------------------------------------
+def score(st: State, a: dict, texts: list[str], scores: list[dict]) -> tuple[State, np.ndarray, dict]:
+    """Rewards [N] (the pool's totals + the stage's terms + the PRM's), their metrics, and the curriculum's record."""
+    s = st.base.cfg
+    rewards = np.array([sc["total"] for sc in scores], np.float64)
+    rewards = rewards + stage_reward_terms(s.rl, scores)
+    m = reward_metrics(scores)
+    if st.prm is not None:  # a model: scored here on the batch's own rows, not in the reward pool
+        st = dataclasses.replace(st, prm_out=st.prm.score_rows(a["tokens"], a["attn_mask"], texts, a["resp_start"]))
+        rewards, prm_m = st.prm.add_reward(rewards, st.prm_out, [sc.get("family") for sc in scores])
+        m.update(prm_m)
+    if st.cur_state is not None:
+        ks = a["ks"]
+        corr = np.array([sc["solved"] > 0.5 for sc in scores], np.float64)
+        n_corr = np.add.reduceat(corr, np.concatenate([[0], np.cumsum(ks)[:-1]]))
+        cstate = cur.record(st.cur_state, a["ids"], n_corr, ks, s.curriculum.decay)
+        st = dataclasses.replace(st, cur_state=cstate)
+        m.update({f"curriculum/{k}": v for k, v in cur.bucket_counts(cstate).items()})
+    return st, rewards, m
+
+
+def sampled_kl(a: dict, kl_kind: str):
+    """(per-token KL [N, T], its mean over sequences of the masked token mean) of the sampled batch against the
+    reference, or (None, None) without one."""
+    if "ref_logp" not in a:
+        return None, None
+    mask = a["loss_mask"].astype(np.float32)
+    kl_tok = np.asarray(losses.kl_penalty(jnp.asarray(a["sample_logp"]), jnp.asarray(a["ref_logp"]), kl_kind))
+    return kl_tok, float(losses.aggregate(kl_tok, mask, "seq-mean-token-mean"))
+
+
+def batch_step_scores(st: State, a: dict, texts: list[str], final=None):
+    """The batch's step scores: the PRM's with reward.prm_steps, else the exact checker's (rl.advantages)."""
+    if st.prm is not None and st.prm.steps:  # reward.prm_steps: the PRM's step probabilities
+        return st.prm.step_scores(st.prm_out, final, a["lengths"], a["resp_start"])
+    return advm.step_scores(st.base.ctx.tok, texts, a["resp_start"], a["lengths"], final)
+
+
+def stage_reward_terms(s, scores: list[dict]) -> np.ndarray:
+    """The stage's own reward terms per answer: + process_weight x process + format_weight x format
+    - language_weight x language (each a component rewards.combine.score always returns). The format term skips
+    the families whose format is their outcome (rewards.task_score.FORMAT_IS_OUTCOME: an instruction row's `format`
+    is its share of constraints met, already in the total), as reward.w_format does. `s`: the stage config or its
+    IterationConfig."""
+    col = lambda k: np.array([float(sc[k]) for sc in scores], np.float64)  # noqa: E731
+    out = np.zeros((len(scores),), np.float64)
+    for weight, key, sign in ((s.process_weight, "process", 1.0), (s.format_weight, "format", 1.0),
+                              (s.language_weight, "language", -1.0)):
+        if weight:
+            own = np.array([format_counts(sc) for sc in scores], np.float64) if key == "format" else 1.0
+            out += sign * weight * col(key) * own
+    return out
+
+
+def reward_metrics(scores: list[dict]) -> dict:
+    """Means of the numeric reward parts, accuracy and format rate of a scored batch."""
+    tot = np.array([sc["total"] for sc in scores], np.float64)
+    m = {"reward/mean": float(tot.mean()), "reward/std": float(tot.std())}
+    for k in scores[0]:
+        vals = [sc[k] for sc in scores if isinstance(sc.get(k), (int, float, bool, np.floating))]
+        if len(vals) == len(scores):
+            m[f"reward/{k}"] = float(np.mean(vals))
+    m["accuracy"] = float(np.mean([sc["solved"] > 0.5 for sc in scores]))
+    m["format_rate"] = float(np.mean([sc["format"] for sc in scores]))
+    fams = [sc.get("family") or "error" for sc in scores]
+    if len(set(fams)) > 1 or fams[0] != "math":  # a mixed batch: accuracy and share per task family
+        for f in sorted(set(fams)):
+            rows = [sc for sc, g in zip(scores, fams) if g == f]
+            m[f"family_share/{f}"] = len(rows) / len(scores)
+            m[f"accuracy/{f}"] = float(np.mean([sc["solved"] > 0.5 for sc in rows]))
+    return m
+
+
+# -- update ---------------------------------------------------------------------------------------------------
+def update(st: State, a: dict, extra: dict, keep_rows: np.ndarray, coef: float, u: int) -> tuple[State, dict]:
+    """Train on the kept rows (corrected off-policy when asked): epochs of minibatches through rl.train_loop."""
+    s = st.base.cfg
+    batch = {k: a[k] for k in ("tokens", "attn_mask", "loss_mask", "temperature", "routes") if k in a}
+    batch["old_logp"] = a["sample_logp"]  # the behaviour policy is the sampler's distribution
+    if "ref_logp" in a:  # in the loss (kl_place "loss"), or only measured for kl/train (LossConfig.kl_in_loss)
+        batch["ref_logp"] = a["ref_logp"]
+    batch.update(extra)
+    m = {}
+    idx = np.nonzero(keep_rows)[0]
+    if not len(idx):
+        return st, {"skipped_iteration": 1.0}
+    batch = {k: np.asarray(v)[idx] for k, v in batch.items()}
+    if s.offpolicy.enabled:  # against the trainer's logprobs at the start of this update (rl/offpolicy.py)
+        prox = _chunked(st, st.base.ctx.logprob_fn, common.policy_params(st), batch, None)
+        batch, om = offpolicy.corrected_batch(batch, prox, s.offpolicy)
+        m.update(om)
+    layout = grouped_layout(st, a["ks"])
+    st, tm = common.train(st, batch, epochs=s.rl.epochs, rng=st.base.ctx.rng("rl", st.base.index, u, 1),
+                          max_rows=st.max_rows, unit=u, kl_coef=coef, grouped=layout,
+                          resp_start=a["resp_start"][idx])
+    st = dataclasses.replace(st, trained_units=st.trained_units + 1)
+    m["train/grouped"] = float(layout is not None)
+    m.update({"entropy": tm.get("entropy"), "loss": tm.get("loss/total"), "loss/policy": tm.get("loss/policy"),
+              "loss/kl": tm.get("loss/kl"), "loss/value": tm.get("loss/value"), "kl/train": tm.get("kl"),
+              "grad_norm": tm.get("grad_norm"), "train_tokens_per_s":
+                  float(batch["attn_mask"].sum()) * s.rl.epochs / max(tm["time/train"], 1e-9),
+              **step_stats(tm), **{k: v for k, v in tm.items() if k.startswith(("policy/", "value/"))},
+              **router_metrics(tm), **{k: v for k, v in tm.items() if k == "router/replay_disagreement"}})
+    return st, m
+
+
+# -- checkpoint -----------------------------------------------------------------------------------------------
+def tree(st: State) -> dict:
+    t = common.tree(st)
+    if st.ref_params is not None:
+        t["ref_params"] = st.ref_params
+    if st.kl_state is not None:
+        t["kl_state"] = st.kl_state
+    if st.cur_state is not None:
+        t["curriculum"] = st.cur_state
+    if st.pending:
+        t["pending"] = rollout.pending_tree(list(st.pending))
+    return t
+
+
+def meta(st: State) -> dict:
+    m = {**common.meta(st), "trained_units": st.trained_units}
+    if st.pending:
+        m["pending"] = rollout.pending_meta(list(st.pending))
+    return m
+
+
+def template(st: State, meta: dict) -> dict:
+    t = {k: v for k, v in tree(st).items() if k != "pending"}
+    if meta.get("pending"):
+        t["pending"] = rollout.pending_template(meta["pending"])
+    return t
+
+
+def load(st: State, tree: dict, meta: dict) -> State:
+    st = common.load(st, tree, meta)
+    trained = int(meta.get("trained_units", 0))
+    return dataclasses.replace(
+        st, trained_units=trained,
+        ref_params=jax.tree.map(jnp.asarray, tree["ref_params"]) if "ref_params" in tree else st.ref_params,
+        kl_state={k: jnp.asarray(v, jnp.float32) for k, v in tree["kl_state"].items()} if "kl_state" in tree
+        else st.kl_state,
+        cur_state={k: np.asarray(v) for k, v in tree["curriculum"].items()} if "curriculum" in tree else st.cur_state,
+        pending=tuple(rollout.pending_load(tree.get("pending"), meta.get("pending"),
+                                           default_version=max(trained - 1, 0))))
