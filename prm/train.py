@@ -6,7 +6,7 @@
 
 Training is rl.train_step in mode "prm": init_train_state (AdamW from make_optimizer, the value head added to
 the given parameters), make_train_step (jitted, donated, non-finite steps skipped), the learning rate from
-rl.schedules.lr_at each step, run by prm/loop.py's optimizer_steps (the PRM's only optimizer loop). Rows are
+rl.schedules.lr_at each step, run by rl/train_loop.py's optimizer_steps (the optimizer loop every stage's train_on runs on). Rows are
 drawn in reshuffled epochs, batch_size solutions per step, padded to a fixed shape with rl.rollout.pad_rows (one
 compile); a row without labels is never drawn. Calibration and evaluation: prm/calibration.py.
 """
@@ -21,11 +21,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from prm import metrics
-from prm.loop import optimizer_steps
 from prm.model import Encoded, train_batch
 from rl.config_fields import Checked, boolean, choice, field, from_dict, integer, num, text
 from rl.rollout import pad_rows
 from rl.schedules import lr_at
+from rl.train_loop import optimizer_steps
 from rl.train_step import LossConfig, OptimConfig, init_train_state, make_train_step
 
 __all__ = ["PRMConfig", "SOURCES", "train", "step_fn", "with_overrides"]

@@ -1,7 +1,10 @@
 """The one optimizer loop: epochs of minibatches through a jitted train step, each step at its scheduled learning rate.
 
-Every stage kind (sft, rejection, grpo, ppo; rl/stages/) trains through `train_on`, and so can any other trainer of
-a rl.train_step step function (the process reward model's, mode "prm"):
+Every stage kind (sft, rejection, grpo, ppo; rl/stages/) trains through `train_on`; its core, `optimizer_steps`
+(one step per minibatch, each at its scheduled hyper-parameters), is also the process reward model's loop
+(prm/train.py, mode "prm"), which draws its own minibatches across epoch edges:
+
+    state, step_metrics = optimizer_steps(step_fn, state, batches, schedule, after_step=None)
 
     cfg = LoopConfig(lr=1e-3, warmup_steps=0, end_lr_fraction=0.1)          # stages[i].lr, ... (flat keys)
     trainer = Trainer(step_fn=make_train_step(model_cfg, loss_cfg, cfg.optim()), loop=cfg, units=n_units,
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable, NamedTuple
+from typing import Callable, Iterable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -31,7 +34,7 @@ from rl import grouped_batch, losses, rollout, schedules
 from rl.config_fields import Checked, field, integer, num
 from rl.train_step import OptimConfig
 
-__all__ = ["LoopConfig", "Trainer", "Carry", "train_on", "bucketed_denominator", "mean_metrics", "step_stats",
+__all__ = ["LoopConfig", "Trainer", "Carry", "train_on", "optimizer_steps", "bucketed_denominator", "mean_metrics", "step_stats",
            "router_metrics", "NonFiniteError", "STEP_STATS"]
 
 
@@ -144,6 +147,24 @@ def _count_skips(trainer: Trainer, consecutive: int, skipped: list[int]) -> int:
     return consecutive
 
 
+def optimizer_steps(step_fn: Callable, state, batches: Iterable[dict], schedule: Callable[[int], dict],
+                    after_step: Callable | None = None) -> tuple[dict, list[dict]]:
+    """One optimizer step per minibatch of `batches` (host dicts of arrays, each padded to one shape: one compile;
+    drawn lazily, one per step, so the caller's data order stays its own). `schedule(i)` gives step i's
+    hyper-parameters (host floats, sent as float32 scalars); `after_step(i + 1, state, metrics)` runs after each step
+    with the metrics still on the device (early stopping reads the parameters there). `step_fn` is a jitted
+    rl.train_step step (it donates `state`). Returns the final state and every step's metrics, fetched to the host
+    once at the end (dispatch stays asynchronous), in step order."""
+    ms = []
+    for i, mb in enumerate(batches):
+        hyper = {k: jnp.float32(v) for k, v in schedule(i).items()}
+        state, m = step_fn(state, {k: jnp.asarray(v) for k, v in mb.items()}, hyper)
+        ms.append(m)
+        if after_step is not None:
+            after_step(i + 1, state, m)
+    return state, jax.device_get(ms)
+
+
 def train_on(trainer: Trainer, carry: Carry, batch: dict, *, epochs: int, rng: np.random.Generator, max_rows: int,
              unit: int, kl_coef: float = 0.0, length_buckets: int = 0, grouped=None,
              resp_start=None) -> tuple[Carry, dict]:
@@ -165,26 +186,25 @@ def train_on(trainer: Trainer, carry: Carry, batch: dict, *, epochs: int, rng: n
     denom = None
     if length_buckets and grouped is None:  # each epoch has the same rows, so one denominator serves them all
         denom = jnp.float32(bucketed_denominator(batch["loss_mask"], len(plan[0]), trainer.agg, trainer.max_len_norm))
-    state, opt_steps = carry.state, carry.opt_steps
-    ms, sizes, j = [], [], 0
-    for parts in plan:
-        for idx in parts:
+    steps = [idx for parts in plan for idx in parts]
+
+    def minibatches():  # built on the host while the previous step runs
+        for idx in steps:
             if grouped is not None:
-                mb = grouped_batch.to_grouped({k: np.asarray(v)[idx] for k, v in batch.items()},
-                                              np.asarray(resp_start)[idx], grouped)
+                yield grouped_batch.to_grouped({k: np.asarray(v)[idx] for k, v in batch.items()},
+                                               np.asarray(resp_start)[idx], grouped)
             else:
-                mb = rollout.take_minibatch(batch, idx, max_rows, length_buckets, lengths)
-            lr = schedules.lr_at(opt_steps, schedules.unit_progress(unit, j, steps_in_unit, trainer.units),
-                                 peak=cfg.lr, warmup_steps=cfg.warmup_steps, end_fraction=cfg.end_lr_fraction)
-            hp = {"lr": jnp.float32(lr), "kl_coef": jnp.float32(kl_coef)}
-            if denom is not None:
-                hp["loss_denom"] = denom
-            state, m = trainer.step_fn(state, {k: jnp.asarray(v) for k, v in mb.items()}, hp)
-            ms.append(m)
-            sizes.append(len(idx))
-            opt_steps += 1
-            j += 1
-    ms = [jax.tree.map(np.asarray, jax.device_get(m)) for m in ms]  # fetched once: dispatch stays asynchronous
+                yield rollout.take_minibatch(batch, idx, max_rows, length_buckets, lengths)
+
+    def schedule(j: int) -> dict:
+        lr = schedules.lr_at(carry.opt_steps + j, schedules.unit_progress(unit, j, steps_in_unit, trainer.units),
+                             peak=cfg.lr, warmup_steps=cfg.warmup_steps, end_fraction=cfg.end_lr_fraction)
+        return {"lr": lr, "kl_coef": kl_coef} if denom is None else {"lr": lr, "kl_coef": kl_coef, "loss_denom": denom}
+
+    state, ms = optimizer_steps(trainer.step_fn, carry.state, minibatches(), schedule)
+    ms = [jax.tree.map(np.asarray, m) for m in ms]
+    sizes = [len(idx) for idx in steps]
+    opt_steps = carry.opt_steps + len(ms)
     out = mean_metrics(ms)
     skipped = [int(m["skipped"]) for m in ms]
     skips = _count_skips(trainer, carry.consecutive_skips, skipped)

@@ -23,7 +23,6 @@ from prm import data as pd
 from prm import metrics as pm
 from prm.calibration import evaluate, fit_calibrations, fit_threshold, scored_steps
 from prm.checkpoint import FORMAT, convert, load, load_npz, save
-from prm.loop import optimizer_steps
 from prm.model import PRM, encode, score_texts, step_logits, train_batch, utf8_safe
 from prm.pipeline import deploy_source, reuse_checkpoint, store_calibrations
 from prm.reward import PRMScorer, for_context, load_scorer
@@ -35,6 +34,7 @@ from rl import config_validation as cv
 from rl import reward_terms, rollout
 from rl.config_fields import FieldErrors
 from rl.context import cached
+from rl.train_loop import optimizer_steps
 from rl.advantages import step_scores
 from rl.stages import parse_stage
 from rl.stages.grpo import GRPOConfig
@@ -516,7 +516,7 @@ def test_the_prm_reaches_the_stages_through_its_registered_term(tmp_path, monkey
 
 
 def test_optimizer_steps_runs_one_step_per_minibatch_in_order():
-    """prm/loop.py against a hand-written loop: the schedule's float32 hyper-parameters, the batches as device
+    """rl/train_loop.py's optimizer_steps (the PRM's loop and every stage's) against a hand-written loop: the schedule's float32 hyper-parameters, the batches as device
     arrays, after_step after every step with the state so far, every step's metrics on the host in order."""
     def step(state, batch, hyper):  # plain SGD on a quadratic: w <- w - lr * (w - mean(x))
         g = state["w"] - jnp.mean(batch["x"])
