@@ -196,3 +196,13 @@ def test_stage_entries_of_an_old_config_json_keep_their_meaning():
     assert ppo["filter_zero_variance"] is False and "gamma" in next(e for e in old["grpo_arith"] if e["kind"] == "grpo")
     with pytest.raises(FieldErrors, match="filter_zero_variance"):
         stages.parse_stage({**ppo, "filter_zero_variance": True})
+
+
+@pytest.mark.parametrize("kind, key, value", [("ppo", "scale_by_std", False), ("grpo", "gamma", 0.9),
+                                              ("grpo", "value_clip", 0.0), ("ppo", "filter_zero_variance", True)])
+def test_a_key_the_kind_never_read_is_refused_at_any_but_its_old_default(kind, key, value):
+    """Old config.json entries keep loading (their legacy keys hold the old defaults), but a setting the kind would
+    silently ignore (PPO never divided by a group std; GRPO has no value head) is refused, naming the field."""
+    assert stages.parse_stage({"kind": kind, key: stages.legacy_keys(kind)[key]}).kind == kind
+    with pytest.raises(ValueError, match=f"{key} is not a {kind} setting"):
+        stages.parse_stage({"kind": kind, key: value})

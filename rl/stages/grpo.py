@@ -23,7 +23,7 @@ from rl.kl_control import KLConfig
 from rl.losses import LossConfig
 from rl.offpolicy import OffPolicyConfig
 from rl.stages import iteration
-from rl.stages.common import ANY, Flat, StageInfo, section
+from rl.stages.common import Flat, StageInfo, section
 from rl.train_loop import LoopConfig
 
 ADVANTAGES = ("grpo", "rloo", "reinforce_pp")  # rl.advantages.ESTIMATORS by config name (grpo: dr_grpo unscaled)
@@ -34,8 +34,8 @@ class GRPOConfig(Flat):
     KIND = "grpo"
     UNIT_FIELD = "iterations"
     # PPO's value-head / GAE keys, which every GRPO entry of a config.json written before they moved to PPOConfig
-    # holds (at any value: GRPO never read them)
-    LEGACY = {"gamma": ANY, "lam": ANY, "value_coef": ANY, "value_clip": ANY}
+    # holds, at their old defaults; GRPO never read them, so any other value (once silently ignored) is refused
+    LEGACY = {"gamma": 1.0, "lam": 0.95, "value_coef": 0.5, "value_clip": 0.2}
 
     stage: StageInfo = section(StageInfo, "name and problems")
     loop: LoopConfig = section(LoopConfig, "learning-rate schedule and optimizer")

@@ -24,7 +24,7 @@ from rl.kl_control import KLConfig
 from rl.losses import LossConfig
 from rl.offpolicy import OffPolicyConfig
 from rl.stages import iteration
-from rl.stages.common import ANY, Flat, StageInfo, section
+from rl.stages.common import Flat, StageInfo, section
 from rl.train_loop import LoopConfig
 
 
@@ -33,8 +33,9 @@ class PPOConfig(Flat):
     KIND = "ppo"
     UNIT_FIELD = "iterations"
     # GRPO's keys, which every PPO entry of a config.json written before they moved to GRPOConfig holds (at the one
-    # value PPO accepted; scale_by_std at any: PPO never read it)
-    LEGACY = {"advantage": "grpo", "filter_zero_variance": False, "process_grpo": False, "scale_by_std": ANY}
+    # value PPO accepted; scale_by_std at its old default: PPO never read it, so False, once silently ignored, is
+    # refused: PPO whitens its GAE advantages over the batch)
+    LEGACY = {"advantage": "grpo", "filter_zero_variance": False, "process_grpo": False, "scale_by_std": True}
 
     stage: StageInfo = section(StageInfo, "name and problems")
     loop: LoopConfig = section(LoopConfig, "learning-rate schedule and optimizer")
