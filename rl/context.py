@@ -322,11 +322,11 @@ def reward_config(cfg: cv.RunConfig | dict) -> RewardConfig:
     return cfg.reward.resolve(cfg.tasks.lang)
 
 
-def reward_deadline(cfg: cv.RunConfig, problems=None) -> float:
+def reward_deadline(cfg: cv.RunConfig | dict, problems=None) -> float:
     """The reward pool's per-item deadline: run.reward_timeout, raised to the code sandbox's whole wall limit
     (rewards.code_exec.wall_limit_s) when code problems are scored (all of them when `problems` is None), so
     correct code that needs most of the sandbox's time is never cut off by the pool."""
-    timeout = float(cfg.run.reward_timeout)
+    timeout = float(cv.typed(cfg).run.reward_timeout)
     if problems is None or any(getattr(p, "reward", "math") == "code" for p in problems):
         timeout = max(timeout, wall_limit_s(EXEC_CONFIG))
     return timeout
