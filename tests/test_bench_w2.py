@@ -64,7 +64,7 @@ def test_w2_runs_end_to_end_on_a_tiny_fixture(tmp_path, capsys):
     out = tmp_path / "w2.json"
     # No --no_peer: a folder is not a GGUF file, so the bench says the peer is skipped and reports ours alone.
     w2.main(["--model", folder, "--kl", "0.04", "--steps", "1", "--prompts", "2", "--new_tokens", "8",
-             "--logits_chunk", "16", "--json", str(out)])
+             "--microbatches", "2", "--logits_chunk", "16", "--json", str(out)])
     assert "peer skipped" in capsys.readouterr().out
     saved = json.loads(out.read_text())
     assert saved["workload"] == "W2" and saved["logits_chunk"] == 16
@@ -74,4 +74,11 @@ def test_w2_runs_end_to_end_on_a_tiny_fixture(tmp_path, capsys):
     assert ours["kl"] == 0.04 and all(ours["phases_s"][k] > 0 for k in ("sampling", "logprob", "update"))
     assert 0 < ours["update_mfu"] and ours["peak_gflops"] > 0 and ours["peak_rss_mib"] > 0
     assert 2 * 8 <= ours["generated_tokens"] <= 2 * 8 * 8  # 2 prompts x 8 samples, 1..8 tokens each
+
+
+def test_microbatches_must_divide_the_prompts():
+    from experiments.bench import w2
+
+    with pytest.raises(SystemExit):
+        w2.main(["--prompts", "2", "--microbatches", "4", "--no_peer"])
 

@@ -120,6 +120,8 @@ def main(argv=None):
     ap.add_argument("--prompts", type=int, default=N_PROMPTS, help="prompts per step (W2: 4)")
     ap.add_argument("--new_tokens", type=int, default=NEW_TOKENS, help="most new tokens per answer (W2: 96)")
     args = ap.parse_args(argv)
+    if args.prompts % args.microbatches:  # the grouped update gives each microbatch whole prompts
+        ap.error(f"--microbatches {args.microbatches} must divide --prompts {args.prompts}")
     if args._child is not None:
         print(json.dumps(run_setting(args._child, args.steps, args.model, args.microbatches, args.logits_chunk,
                                      args.remat, args.prompts, args.new_tokens, args.layout)))
