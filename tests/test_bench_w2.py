@@ -73,6 +73,7 @@ def test_w2_runs_end_to_end_on_a_tiny_fixture(tmp_path, capsys):
     (ours,) = rep["ours"]
     assert ours["kl"] == 0.04 and all(ours["phases_s"][k] > 0 for k in ("sampling", "logprob", "update"))
     assert 0 < ours["update_mfu"] and ours["peak_gflops"] > 0 and ours["peak_rss_mib"] > 0
+    assert 0 < ours["update_mfu_per_cpu_s"] and ours["peak_gflop_per_cpu_s"] > 0
     assert 2 * 8 <= ours["generated_tokens"] <= 2 * 8 * 8  # 2 prompts x 8 samples, 1..8 tokens each
 
 

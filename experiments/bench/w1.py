@@ -176,7 +176,7 @@ def measure_step(cfg, params, prompts, pmask, rewards_fn, *, kl: float, steps: i
     n_params = sum(x.size for x in jax.tree.leaves(state["params"]))
     step_fn = make_train_step(cfg, loss_cfg, optim, microbatches=microbatches)
     logprob_fn = make_logprob_fn(cfg)
-    peak_before = common.matmul_peak_gflops()["peak_gflops"]
+    peak_before = common.matmul_peak_gflops()
 
     def one_step(state, key):
         t = {}
@@ -230,14 +230,17 @@ def measure_step(cfg, params, prompts, pmask, rewards_fn, *, kl: float, steps: i
     for i in range(steps):
         state, t = one_step(state, jax.random.fold_in(key, i + 1))
         runs.append(t)
-    peak_after = common.matmul_peak_gflops()["peak_gflops"]
+    peak_after = common.matmul_peak_gflops()
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
     rows = n_prompts * n_samples
     active = active_params(cfg)
     # 2 x active per sampled token, 6 x per trained token, 2 x per reference-logprob token.
     flops = 2 * active * med["generated_tokens"] + (6 + (2 if kl > 0 else 0)) * active * med["train_tokens"]
-    peak = max(peak_before, peak_after)
+    peak = max(peak_before["peak_gflops"], peak_after["peak_gflops"])
     update_gflops = statistics.median(r["update_flops"] / r["update"] for r in runs) / 1e9
+    # Per CPU-second (process CPU time, all threads): the load-independent reading on a shared machine.
+    peak_cpu = max(peak_before["peak_gflops_per_cpu_s"], peak_after["peak_gflops_per_cpu_s"])
+    update_gflops_cpu = statistics.median(r["update_flops"] / r["cpu_update"] for r in runs) / 1e9
     return dict(kl=kl, rows=rows, new_tokens=new_tokens, steps=steps, microbatches=microbatches, layout=layout,
                 compile_and_first_step_s=compile_s,
                 seconds=med, all_totals=[r["total"] for r in runs],
@@ -245,7 +248,9 @@ def measure_step(cfg, params, prompts, pmask, rewards_fn, *, kl: float, steps: i
                 sampling_tok_s_all_slots=rows * new_tokens / med["sampling"],
                 model_gflops_per_s=flops / med["total"] / 1e9, peak_gflops=peak, mfu=flops / med["total"] / 1e9 / peak,
                 update_gflops_per_s=update_gflops, update_mfu=update_gflops / peak,
-                peak_gflops_before_after=[peak_before, peak_after],
+                update_gflop_per_cpu_s=update_gflops_cpu, update_mfu_per_cpu_s=update_gflops_cpu / peak_cpu,
+                peak_gflop_per_cpu_s=peak_cpu,
+                peak_gflops_before_after=[peak_before["peak_gflops"], peak_after["peak_gflops"]],
                 n_params=int(n_params), active_params=int(active), peak_rss_mib=common.peak_rss_mib(),
                 heap_trims=allocator.trim_stats(),
                 machine=common.machine_info())
@@ -420,6 +425,7 @@ def _ours_json(r: dict) -> dict:
                 phases_cpu_s={k: s.get(f"cpu_{k}") for k in ("sampling", "logprob", "update")},
                 mfu=r["mfu"], peak_gflops=r["peak_gflops"], model_gflops_per_s=r["model_gflops_per_s"],
                 update_mfu=r.get("update_mfu"), update_gflops_per_s=r.get("update_gflops_per_s"),
+                update_mfu_per_cpu_s=r.get("update_mfu_per_cpu_s"), peak_gflop_per_cpu_s=r.get("peak_gflop_per_cpu_s"),
                 peak_gflops_before_after=r.get("peak_gflops_before_after"), mean_reward=r["seconds"].get("mean_reward"),
                 generated_tokens=r["seconds"].get("generated_tokens"), train_tokens=r["seconds"].get("train_tokens"),
                 compile_and_first_step_s=r["compile_and_first_step_s"], load_start=r["load_start"],
