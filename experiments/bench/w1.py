@@ -34,6 +34,11 @@ measurements of this run: time per step (target <= 0.5 at KL 0.04), CPU seconds 
 it says so and reports our figures alone. --wait_quiet S waits (at most S seconds) before each measurement for the
 1-minute load average to drop below --quiet_load; the load at the start and end of every measurement is printed
 and written to --json.
+
+The step, its timing and FLOP counts (measure_step, update_flops), the subprocess per KL setting (run_ours), the peer
+(run_peer), the repetitions with their ratios and report (run_pairs) and the shared options (add_pair_args) take the
+model, prompts, reward and peer options as arguments: experiments/bench/w2.py runs W2 (the same step on
+SmolLM2-135M-Instruct) through them.
 """
 from __future__ import annotations
 
@@ -51,6 +56,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments.bench import common
+from experiments.bench.common import print_table
 from experiments.bench.model_step import active_params
 from models import sampling
 from models.config import ModelConfig
@@ -84,6 +90,7 @@ def decode(ids) -> str:
 
 def make_prompts(rng, n, max_len, vocab):
     """Left-padded random prompts of 16..max_len tokens (BOS first) and random gold integers."""
+
     lengths = rng.integers(16, max_len + 1, size=n)
     ids = np.zeros((n, max_len), np.int32)
     mask = np.zeros((n, max_len), np.int32)
@@ -97,6 +104,7 @@ def make_prompts(rng, n, max_len, vocab):
 def to_train_layout(prompts, prompt_mask, responses, lengths, n_samples, logprobs=None):
     """Left-padded prompts + responses -> right-padded [B*K, P+N] tokens, attn_mask, loss_mask (and the sampler's
     logprobs at the response positions, the behaviour policy's old_logp, when given)."""
+
     rows, p_len = responses.shape[0], prompts.shape[1]
     total = p_len + responses.shape[1]
     tokens = np.zeros((rows, total), np.int32)
@@ -117,50 +125,87 @@ def to_train_layout(prompts, prompt_mask, responses, lengths, n_samples, logprob
 
 
 def run_setting(kl: float, steps: int, quick: bool, microbatches: int = 2, layout: str = "grouped") -> dict:
-    allocator.trim_after_compiles()  # as the launcher runs (MATHRL_TRIM=0, i.e. --allocator default: not)
+    """W1's policy (random init) and prompts, measured by measure_step."""
+
+
     n_prompts, new_tokens = (4, 16) if quick else (N_PROMPTS, NEW_TOKENS)
     cfg = ModelConfig(**W1_MODEL)
+    prompts, pmask, gold = make_prompts(np.random.default_rng(0), n_prompts, PROMPT_LEN, cfg.vocab_size)
+
+    def rewards(resp, lengths):
+        return np.array([last_int_reward(decode(resp[r, :lengths[r]]), int(gold[r // N_SAMPLES]))
+                         for r in range(resp.shape[0])], np.float32)
+
+    return measure_step(cfg, None, prompts, pmask, rewards, kl=kl, steps=steps, new_tokens=new_tokens,
+                        microbatches=microbatches, layout=layout)
+
+
+def update_flops(cfg, prompt_mask, attn_mask, n_samples: int) -> float:
+    """Model FLOPs of one update on the grouped batch (forward + backward = 3 x forward): 2 x the matmul weights a
+    token touches per real token (each prompt once, each answer token once) plus causal attention's q.k and p.v over
+    the keys each real token sees. Padding positions the program also computes are not useful work: not counted."""
+
+
+    p = np.asarray(prompt_mask).sum(1)  # [G] real prompt tokens
+    a = np.asarray(attn_mask).sum(1)  # [R] real answer tokens (incl. EOS)
+    p_rows = np.repeat(p, n_samples)
+    pairs = (p * (p + 1) / 2).sum() + (a * p_rows + a * (a + 1) / 2).sum()  # sum over query tokens of their keys
+    tokens = p.sum() + a.sum()
+    attention = 2 * 2 * cfg.n_layers * cfg.n_heads * cfg.head_dim * pairs
+    return 3.0 * (2.0 * active_params(cfg) * tokens + attention)
+
+
+def measure_step(cfg, params, prompts, pmask, rewards_fn, *, kl: float, steps: int, new_tokens: int,
+                 n_samples: int = N_SAMPLES, microbatches: int = 2, layout: str = "grouped", eos_id=2,
+                 pad_id: int = 0) -> dict:
+    """One GRPO step of `cfg` (from `params`, or a random init when None) on the LEFT-padded prompts, timed per phase
+    after an untimed warm-up step; the medians of `steps` timed steps, FLOPs / MFU against this process's matmul
+    peak (before and after) and its peak RSS. rewards_fn(tokens [R, N], lengths [R]) -> float32 [R]."""
+
+
+    allocator.trim_after_compiles()  # as the launcher runs (MATHRL_TRIM=0, i.e. --allocator default: not)
+    n_prompts = prompts.shape[0]
     loss_cfg = LossConfig(mode="grpo", kl_kind="k3")
     optim = OptimConfig()
     hparams = {"lr": jnp.float32(1e-6), "kl_coef": jnp.float32(kl)}
-    state = init_train_state(cfg, loss_cfg, optim, jax.random.PRNGKey(0))
+    state = init_train_state(cfg, loss_cfg, optim, jax.random.PRNGKey(0), params=params)
+    del params  # the state holds them (the step donates it)
     ref_params = jax.tree.map(jnp.copy, state["params"]) if kl > 0 else None
     n_params = sum(x.size for x in jax.tree.leaves(state["params"]))
     step_fn = make_train_step(cfg, loss_cfg, optim, microbatches=microbatches)
     logprob_fn = make_logprob_fn(cfg)
-    rng = np.random.default_rng(0)
-    prompts, pmask, gold = make_prompts(rng, n_prompts, PROMPT_LEN, cfg.vocab_size)
-    peak_before = common.matmul_peak_gflops()["peak_gflops"]
+    peak_before = common.matmul_peak_gflops()
 
     def one_step(state, key):
         t = {}
         cpu0 = time.process_time()
         t0, c0 = time.perf_counter(), time.process_time()
         out = common.block(sampling.generate(state["params"], cfg, jnp.asarray(prompts), key,
-                                             prompt_mask=jnp.asarray(pmask), num_samples=N_SAMPLES,
-                                             max_new_tokens=new_tokens, temperature=1.0))
+                                             prompt_mask=jnp.asarray(pmask), num_samples=n_samples,
+                                             max_new_tokens=new_tokens, temperature=1.0, eos_id=eos_id,
+                                             pad_id=pad_id))
         t["sampling"], t["cpu_sampling"] = time.perf_counter() - t0, time.process_time() - c0
         t0 = time.perf_counter()
         resp, lengths, logp = np.asarray(out.tokens), np.asarray(out.lengths), np.asarray(out.logprobs)
-        rewards = np.array([last_int_reward(decode(resp[r, :lengths[r]]), int(gold[r // N_SAMPLES]))
-                            for r in range(resp.shape[0])], np.float32)
-        adv = advantages.grpo(jnp.asarray(rewards), N_SAMPLES)
+        rewards = np.asarray(rewards_fn(resp, lengths), np.float32)
+        adv = advantages.grpo(jnp.asarray(rewards), n_samples)
+        attn = (np.arange(resp.shape[1])[None] < lengths[:, None]).astype(np.int32)
         if layout == "grouped":  # the sampler's output as is, each prompt computed once (models/shared_prompt.py)
-            attn = (np.arange(resp.shape[1])[None] < lengths[:, None]).astype(np.int32)
             batch = {"prompt_tokens": prompts, "prompt_mask": pmask, "tokens": resp, "attn_mask": attn,
                      "loss_mask": attn, "old_logp": logp * attn}
             prompt_kw = {"prompt_tokens": prompts, "prompt_mask": pmask}
             model_tokens = int(pmask.sum() + attn.sum())
         else:
-            tokens, attn, loss_mask, old_logp = to_train_layout(prompts, pmask, resp, lengths, N_SAMPLES, logp)
-            batch = {"tokens": tokens, "attn_mask": attn, "loss_mask": loss_mask, "old_logp": old_logp}
-            prompt_kw, model_tokens = {}, int(attn.sum())
+            tokens, attn_flat, loss_mask, old_logp = to_train_layout(prompts, pmask, resp, lengths, n_samples, logp)
+            batch = {"tokens": tokens, "attn_mask": attn_flat, "loss_mask": loss_mask, "old_logp": old_logp}
+            prompt_kw, model_tokens = {}, int(attn_flat.sum())
         # The sampler's logprobs are the behaviour policy: no old-logprob pass.
         batch["advantages"] = adv
         t["reward"] = time.perf_counter() - t0
         t0, c0 = time.perf_counter(), time.process_time()
         if ref_params is not None:
-            batch["ref_logp"] = common.block(logprob_fn(ref_params, batch["tokens"], attn, 1.0, **prompt_kw))
+            batch["ref_logp"] = common.block(logprob_fn(ref_params, batch["tokens"], batch["attn_mask"], 1.0,
+                                                        **prompt_kw))
         t["logprob"], t["cpu_logprob"] = time.perf_counter() - t0, time.process_time() - c0
         t0, c0 = time.perf_counter(), time.process_time()
         state, metrics = common.block(step_fn(state, batch, hparams))
@@ -169,6 +214,8 @@ def run_setting(kl: float, steps: int, quick: bool, microbatches: int = 2, layou
         t["cpu_total"] = time.process_time() - cpu0
         t["generated_tokens"] = int(lengths.sum())
         t["train_tokens"] = model_tokens  # token-passes the model computes (grouped: each prompt once)
+        # The grouped layout's useful update FLOPs (the flat layout computes the prompts K times: not useful work).
+        t["update_flops"] = update_flops(cfg, pmask, attn, n_samples)
         t["mean_reward"] = float(rewards.mean())
         t["loss"] = float(metrics["loss/total"])
         return state, t
@@ -181,19 +228,27 @@ def run_setting(kl: float, steps: int, quick: bool, microbatches: int = 2, layou
     for i in range(steps):
         state, t = one_step(state, jax.random.fold_in(key, i + 1))
         runs.append(t)
-    peak_after = common.matmul_peak_gflops()["peak_gflops"]
+    peak_after = common.matmul_peak_gflops()
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-    rows = n_prompts * N_SAMPLES
+    rows = n_prompts * n_samples
     active = active_params(cfg)
     # 2 x active per sampled token, 6 x per trained token, 2 x per reference-logprob token.
     flops = 2 * active * med["generated_tokens"] + (6 + (2 if kl > 0 else 0)) * active * med["train_tokens"]
-    peak = max(peak_before, peak_after)
+    peak = max(peak_before["peak_gflops"], peak_after["peak_gflops"])
+    update_gflops = statistics.median(r["update_flops"] / r["update"] for r in runs) / 1e9
+    # Per CPU-second (process CPU time, all threads): the load-independent reading on a shared machine.
+    peak_cpu = max(peak_before["peak_gflops_per_cpu_s"], peak_after["peak_gflops_per_cpu_s"])
+    update_gflops_cpu = statistics.median(r["update_flops"] / r["cpu_update"] for r in runs) / 1e9
     return dict(kl=kl, rows=rows, new_tokens=new_tokens, steps=steps, microbatches=microbatches, layout=layout,
                 compile_and_first_step_s=compile_s,
                 seconds=med, all_totals=[r["total"] for r in runs],
                 sampling_tok_s=med["generated_tokens"] / med["sampling"],
                 sampling_tok_s_all_slots=rows * new_tokens / med["sampling"],
                 model_gflops_per_s=flops / med["total"] / 1e9, peak_gflops=peak, mfu=flops / med["total"] / 1e9 / peak,
+                update_gflops_per_s=update_gflops, update_mfu=update_gflops / peak,
+                update_gflop_per_cpu_s=update_gflops_cpu, update_mfu_per_cpu_s=update_gflops_cpu / peak_cpu,
+                peak_gflop_per_cpu_s=peak_cpu,
+                peak_gflops_before_after=[peak_before["peak_gflops"], peak_after["peak_gflops"]],
                 n_params=int(n_params), active_params=int(active), peak_rss_mib=common.peak_rss_mib(),
                 heap_trims=allocator.trim_stats(),
                 machine=common.machine_info())
@@ -205,10 +260,24 @@ def _default_peer() -> str:
     return os.path.join(os.path.dirname(root), "shared", "peers", "trl", "trl_w1.py")
 
 
-def run_ours(kl: float, args) -> dict:
-    """One KL setting in its own subprocess (its peak RSS is its own), with the load average around it."""
-    cmd = [sys.executable, "-m", "experiments.bench.w1", "--_child", str(kl), "--steps", str(args.steps),
-           "--microbatches", str(args.microbatches), "--layout", args.layout] + (["--quick"] if args.quick else [])
+def child_args(args) -> list[str]:
+    """W1's options that its measuring subprocess takes (--_child KL is added by run_ours)."""
+    return ["--steps", str(args.steps), "--microbatches", str(args.microbatches),
+            "--layout", args.layout] + (["--quick"] if args.quick else [])
+
+
+def peer_workload(args) -> list[str]:
+    """W1's shape in the TRL harness's options."""
+    n_prompts, new_tokens = (4, 16) if args.quick else (N_PROMPTS, NEW_TOKENS)
+    return ["--prompts-per-step", str(n_prompts), "--num-generations", str(N_SAMPLES),
+            "--max-completion", str(new_tokens)]
+
+
+def run_ours(kl: float, args, module: str = "experiments.bench.w1", extra: list[str] | None = None) -> dict:
+    """One KL setting in its own subprocess (`python -m module --_child KL` + extra, default W1's child_args; its
+    peak RSS is its own), with the load average around it."""
+
+    cmd = [sys.executable, "-m", module, "--_child", str(kl)] + (child_args(args) if extra is None else extra)
     wait = common.wait_quiet(args.wait_quiet, args.quiet_load) if args.wait_quiet else None
     load_start = common.load1()
 
@@ -218,38 +287,39 @@ def run_ours(kl: float, args) -> dict:
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode:
         sys.stderr.write(proc.stderr)
-        raise SystemExit(f"W1 child (kl={kl}) failed with exit code {proc.returncode}")
+        raise SystemExit(f"{module} child (kl={kl}) failed with exit code {proc.returncode}")
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     res.update(load_start=load_start, load_end=common.load1(), wait=wait,
                glibc_tunables=env.get("GLIBC_TUNABLES", ""))
     return res
 
 
-def run_peer(args) -> dict | None:
+def run_peer(args, workload: list[str] | None = None, tag: str = "w1") -> dict | None:
     """The TRL harness (../shared/peers/trl/trl_w1.py) by path with its own venv's python, right after our
-    measurement; None (and a message) when the harness or its venv is absent."""
+    measurement, on `workload` (its options for the model and shape; default W1's peer_workload); None (and a
+    message) when the harness or its venv is absent."""
+
     if args.no_peer:
         return None
     missing = [p for p in (args.peer, args.peer_python) if not os.path.exists(p)]
     if missing:
-        print(f"[w1] peer skipped: {', '.join(missing)} not found (set up the TRL venv with "
+        print(f"[{tag}] peer skipped: {', '.join(missing)} not found (set up the TRL venv with "
               f"`bash ../shared/peers/trl/setup.sh`, or pass --peer / --peer_python)", flush=True)
         return None
     betas = ",".join(str(k) for k in args.kl)
-    n_prompts, new_tokens = (4, 16) if args.quick else (N_PROMPTS, NEW_TOKENS)
     cmd = [args.peer_python, args.peer, "--betas", betas, "--steps", str(args.peer_steps or args.steps),
-           "--warmup", "1", "--retries", "0", "--wait-quiet", "0", "--prompts-per-step", str(n_prompts),
-           "--num-generations", str(N_SAMPLES), "--max-completion", str(new_tokens), "--skip-generate"]
+           "--warmup", "1", "--retries", "0", "--wait-quiet", "0", "--skip-generate"]
+    cmd += peer_workload(args) if workload is None else workload
     wait = common.wait_quiet(args.wait_quiet, args.quiet_load) if args.wait_quiet else None
     load_start = common.load1()
-    print(f"[w1] running the peer: {' '.join(cmd)}", flush=True)
+    print(f"[{tag}] running the peer: {' '.join(cmd)}", flush=True)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     lines = [ln for ln in proc.stdout.strip().splitlines() if ln.startswith("{")]
     if proc.returncode or not lines:
         sys.stderr.write(proc.stderr[-4000:])
-        print(f"[w1] peer failed (exit code {proc.returncode}); no ratios", flush=True)
+        print(f"[{tag}] peer failed (exit code {proc.returncode}); no ratios", flush=True)
         return None
     out = json.loads(lines[-1])
     settings = []
@@ -285,15 +355,13 @@ def ratios(ours: list[dict], peer: dict | None) -> list[dict]:
     return rows
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=3, help="timed steps per KL setting (after one warm-up step)")
-    ap.add_argument("--quick", action="store_true", help="4 prompts x 8 samples, 16 new tokens (smoke run)")
+def add_pair_args(ap, steps: int = 3, microbatches: int = 2) -> None:
+    """The options of a side-by-side run (ours, then the TRL peer) that W1 and W2 share."""
+
+    ap.add_argument("--steps", type=int, default=steps, help="timed steps per KL setting (after one warm-up step)")
     ap.add_argument("--kl", type=float, nargs="*", default=[0.0, 0.04], help="KL weights to run")
-    ap.add_argument("--microbatches", type=int, default=2,
+    ap.add_argument("--microbatches", type=int, default=microbatches,
                     help="gradient-accumulation slices of the update, whole prompts each (one AdamW step either way)")
-    ap.add_argument("--layout", choices=("grouped", "flat"), default="grouped",
-                    help="update / reference batch: each prompt once for its 8 answers (grouped) or 64 full rows")
     ap.add_argument("--allocator", choices=("hugepages", "default"), default="hugepages",
                     help="our process's malloc as the launcher runs it (transparent huge pages, heap trimmed after "
                          "each compile: models/cpu/allocator.py) or as is")
@@ -308,21 +376,38 @@ def main(argv=None):
     ap.add_argument("--md", default=None, help="also append the Markdown tables to this file")
     common.add_json_arg(ap)
     ap.add_argument("--_child", type=float, default=None, help=argparse.SUPPRESS)
+
+
+def run_pairs(args, name: str, command: str, ours, peer, extra_json: dict | None = None) -> list[dict]:
+    """--reps repetitions of ours(kl) for every KL setting, then peer(), each followed by its report and the
+    ratios of that one repetition; writes --json. Returns the repetitions."""
+
+    reps = []
+    for rep in range(args.reps):
+        mine = [ours(kl) for kl in args.kl]
+        theirs = peer()
+        reps.append(dict(ours=mine, peer=theirs, ratios=ratios(mine, theirs)))
+        report(reps[-1], args, rep, name)
+    common.write_json(args.json, dict(
+        command=command, machine=reps[0]["ours"][0]["machine"], microbatches=args.microbatches, steps=args.steps,
+        **(extra_json or {}),
+        reps=[dict(ours=[_ours_json(r) for r in rep["ours"]], peer=rep["peer"], ratios=rep["ratios"])
+              for rep in reps]))
+    return reps
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_pair_args(ap)
+    ap.add_argument("--quick", action="store_true", help="4 prompts x 8 samples, 16 new tokens (smoke run)")
+    ap.add_argument("--layout", choices=("grouped", "flat"), default="grouped",
+                    help="update / reference batch: each prompt once for its 8 answers (grouped) or 64 full rows")
     args = ap.parse_args(argv)
     if args._child is not None:
         print(json.dumps(run_setting(args._child, args.steps, args.quick, args.microbatches, args.layout)))
         return
-    reps = []
-    for rep in range(args.reps):
-        ours = [run_ours(kl, args) for kl in args.kl]
-        peer = run_peer(args)
-        reps.append(dict(ours=ours, peer=peer, ratios=ratios(ours, peer)))
-        report(reps[-1], args, rep)
-    common.write_json(args.json, dict(
-        command="python -m experiments.bench.w1 " + " ".join(sys.argv[1:] if argv is None else argv),
-        machine=reps[0]["ours"][0]["machine"], microbatches=args.microbatches, steps=args.steps,
-        reps=[dict(ours=[_ours_json(r) for r in rep["ours"]], peer=rep["peer"], ratios=rep["ratios"])
-              for rep in reps]))
+    run_pairs(args, "W1", "python -m experiments.bench.w1 " + " ".join(sys.argv[1:] if argv is None else argv),
+              lambda kl: run_ours(kl, args), lambda: run_peer(args))
 
 
 def _ours_json(r: dict) -> dict:
@@ -332,29 +417,35 @@ def _ours_json(r: dict) -> dict:
                 peak_rss_mib=r["peak_rss_mib"], phases_s={k: s[k] for k in ("sampling", "reward", "logprob", "update")},
                 phases_cpu_s={k: s.get(f"cpu_{k}") for k in ("sampling", "logprob", "update")},
                 mfu=r["mfu"], peak_gflops=r["peak_gflops"], model_gflops_per_s=r["model_gflops_per_s"],
+                update_mfu=r.get("update_mfu"), update_gflops_per_s=r.get("update_gflops_per_s"),
+                update_mfu_per_cpu_s=r.get("update_mfu_per_cpu_s"), peak_gflop_per_cpu_s=r.get("peak_gflop_per_cpu_s"),
+                peak_gflops_before_after=r.get("peak_gflops_before_after"), mean_reward=r["seconds"].get("mean_reward"),
+                generated_tokens=r["seconds"].get("generated_tokens"), train_tokens=r["seconds"].get("train_tokens"),
                 compile_and_first_step_s=r["compile_and_first_step_s"], load_start=r["load_start"],
                 load_end=r["load_end"], wait=r["wait"], glibc_tunables=r["glibc_tunables"], heap_trims=r.get("heap_trims"))
 
 
-def report(rep, args, index: int):
-    out = [f"W1, repetition {index + 1} of {args.reps}"]
+def report(rep, args, index: int, name: str = "W1"):
+
+    out = [f"{name}, repetition {index + 1} of {args.reps}"]
     print(out[0])
     rows = []
     for r in rep["ours"]:
         s = r["seconds"]
         rows.append([f"ours, KL {r['kl']:g}", s["total"], s["cpu_total"], s["sampling"], s["logprob"], s["update"],
-                     r["sampling_tok_s"], r["peak_rss_mib"], r["mfu"], r["peak_gflops"],
+                     r["sampling_tok_s"], r["peak_rss_mib"], r["mfu"], r.get("update_mfu"), r["peak_gflops"],
                      f"{r['load_start']} / {r['load_end']}"])
     peer = rep["peer"]
     for t in (peer or {}).get("settings", []):
         rows.append([f"TRL, KL {t['kl']:g}", t["step_s"], t["cpu_s_per_step"], t["sampling_s"], "-", t["train_s"],
-                     t["sampling_tok_s"], t["peak_rss_mib"], "-", "-", f"{peer['load_start']} / {peer['load_end']}"])
-    out.append(common.print_table(["run", "s/step", "CPU s/step", "sampling s", "ref logprob s", "update s",
-                            "sampling tok/s", "peak RSS MiB", "MFU", "matmul peak GFLOP/s", "load start / end"],
+                     t["sampling_tok_s"], t["peak_rss_mib"], "-", "-", "-", f"{peer['load_start']} / {peer['load_end']}"])
+    out.append(print_table(["run", "s/step", "CPU s/step", "sampling s", "ref logprob s", "update s",
+                            "sampling tok/s", "peak RSS MiB", "step MFU", "update MFU", "matmul peak GFLOP/s",
+                            "load start / end"],
                            rows))
     if rep["ratios"]:
         print()
-        out.append(common.print_table(
+        out.append(print_table(
             ["KL", "time ours/TRL (target <= 0.5 at KL 0.04)", "CPU time ours/TRL", "sampling tok/s ours/TRL (>= 2)",
              "peak memory ours/TRL (< 1)"],
             [[f"{x['kl']:g}", x["time"], x["cpu_time"], x["sampling"], x["memory"]] for x in rep["ratios"]]))
