@@ -161,7 +161,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-peer", dest="peer", action="store_false")
     ap.add_argument("--peer-python", dest="peer_python", default="/work/venv-ref/bin/python")
     ap.add_argument("--wait-quiet", dest="wait_quiet", type=float, default=0.0,
-                    help="wait at most this many seconds for the load average to drop before each side")
+                    help="wait at most this many seconds for the load average to drop before measuring")
     ap.add_argument("--profile", type=int, default=0, help="print the top N XLA ops of one full call")
     common.add_json_arg(ap)
     a = ap.parse_args(argv)
