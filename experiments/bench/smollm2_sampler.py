@@ -144,9 +144,11 @@ def measure_interleaved(calls: dict, new_tokens: int, reps: int) -> tuple[dict, 
 
     each_side(lambda side: (calls[side](1), calls[side](new_tokens)))
     load = [common.load1()]
-    for _ in range(reps):
+    for rep in range(reps):
         for i, n in enumerate((1, new_tokens)):
             each_side(lambda side: times[side][i].append(calls[side](n)))
+        print(f"repetition {rep + 1}: " + ", ".join(f"{side} {p[-1]:.2f} s + {f[-1]:.2f} s"
+                                                    for side, (p, f) in times.items()), flush=True)
     load.append(common.load1())
     return times, load, errors
 
