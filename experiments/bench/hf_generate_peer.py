@@ -11,6 +11,13 @@ sides decode exactly the same left-padded batch). Timed, after one warm-up call 
 runs the full length, as our eos_id=-1), sampling at temperature 1 without top-k / top-p, KV cache on. Prints one
 line `RESULT {json}`: the medians, prefill tokens/s and decode tokens/s (rows x (N - 1) tokens over the difference
 of the two medians).
+
+    ... hf_generate_peer.py --gguf FILE --prompts prompts.json --serve
+
+--serve: the same model and batch, timed on request, so the benchmark can interleave its own calls with these
+(both sides then see the same load on a shared machine). Prints `READY {json}` (the system, the load time) once the
+model is loaded, then for each line `N` read from stdin runs `generate` with N new tokens and prints `TIME seconds`;
+exits at the end of stdin. The caller does its own warm-up calls.
 """
 from __future__ import annotations
 
@@ -43,6 +50,7 @@ def main(argv=None) -> int:
     ap.add_argument("--new-tokens", dest="new_tokens", type=int, default=128)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--serve", action="store_true", help="time generate calls asked for on stdin (see above)")
     a = ap.parse_args(argv)
 
     torch.set_num_threads(a.threads)
@@ -63,13 +71,21 @@ def main(argv=None) -> int:
             out = model.generate(input_ids=ids, attention_mask=mask, **kw)
         assert out.shape == (rows, width + n), out.shape
 
+    system = (f"transformers {transformers.__version__} generate (torch {torch.__version__}, "
+              f"{torch.get_num_threads()} threads, float32, KV cache)")
     torch.manual_seed(0)
+    if a.serve:
+        print("READY " + json.dumps({"system": system, "load_s": load_s}), flush=True)
+        for line in sys.stdin:
+            t0 = time.perf_counter()
+            run(int(line))
+            print(f"TIME {time.perf_counter() - t0}", flush=True)
+        return 0
     prefill = timed(lambda: run(1), a.reps)
     full = timed(lambda: run(a.new_tokens), a.reps)
     p, f = statistics.median(prefill), statistics.median(full)
     result = {
-        "system": f"transformers {transformers.__version__} generate (torch {torch.__version__}, "
-                  f"{torch.get_num_threads()} threads, float32, KV cache)",
+        "system": system,
         "rows": rows, "prompt_width": width, "prompt_tokens": int(mask.sum()), "new_tokens": a.new_tokens,
         "load_s": load_s, "prefill_s": prefill, "full_s": full, "prefill_s_median": p, "full_s_median": f,
         "prefill_tok_per_s": int(mask.sum()) / p,

@@ -14,11 +14,12 @@ one width. Timed after one warm-up (compile) call each, median of --reps:
   full       max_new_tokens = --new-tokens (128) at temperature 1, no top-k / top-p, eos_id=-1 (every row runs the
              full length); decode tokens/s = rows x (N - 1) / (full - prefill)
 
-Then the peer, in the same run (unless --no-peer): experiments/bench/hf_generate_peer.py with --peer-python (a venv
-with torch + transformers + gguf; default /work/venv-ref/bin/python) on the same file and the same prompt ids, timed
-the same way; the script prints ours / transformers' ratios for prefill and decode (target: decode >= 2x). It never
-divides by a stored figure. The 1-minute load average is printed (and written to --json) before and after each
-side: the machine is shared, and a ratio is only meaningful when both sides saw the same load.
+The peer, in the same run (unless --no-peer): experiments/bench/hf_generate_peer.py --serve with --peer-python (a
+venv with torch + transformers + gguf; default /work/venv-ref/bin/python) on the same file and the same prompt ids,
+timed the same way. The two sides' calls alternate (ours prefill, its prefill, ours full, its full, per repetition),
+so on a shared machine both see the same load; the script prints ours / transformers' ratios for prefill and decode
+(target: decode >= 2x), from the medians and from each side's fastest calls. It never divides by a stored figure.
+The 1-minute load average before and after is printed and written to --json.
 --profile N adds jax.profiler's top N XLA operations of one full call (common.trace_ops).
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -45,6 +47,7 @@ PEER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf_generate_pee
 
 def chat_prompts(tok, rows: int, seed: int = 0) -> list[str]:
     """`rows` two-digit addition problems through the chat template, with the eval's system prompt."""
+
     problems = tasks.load_mix("add", n=rows, seed=seed, split="test", difficulty=2)
     return [tok.render_chat_template([{"role": "system", "content": SYSTEM_PROMPT},
                                       {"role": "user", "content": p.question}]) for p in problems]
@@ -56,42 +59,99 @@ def decode_rate(rows: int, new_tokens: int, full_s: float, prefill_s: float):
     return rows * (new_tokens - 1) / (full_s - prefill_s) if full_s > prefill_s else None
 
 
-def measure_ours(params, cfg, ids, mask, tok, new_tokens: int, reps: int) -> dict:
-    def run(n):
-        return sampling.generate(params, cfg, ids, jax.random.key(0), prompt_mask=mask, num_samples=1,
-                                 max_new_tokens=n, temperature=1.0, top_p=1.0, top_k=0, eos_id=-1, pad_id=tok.PAD)
+OURS_SYSTEM = f"mathrl models.sampling.generate (JAX {jax.__version__}, float32)"
 
-    load = [common.load1()]
-    p, p_all = common.time_call(run, 1, reps=reps)
-    f, f_all = common.time_call(run, new_tokens, reps=reps)
-    load.append(common.load1())
+
+def ratio(ours, peer):
+    return ours / peer if ours and peer else None
+
+
+def summarize(system: str, ids, mask, new_tokens: int, prefill_s: list, full_s: list) -> dict:
+    """One side's figures from its timings: medians, and tokens/s from the medians (and from the best calls)."""
     rows, prompt_tokens = ids.shape[0], int(mask.sum())
-    return {"system": f"mathrl models.sampling.generate (JAX {jax.__version__}, float32)", "rows": rows,
-            "prompt_width": int(ids.shape[1]), "prompt_tokens": prompt_tokens, "new_tokens": new_tokens,
-            "prefill_s": p_all, "full_s": f_all, "prefill_s_median": p, "full_s_median": f,
-            "prefill_tok_per_s": prompt_tokens / p, "decode_tok_per_s": decode_rate(rows, new_tokens, f, p),
-            "total_tok_per_s": rows * new_tokens / f, "load_before_after": load}
+    p, f = statistics.median(prefill_s), statistics.median(full_s)
+    return {"system": system, "rows": rows, "prompt_width": int(ids.shape[1]), "prompt_tokens": prompt_tokens,
+            "new_tokens": new_tokens, "prefill_s": prefill_s, "full_s": full_s, "prefill_s_median": p,
+            "full_s_median": f, "prefill_tok_per_s": prompt_tokens / p,
+            "decode_tok_per_s": decode_rate(rows, new_tokens, f, p), "total_tok_per_s": rows * new_tokens / f,
+            "decode_tok_per_s_best": decode_rate(rows, new_tokens, min(full_s), min(prefill_s))}
 
 
-def run_peer(python: str, model_path: str, ids, mask, pad_id: int, new_tokens: int, reps: int) -> dict:
-    """hf_generate_peer.py in `python`'s venv on the same prompt ids; {"error": ...} when it cannot run."""
+def ours_call(params, cfg, ids, mask, tok):
+    """n -> seconds of one models.sampling.generate call with n new tokens (T 1, no filters, no EOS)."""
+
+    def call(n):
+        t0 = time.perf_counter()
+        common.block(sampling.generate(params, cfg, ids, jax.random.key(0), prompt_mask=mask, num_samples=1,
+                                       max_new_tokens=n, temperature=1.0, top_p=1.0, top_k=0, eos_id=-1,
+                                       pad_id=tok.PAD))
+        return time.perf_counter() - t0
+
+    return call
+
+
+def start_peer(python: str, model_path: str, ids, mask, pad_id: int, new_tokens: int, script: str = PEER):
+    """(process, its READY record) of `script --serve` (hf_generate_peer.py) in `python`'s venv on the same prompt
+    ids, or (None, {"error": ...}) when it cannot start."""
     if not os.access(python, os.X_OK):
-        return {"error": f"no peer python at {python} (a venv with torch + transformers + gguf: --peer-python)"}
+        return None, {"error": f"no peer python at {python} (a venv with torch + transformers + gguf: --peer-python)"}
     if not model_path.endswith(".gguf"):
-        return {"error": f"the peer loads a .gguf file; {model_path} is not one"}
+        return None, {"error": f"the peer loads a .gguf file; {model_path} is not one"}
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump({"ids": np.asarray(ids).tolist(), "mask": np.asarray(mask).tolist(), "pad_id": int(pad_id)}, f)
-    load = [common.load1()]
+    err = tempfile.TemporaryFile("w+")  # not a pipe: a chatty stderr must not block the peer
+    proc = subprocess.Popen([python, script, "--gguf", model_path, "--prompts", f.name, "--new-tokens",
+                             str(new_tokens), "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=err, text=True, cwd="/")
     try:
-        proc = subprocess.run([python, PEER, "--gguf", model_path, "--prompts", f.name, "--new-tokens",
-                               str(new_tokens), "--reps", str(reps)], capture_output=True, text=True, cwd="/")
+        ready = next((ln for ln in proc.stdout if ln.startswith("READY ")), None)
     finally:
         os.unlink(f.name)
+    if ready is None:
+        proc.wait()
+        err.seek(0)
+        return None, {"error": f"peer exited {proc.returncode}: {err.read()[-1500:]}"}
+    return proc, json.loads(ready[len("READY "):])
+
+
+def peer_call(proc):
+    """n -> seconds of one `generate` call with n new tokens in the serving peer (its own timer)."""
+    def call(n):
+        proc.stdin.write(f"{n}\n")
+        proc.stdin.flush()
+        line = next((ln for ln in proc.stdout if ln.startswith("TIME ")), None)
+        if line is None:
+            raise RuntimeError(f"peer exited {proc.wait()} during a {n}-token call")
+        return float(line[len("TIME "):])
+
+    return call
+
+
+def measure_interleaved(calls: dict, new_tokens: int, reps: int) -> tuple[dict, list, dict]:
+    """Times every side's prefill (1 new token) and full (new_tokens) calls, alternating sides call by call, after
+    one warm-up (compile) call of each: {side: ([prefill s], [full s])}, the load before / after, and {side: error}
+    for a side that failed (it is dropped; the others go on)."""
+    times = {side: ([], []) for side in calls}
+    errors = {}
+
+    def each_side(fn):
+        for side in list(calls):
+            try:
+                fn(side)
+            except (RuntimeError, OSError, ValueError) as e:  # the peer process died or spoke nonsense
+                errors[side] = f"{type(e).__name__}: {e}"
+                calls.pop(side)
+                times.pop(side)
+
+    each_side(lambda side: (calls[side](1), calls[side](new_tokens)))
+    load = [common.load1()]
+    for rep in range(reps):
+        for i, n in enumerate((1, new_tokens)):
+            each_side(lambda side: times[side][i].append(calls[side](n)))
+        print(f"repetition {rep + 1}: " + ", ".join(f"{side} {p[-1]:.2f} s + {f[-1]:.2f} s"
+                                                    for side, (p, f) in times.items()), flush=True)
     load.append(common.load1())
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    if proc.returncode != 0 or not lines:
-        return {"error": f"peer exited {proc.returncode}: {proc.stderr[-1500:]}"}
-    return {**json.loads(lines[-1][len("RESULT "):]), "load_before_after": load}
+    return times, load, errors
 
 
 def main(argv=None) -> int:
@@ -104,10 +164,11 @@ def main(argv=None) -> int:
     ap.add_argument("--no-peer", dest="peer", action="store_false")
     ap.add_argument("--peer-python", dest="peer_python", default="/work/venv-ref/bin/python")
     ap.add_argument("--wait-quiet", dest="wait_quiet", type=float, default=0.0,
-                    help="wait at most this many seconds for the load average to drop before each side")
+                    help="wait at most this many seconds for the load average to drop before measuring")
     ap.add_argument("--profile", type=int, default=0, help="print the top N XLA ops of one full call")
     common.add_json_arg(ap)
     a = ap.parse_args(argv)
+
 
     path = resolve_model(a.model)
     cfg, params = hf.load(path)
@@ -116,36 +177,52 @@ def main(argv=None) -> int:
     print(f"model {path}: {cfg.n_layers} layers, d_model {cfg.d_model}, vocab {cfg.vocab_size}; {a.rows} prompts "
           f"of width {ids.shape[1]} ({int(mask.sum())} real tokens), {a.new_tokens} new tokens", flush=True)
     info = common.machine_info()
-    waits = {}
-    if a.wait_quiet:
-        waits["ours"] = common.wait_quiet(a.wait_quiet)
-    ours = measure_ours(params, cfg, ids, mask, tok, a.new_tokens, a.reps)
-    peer = None
+    waits = {"both": common.wait_quiet(a.wait_quiet)} if a.wait_quiet else {}
+    calls = {"ours": ours_call(params, cfg, ids, mask, tok)}
+    peer, proc = None, None
     if a.peer:
-        if a.wait_quiet:
-            waits["peer"] = common.wait_quiet(a.wait_quiet)
-        peer = run_peer(a.peer_python, path, ids, mask, tok.PAD, a.new_tokens, a.reps)
-    rows = [[ours["system"], ours["prefill_tok_per_s"], ours["decode_tok_per_s"] or "n/a", ours["full_s_median"],
-             str(ours["load_before_after"])]]
+        proc, ready = start_peer(a.peer_python, path, ids, mask, tok.PAD, a.new_tokens)
+        if proc is None:
+            peer = ready
+        else:
+            calls["peer"] = peer_call(proc)
+    try:
+        times, load, errors = measure_interleaved(calls, a.new_tokens, a.reps)
+    finally:
+        if proc is not None:
+            proc.stdin.close()
+            proc.wait()
+    if "ours" in errors:
+        raise RuntimeError(errors["ours"])
+    ours = {**summarize(OURS_SYSTEM, ids, mask, a.new_tokens, *times["ours"]), "load_before_after": load}
+    if "peer" in times:
+        peer = {**summarize(ready["system"], ids, mask, a.new_tokens, *times["peer"]), "load_s": ready["load_s"],
+                "load_before_after": load}
+    elif proc is not None:
+        peer = {"error": errors.get("peer", "peer failed")}
+    rows = [[ours["system"], ours["prefill_tok_per_s"], ours["decode_tok_per_s"] or "n/a", ours["full_s_median"]]]
     ratios = {}
     if peer and "error" not in peer:
-        rows.append([peer["system"], peer["prefill_tok_per_s"], peer["decode_tok_per_s"] or "n/a", peer["full_s_median"],
-                     str(peer["load_before_after"])])
+        rows.append([peer["system"], peer["prefill_tok_per_s"], peer["decode_tok_per_s"] or "n/a",
+                     peer["full_s_median"]])
         ratios = {"prefill": ours["prefill_tok_per_s"] / peer["prefill_tok_per_s"],
-                  "decode": (ours["decode_tok_per_s"] / peer["decode_tok_per_s"]
-                             if ours["decode_tok_per_s"] and peer["decode_tok_per_s"] else None),
-                  "full_call_time": ours["full_s_median"] / peer["full_s_median"]}
+                  "decode": ratio(ours["decode_tok_per_s"], peer["decode_tok_per_s"]),
+                  "full_call_time": ours["full_s_median"] / peer["full_s_median"],
+                  "decode_best_calls": ratio(ours["decode_tok_per_s_best"], peer["decode_tok_per_s_best"])}
     print(f"\nSmolLM2 sampling, {a.rows} rows x {a.new_tokens} new tokens ({time.strftime('%Y-%m-%d %H:%M')}, "
           f"{info['nproc']} CPUs, load {info['loadavg']})")
-    common.print_table(["system", "prefill tok/s", "decode tok/s", "full call s", "load before/after"], rows)
+    common.print_table(["system", "prefill tok/s", "decode tok/s", "full call s, median"], rows)
+    print(f"calls alternating between the sides; load before / after: {load}")
     if ratios:
-        decode = f"{ratios['decode']:.2f}x" if ratios["decode"] else "n/a"
-        print(f"ours / transformers: prefill {ratios['prefill']:.2f}x, decode {decode} "
-              f"(target >= 2), full-call time {ratios['full_call_time']:.2f}x")
+        fmt = lambda r: f"{r:.2f}x" if r else "n/a"  # noqa: E731
+        print(f"ours / transformers: prefill {ratios['prefill']:.2f}x, decode {fmt(ratios['decode'])} "
+              f"(target >= 2; {fmt(ratios['decode_best_calls'])} from each side's fastest calls), "
+              f"full-call time {ratios['full_call_time']:.2f}x")
     elif peer:
         print(f"peer: {peer['error']}")
     profile = []
     if a.profile:
+
         fn = jax.jit(lambda p: sampling.generate(p, cfg, ids, jax.random.key(0), prompt_mask=mask,
                                                  max_new_tokens=a.new_tokens, eos_id=-1, pad_id=tok.PAD))
         profile = common.trace_ops(fn, params, top=a.profile, reps=1)
