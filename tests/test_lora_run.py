@@ -99,6 +99,31 @@ def test_lora_grpo_trains_only_the_adapters_against_the_base(tmp_path):
         ctx.close()
 
 
+def test_lora_ppo_and_rejection_stages(tmp_path):
+    """PPO trains the adapters and its value head (the train state's params), the base frozen; rejection sampling
+    samples from the merged policy and hands the adapters on."""
+    c = quickstart.get_config("variant=tiny")
+    c.model.lora = dict(LORA)
+    c.stages = [c.stages[1], stages.defaults("ppo") | dict(name="ppo", iterations=1, n_prompts=2, samples=2,
+                                                               token_budget=1024, lr=3e-2, warmup_steps=0)]
+    c.eval.update(dict(initial=False, every=0))
+    cfg = cv.validate(c)
+    ctx = context.build_context(cfg, str(tmp_path))
+    try:
+        base0 = jax.device_get(context.start_weights(cfg, ctx.model_cfg))
+        st = stages.init(ctx, 0, cfg.stages[0], ctx.init_params())
+        st, m = stages.unit(st, 0)
+        assert m["n_kept"] >= 0 and set(stages.carried_params(st)) == {"lora"}
+        st = stages.init(ctx, 1, cfg.stages[1], stages.carried_params(st))
+        assert set(st.base.carry.state["params"]) == {"lora", "value_head"}
+        st, m = stages.unit(st, 0)
+        head = st.base.carry.state["params"]["value_head"]
+        assert np.abs(np.asarray(head["w"])).max() > 0 and np.isfinite(m["loss"])  # trained through the merge
+        jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b), ctx.frozen_base(), base0)
+    finally:
+        ctx.close()
+
+
 def _records(wd):
     return [{k: v for k, v in r.items() if "time" not in k and "per_s" not in k}
             for r in read_jsonl(os.path.join(wd, "metrics.jsonl")) if r.get("phase") == "train"]
