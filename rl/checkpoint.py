@@ -2,7 +2,9 @@
 
 A checkpoint is a directory `<directory>/last/<step>/` written by orbax with two items:
   state  a pytree of arrays: the train state (params, optimizer, KL controller, step, rng),
-         the frozen reference params of an RL stage, the curriculum arrays
+         the frozen reference params of an RL stage, the curriculum arrays; a LoRA run (model.lora) holds
+         only the adapters and their optimizer state (no base, no reference copy: both are the base weights the
+         run loads from its config), with the lora section in the stage meta
   meta   JSON: stage index, unit index inside the stage, global unit counter, eval history,
          the summary so far, anything else the trainer needs to carry on exactly
 plus `checksums.json`: the SHA-256 and size of every file orbax wrote, and a hash of that list itself.
