@@ -2,7 +2,9 @@
 
 A checkpoint is a directory `<directory>/last/<step>/` written by orbax with two items:
   state  a pytree of arrays: the train state (params, optimizer, KL controller, step, rng),
-         the frozen reference params of an RL stage, the curriculum arrays
+         the frozen reference params of an RL stage, the curriculum arrays; a LoRA run (model.lora) holds
+         only the adapters and their optimizer state (no base, no reference copy: both are the base weights the
+         run loads from its config), with the lora section in the stage meta
   meta   JSON: stage index, unit index inside the stage, global unit counter, eval history,
          the summary so far, anything else the trainer needs to carry on exactly
 plus `checksums.json`: the SHA-256 and size of every file orbax wrote, and a hash of that list itself.
@@ -49,7 +51,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from models import transformer
+from models import lora, transformer
 
 __all__ = ["Checkpointer", "CheckpointError", "verify_checkpoint", "written_steps", "load_policy", "find_policy"]
 
@@ -464,6 +466,15 @@ def load_policy(workdir: str, which: str | int = "best"):
         raise CheckpointError(f"checkpoint {path} could not be restored: {type(e).__name__}: {e}") from None
     params = state["policy"] if "policy" in state else state["train_state"]["params"]
     params = {k: v for k, v in params.items() if k != "value_head"}
+    if model_cfg.lora is not None:  # a LoRA run's checkpoint holds adapters: merged into the base rebuilt here
+        if "lora" not in params:
+            raise CheckpointError(f"checkpoint {path} holds no LoRA adapters, but {workdir}/config.json sets model.lora")
+        try:
+            params = lora.merge(context.start_weights(cfg, model_cfg), jax.tree.map(jax.numpy.asarray, params["lora"]),
+                                model_cfg)
+        except ValueError as e:
+            raise CheckpointError(f"checkpoint {path}: its adapters do not fit the model of {workdir}/config.json: "
+                                  f"{e}") from None
     want = jax.eval_shape(lambda: transformer.init(model_cfg, jax.random.key(0)))
     try:
         ok = all(jax.tree.leaves(jax.tree.map(lambda w, x: w.shape == x.shape and w.dtype == x.dtype, want, params)))

@@ -34,9 +34,9 @@ import os
 import jax
 import numpy as np
 
-from models import hf, hf_checks, kernels, sampling, sharding, transformer
+from models import hf, hf_checks, kernels, lora, sampling, sharding, transformer, upcycle
 from models import pretrained as pretrained_models
-from models.config import ModelConfig
+from models.config import ModelConfig, num_params
 from models.tokenizer import ByteTokenizer, HFTokenizer
 from rewards.code_exec import wall_limit_s
 from rewards.code_reward import EXEC_CONFIG
@@ -53,7 +53,7 @@ from rl.tasks.base import Problem
 from rl.tasks.render import render_prompt, render_solution, render_user_message
 from rl.train_step import make_logprob_fn
 
-PURPOSES = {"init": 1, "sft": 2, "rejection": 3, "rl": 4, "eval": 5, "state": 6}
+PURPOSES = {"init": 1, "sft": 2, "rejection": 3, "rl": 4, "eval": 5, "state": 6, "lora": 7, "upcycle": 8}
 _FN_CACHE: dict = {}
 
 
@@ -79,15 +79,13 @@ class RunContext:
     scorer: rollout.Scorer | None = None
     writer: mlib.MetricsWriter | None = None
     ckpt: ckpt_lib.Checkpointer | None = None
+    base: dict | None = None  # a LoRA run's frozen base weights, loaded once (frozen_base)
 
     cached = staticmethod(cached)
 
     # -- randomness ----------------------------------------------------------------------------
     def key(self, purpose: str, *parts: int) -> jax.Array:
-        k = jax.random.fold_in(jax.random.key(int(self.cfg.seed)), PURPOSES[purpose])
-        for p in parts:
-            k = jax.random.fold_in(k, int(p))
-        return k
+        return purpose_key(self.cfg.seed, purpose, *parts)
 
     def rng(self, purpose: str, *parts: int) -> np.random.Generator:
         return np.random.default_rng([int(self.cfg.seed), PURPOSES[purpose], *[int(p) + 1 for p in parts]])
@@ -134,18 +132,80 @@ class RunContext:
 
     def init_params(self):
         """The starting policy: the checkpoint's weights (model.hf_path / model.pretrained, read sharded over the
-        mesh) or a random init from key("init")."""
-        path = checkpoint_path(self.cfg.model)
-        if not path:
-            return transformer.init(self.model_cfg, self.key("init"))
-        _, params = hf.load(path, dtype=self.model_cfg.dtype, param_dtype=self.model_cfg.param_dtype, mesh=self.mesh,
-                            rules=self.rules)
-        return params
+        mesh) or a random init from key("init"); with model.upcycle those dense weights made an MoE
+        (upcycle.upcycle_params, key("upcycle")); with model.lora the policy is {"lora": fresh adapters} on the
+        frozen base (frozen_base, loaded once)."""
+        if self.model_cfg.lora is not None:
+            return {lora.ADAPTER_KEY: lora.init(self.frozen_base(), self.model_cfg, self.key("lora"))}
+        return self.load_weights()
+
+    def load_weights(self):
+        """The model's weights at the start (start_weights)."""
+        return start_weights(self.cfg, self.model_cfg, self.mesh, self.rules)
+
+    def frozen_base(self):
+        """A LoRA run's base weights (load_weights), loaded once and shared by every stage: the train step's frozen
+        argument, the reference policy of the KL term, what the adapters merge into for sampling."""
+        if self.base is None:
+            self.base = self.load_weights()
+        return self.base
+
+    def policy_weights(self, policy: dict) -> dict:
+        """Plain params of a policy tree for the forward / sampler: a LoRA tree {"lora": adapters[, "value_head"]}
+        merged into the frozen base (lora.model_params), any other tree as it is."""
+        if self.model_cfg.lora is None or lora.ADAPTER_KEY not in policy:
+            return policy
+        return lora.model_params(policy, self.frozen_base(), self.model_cfg)
+
+    def adaptation_record(self) -> dict:
+        """What config.json / summary.json record about model.upcycle and model.lora ({} for a plain run)."""
+        out = {}
+        if self.cfg.model.upcycle is not None:
+            dense = dense_model_cfg(self.cfg)
+            out["upcycled"] = {"from": checkpoint_path(self.cfg.model) or "random init (model section)",
+                               **dataclasses.asdict(self.cfg.model.upcycle),
+                               "dense_params": int(num_params(dense)), "moe_params": int(num_params(self.model_cfg))}
+        if self.model_cfg.lora is not None:
+            shapes = jax.eval_shape(lambda: lora.init(jax.eval_shape(lambda: transformer.init(
+                self.model_cfg, jax.random.key(0))), self.model_cfg, jax.random.key(0)))
+            out["lora"] = {"adapter_params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(shapes))),
+                           "base_params": int(num_params(self.model_cfg))}
+        return out
 
     def close(self) -> None:
         for part in (self.scorer, self.writer, self.ckpt):
             if part is not None:
                 part.close()
+
+
+def purpose_key(seed: int, purpose: str, *parts: int) -> jax.Array:
+    """The run's key for `purpose` (PURPOSES) and parts: a pure function of the seed."""
+    k = jax.random.fold_in(jax.random.key(int(seed)), PURPOSES[purpose])
+    for p in parts:
+        k = jax.random.fold_in(k, int(p))
+    return k
+
+
+def start_weights(cfg: cv.RunConfig | dict, model_cfg: ModelConfig, mesh=None, rules=None) -> dict:
+    """The model's weights at the start of a run: the checkpoint's (model.hf_path / model.pretrained, read sharded
+    over the mesh), or a random init from key("init"); with model.upcycle those dense weights made the MoE of
+    model_cfg (upcycle.upcycle_params, key("upcycle")). A pure function of the config: a LoRA run's base and an
+    upcycled start are rebuilt the same on resume and by rl.checkpoint.load_policy."""
+    cfg = cv.typed(cfg)
+    path = checkpoint_path(cfg.model)
+    up = cfg.model.upcycle is not None
+    mcfg = dense_model_cfg(cfg) if up else model_cfg
+    if not path:
+        params = transformer.init(mcfg, purpose_key(cfg.seed, "init"))
+    else:
+        _, params = hf.load(path, dtype=mcfg.dtype, param_dtype=mcfg.param_dtype, mesh=None if up else mesh,
+                            rules=rules)
+    if not up:
+        return params
+    params = upcycle.upcycle_params(params, mcfg, purpose_key(cfg.seed, "upcycle"))
+    if mesh is not None:
+        params = jax.device_put(params, transformer.param_shardings(model_cfg, mesh, rules))
+    return params
 
 
 # ----------------------------------------------------------------------------------------- builders
@@ -166,15 +226,23 @@ def checkpoint_path(model: cv.ModelSection | dict) -> str:
 
 
 def build_model_cfg(cfg: cv.RunConfig | dict, notes: list | None = None) -> ModelConfig:
-    """The run's ModelConfig: the model section, or with a checkpoint (model.hf_path / model.pretrained) the
-    checkpoint's with the section's run-time fields (rl.pretrained.on_checkpoint; its notes are appended to `notes`
-    when given)."""
+    """The run's ModelConfig: dense_model_cfg's, made the MoE of models/upcycle.py when model.upcycle is set
+    (upcycle.moe_config: every expert a copy of the dense MLP; ConfigError naming model.upcycle when it cannot)."""
+    dense = dense_model_cfg(cfg, notes)
+    if dense.upcycle is None:
+        return dense
+    try:
+        return upcycle.moe_config(dense)
+    except ValueError as e:
+        raise cv.ConfigError(f"model.upcycle: {e}") from None
+
+
+def dense_model_cfg(cfg: cv.RunConfig | dict, notes: list | None = None) -> ModelConfig:
+    """The model as the section or checkpoint describes it, before any upcycling: the model section, or with a
+    checkpoint (model.hf_path / model.pretrained) the checkpoint's with the section's run-time fields, lora and
+    upcycle among them (rl.pretrained.on_checkpoint; its notes are appended to `notes` when given)."""
     cfg = cv.typed(cfg)
     arch = cfg.model.arch()
-    for name in ("lora", "upcycle"):  # models/lora.py, models/upcycle.py: the trainer does not use them yet
-        if arch.get(name) is not None:  # (issue 36): refuse rather than silently train every weight / stay dense
-            raise cv.ConfigError(f"model.{name} is not wired into the trainer yet (models/{name}.py holds the model "
-                                 f"side; docs/lora_upcycling.md)")
     path = checkpoint_path(cfg.model)
     if not path:
         return ModelConfig(**arch)

@@ -26,8 +26,9 @@ from models.config import ModelConfig
 from rl.config_validation import RunConfig
 
 # Fields a recipe may set on a checkpoint: how the model runs, not what it is.
+# lora / upcycle: what the run does with the checkpoint (adapters on it, or an MoE made from it), not what it is.
 RUNTIME_FIELDS = ("dtype", "param_dtype", "remat", "capacity_factor", "router_aux_coef", "router_z_coef", "max_seq_len",
-                  "logits_chunk")
+                  "logits_chunk", "lora", "upcycle")
 
 
 def on_checkpoint(ckpt: ModelConfig, section, source: str) -> tuple[ModelConfig, list[str]]:

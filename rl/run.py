@@ -21,7 +21,8 @@ summary.json next to the last stage:
  "numbering": rl.checkpoint.UNIT_NUMBERING (units from 1 within a stage; global_unit = the checkpoint number),
  "wall_seconds", "compile": {"seconds", "compiles", "cache_hits", "cache_misses", "cache_dir"}, "config",
  "kernels": rl.context.backend_kernels() - the expert / attention kernels traced and whether the native CPU kernels
- ran (their library name and SHA-256), as config.json's "kernels" planned them}.
+ ran (their library name and SHA-256), as config.json's "kernels" planned them, and with model.upcycle / model.lora
+ "model": rl.context.RunContext.adaptation_record() - the checkpoint upcycled and its section, the adapter count}.
 `compile` counts every process of the run (rl/compile_cache.py; run.compile_cache turns the persistent cache off).
 
 Every evaluation also appends complete samples (prompt, response, extracted answer, gold, reward parts) to
@@ -145,6 +146,7 @@ class Loop:
     def evaluate(self, params, si: int, unit: int, splits=("validation", "test"), stage: str = "") -> dict:
         """Metrics per split; the samples go to samples.jsonl at the current global unit; one progress line."""
         e, ctx = self.ctx.cfg.eval, self.ctx
+        params = ctx.policy_weights(params)  # a LoRA policy ({"lora": adapters}) merged into its base
         out, t0, n_show = {}, time.time(), int(e.samples)
         for j, split in enumerate(splits):
             probs = ctx.val[: e.n_val] if split == "validation" else ctx.test[: e.n_test]
@@ -220,6 +222,8 @@ class Loop:
         return self.summary
 
     def _policy_template(self):
+        if self.ctx.model_cfg.lora is not None:  # the best policy of a LoRA run is its adapters
+            return self.ctx.init_params()
         return transformer.init(self.ctx.model_cfg, jax.random.key(0))
 
     def close(self) -> None:
@@ -280,7 +284,9 @@ def _run(loop: Loop, meta, latest) -> dict:
             ctx.writer.write(0, res, stage="initial", phase="eval")
     else:
         loop.load_meta(meta)
-        params = transformer.init(ctx.model_cfg, ctx.key("init"))  # replaced by the checkpoint's
+        # replaced by the checkpoint's (LoRA: fresh adapters on the base loaded again, then the checkpoint's adapters)
+        params = ctx.init_params() if ctx.model_cfg.lora is not None else transformer.init(ctx.model_cfg,
+                                                                                               ctx.key("init"))
         sc = loop.stage_cfgs[loop.si]
         run = stage_lib.init(ctx, loop.si, sc, params)
         run = stage_lib.load(run, ctx.ckpt.restore(latest, stage_lib.template(run, meta["stage_meta"])),
@@ -288,6 +294,9 @@ def _run(loop: Loop, meta, latest) -> dict:
         print(f"resuming from checkpoint {latest}: stage {loop.si + 1}/{len(loop.stage_cfgs)} {sc.name}, after unit "
               f"{loop.u0} (units from 1 within a stage; the checkpoint number is the global unit)", flush=True)
 
+    record = ctx.adaptation_record()  # model.upcycle (from which checkpoint) / model.lora (adapter parameters)
+    if record:
+        loop.summary["model"] = record
     while loop.si < len(loop.stage_cfgs):
         si, sc = loop.si, loop.stage_cfgs[loop.si]
         if run is None:
@@ -322,7 +331,7 @@ def _run(loop: Loop, meta, latest) -> dict:
                                     stage=sc.name)["validation"]
                 ctx.writer.write(loop.gunit, {"validation": val}, stage=sc.name, phase="eval", unit=str(u))
             if val is not None:
-                loop.offer_best(stage_lib.policy_params(run), sc.name, u, val["pass@1"])
+                loop.offer_best(stage_lib.carried_params(run), sc.name, u, val["pass@1"])
             if loop.gunit % cfg.log.every == 0 or last:
                 ctx.writer.write(loop.gunit, m, stage=sc.name, phase="train", unit=str(u))
             bar.update(1)
@@ -345,7 +354,7 @@ def _run(loop: Loop, meta, latest) -> dict:
             print(f"WARNING: stage {sc.name!r} trained in none of its {sc.units} iterations: every group had equal "
                   "rewards (no signal), so every update was skipped; the stage changed nothing. Make the task easier, "
                   "sample more answers per problem, or start from a stronger policy.", flush=True)
-        params = stage_lib.policy_params(run)
+        params = stage_lib.carried_params(run)  # LoRA: the adapters carry on, on the same base
         run = None
         loop.si, loop.u0 = si + 1, 0
     return loop.finish()

@@ -67,7 +67,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from models import shared_prompt, sharding, transformer, vocab
+from models import lora, shared_prompt, sharding, transformer, vocab
 from models.transformer import unembedding
 from rl import losses
 from rl.losses import LossConfig
@@ -143,7 +143,11 @@ def _model_params(params: dict) -> dict:
 
 
 def _abstract_params(model_cfg, loss_cfg):
+    """The train state's params as shapes: the model's, or with model_cfg.lora the adapters {"lora": ...} only
+    (+ the value head)."""
     abstract = jax.eval_shape(lambda k: transformer.init(model_cfg, k), jax.random.key(0))
+    if model_cfg.lora is not None:
+        abstract = {lora.ADAPTER_KEY: jax.eval_shape(lambda k: lora.init(abstract, model_cfg, k), jax.random.key(0))}
     if loss_cfg.mode in HEAD_MODES:
         abstract = {**abstract, "value_head": jax.eval_shape(lambda: _value_head(model_cfg.d_model))}
     return abstract
@@ -152,12 +156,16 @@ def _abstract_params(model_cfg, loss_cfg):
 def state_shardings(model_cfg, loss_cfg, optim_cfg, mesh, rules=None) -> dict:
     """NamedShardings for every leaf of the train state on `mesh`.
 
-    Params follow models.transformer.param_shardings; the optimizer moments mirror their parameter;
-    counters, RNG and the value head are replicated.
+    Params follow models.transformer.param_shardings (LoRA: the adapters follow their weights, lora.shardings);
+    the optimizer moments mirror their parameter; counters, RNG and the value head are replicated.
     """
     rules = sharding.DEFAULT_RULES if rules is None else rules
     rep = NamedSharding(mesh, PartitionSpec())
-    p_sh = dict(transformer.param_shardings(model_cfg, mesh, rules))
+    if model_cfg.lora is not None:
+        adapters = _abstract_params(model_cfg, loss_cfg)[lora.ADAPTER_KEY]
+        p_sh = {lora.ADAPTER_KEY: lora.shardings(adapters, transformer.param_axes(model_cfg), model_cfg, mesh, rules)}
+    else:
+        p_sh = dict(transformer.param_shardings(model_cfg, mesh, rules))
     if loss_cfg.mode in HEAD_MODES:
         p_sh["value_head"] = {"w": rep, "b": rep}
     opt = make_optimizer(optim_cfg)
@@ -173,8 +181,11 @@ def init_train_state(model_cfg, loss_cfg: LossConfig, optim_cfg: OptimConfig, ke
 
     `params` (e.g. from an SFT checkpoint) are used when given, else initialised (sharded when a
     mesh is given). PPO and PRM add params["value_head"] = {"w": [d_model], "b": []}; other modes drop it.
+    With model_cfg.lora, params are the trainable tree {"lora": adapters} (required): the optimizer holds only them.
     """
     k_params, k_rng = jax.random.split(key)
+    if model_cfg.lora is not None and (params is None or lora.ADAPTER_KEY not in params):
+        raise ValueError("model.lora: the train state's params must be {'lora': adapters} (lora.init on the base)")
     if params is None:
         if mesh is None:
             params = transformer.init(model_cfg, k_params)
@@ -509,22 +520,29 @@ def make_train_step(model_cfg, loss_cfg: LossConfig, optim_cfg: OptimConfig, mes
     mesh's batch axes, hparams and metrics replicated. `microbatches > 1` accumulates the gradient
     over that many row-strided slices of the batch in a `lax.scan` (one optimizer update, same
     result up to float rounding and the router load-balancing term), cutting activation memory.
+
+    With model_cfg.lora the step is `(state, batch, hparams, frozen)`: state["params"] is the trainable tree
+    {"lora": adapters[, "value_head"]}, `frozen` the base weights (not donated, never changed); the loss runs on
+    lora.model_params(trainable, frozen) (merged inside the step, transient) and only the trainable tree is
+    differentiated (lora.value_and_grad's rule, in the microbatch scan too).
     """
     if not (isinstance(microbatches, int) and microbatches >= 1):
         raise ValueError(f"microbatches must be an int >= 1, got {microbatches!r}")
     opt = make_optimizer(optim_cfg)
     loss_fn = make_loss_fn(model_cfg, loss_cfg, mesh, rules)
 
-    def step(state, batch, hparams):
+    def step(state, batch, hparams, frozen=None):
         params = state["params"]
+        # LoRA: the loss of the trainable tree, the frozen base a constant of the differentiated function
+        fn = loss_fn if frozen is None else (lambda t, *a: loss_fn(lora.model_params(t, frozen, model_cfg), *a))
         lr = jnp.asarray(hparams["lr"], jnp.float32)
         kl_coef = jnp.asarray(hparams.get("kl_coef", 0.0), jnp.float32)
         denom = hparams.get("loss_denom")  # None: the batch's own denominator
         if microbatches == 1:
             share = None if denom is None else denom_share(denom)
-            (total, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, kl_coef, share)
+            (total, metrics), grads = jax.value_and_grad(fn, has_aux=True)(params, batch, kl_coef, share)
         else:
-            (total, metrics), grads = _accumulated_value_and_grad(loss_fn, params, batch, kl_coef, microbatches,
+            (total, metrics), grads = _accumulated_value_and_grad(fn, params, batch, kl_coef, microbatches,
                                                                   loss_cfg.agg, loss_cfg.max_len_norm, denom)
         # float32 like every other metric, also for bf16 gradients (the cast fuses into the reduction)
         grad_norm = jnp.sqrt(sum(jnp.sum(jnp.square(g.astype(jnp.float32))) for g in jax.tree.leaves(grads)))
@@ -554,8 +572,10 @@ def make_train_step(model_cfg, loss_cfg: LossConfig, optim_cfg: OptimConfig, mes
         return jax.jit(step, donate_argnums=0)
     st_sh = state_shardings(model_cfg, loss_cfg, optim_cfg, mesh, rules)
     rep = NamedSharding(mesh, PartitionSpec())
-    return jax.jit(step, in_shardings=(st_sh, _batch_sharding(mesh, rules), rep), out_shardings=(st_sh, rep),
-                   donate_argnums=0)
+    in_sh = (st_sh, _batch_sharding(mesh, rules), rep)
+    if model_cfg.lora is not None:  # the frozen base, sharded as the model's params
+        in_sh += (transformer.param_shardings(model_cfg, mesh, rules),)
+    return jax.jit(step, in_shardings=in_sh, out_shardings=(st_sh, rep), donate_argnums=0)
 
 
 # ------------------------------------------------------------------------------------- logprobs

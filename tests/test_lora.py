@@ -198,17 +198,6 @@ def test_target_absent_from_the_model_is_an_error():
         lora.init(transformer.init(cfg, jax.random.key(0)), cfg, jax.random.key(1))
 
 
-@pytest.mark.parametrize("name, section", [("lora", dict(rank=4)), ("upcycle", dict(n_experts=4))])  # on a dense model
-def test_run_config_refuses_the_sections_until_the_trainer_uses_them(name, section):
-    """rl/context.py: a run asking for LoRA / upcycling fails in the pre-run checks instead of silently training
-    every weight of the plain model (until the trainer wiring of docs/lora_upcycling.md lands)."""
-    from rl import config_validation as cv
-    from rl import context
-
-    with pytest.raises(cv.ConfigError, match=f"model.{name} is not wired"):
-        context.build_model_cfg({"model": {name: section, "n_experts": 0}})
-
-
 # ---- the sampler on merged weights against an unmerged float64 NumPy forward -----------------------------------------
 DENSE = ModelConfig(vocab_size=40, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=24, n_experts=0,
                     max_seq_len=24, lora=dict(rank=2, alpha=3.0))

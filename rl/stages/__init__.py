@@ -42,7 +42,8 @@ KINDS: dict[str, Kind] = {
 CONFIGS: dict[str, type] = {k: v.config for k, v in KINDS.items()}
 
 __all__ = ["KINDS", "CONFIGS", "parse_stage", "defaults", "flat_fields", "legacy_keys", "sft_problem_count",
-           "FieldErrors", "init", "unit", "tree", "meta", "template", "load", "policy_params"]
+           "FieldErrors", "init", "unit", "tree", "meta", "template", "load", "policy_params",
+           "carried_params"]
 
 
 def _kind_error(kind) -> FieldErrors:
@@ -102,3 +103,4 @@ def load(st, tree: dict, meta: dict):
 
 
 policy_params = common.policy_params
+carried_params = common.carried_params

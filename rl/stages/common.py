@@ -16,6 +16,13 @@ and its carry); each kind's state is a small frozen dataclass holding it as `bas
 `init_base` builds it; `train(st, batch, ...)` runs rl.train_loop.train_on on a state, and tree / meta / template /
 load are the base's checkpoint (the tree {"train_state": ...} and meta {"opt_steps", "consecutive_skips"} of every
 checkpoint since the start, unchanged).
+
+LoRA (model.lora, models/lora.py; docs/lora_upcycling.md): the train state's params are the trainable tree
+{"lora": adapters[, "value_head"]} and the optimizer holds only them; the base weights are the context's
+(ctx.frozen_base(), loaded once) and reach the jitted step as its non-donated fourth argument. `policy_params` is
+then the merged model (what the sampler and evaluation run), `carried_params` the adapters (what the next stage and
+the best-policy checkpoint take), and a checkpoint holds the adapters and their optimizer state with the lora
+section in its meta (checked on load by lora.restore_item), never the base.
 """
 from __future__ import annotations
 
@@ -25,6 +32,8 @@ from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
+
+from models import lora
 
 from rl.config_fields import Checked, FieldErrors, field, from_dict, name, plain, unknown_field
 from rl.losses import LossConfig
@@ -203,10 +212,20 @@ def init_base(ctx, index: int, cfg, params, loss_cfg: LossConfig) -> Base:
                              params=params)
     step_fn = ctx.cached(("step", ctx.model_cfg, loss_cfg, optim, ctx.mesh, ctx.rules),
                          lambda: make_train_step(ctx.model_cfg, loss_cfg, optim, mesh=ctx.mesh, rules=ctx.rules))
+    if uses_lora(ctx):  # the frozen base is the step's fourth argument (not donated: the same arrays every step)
+        step_fn = functools.partial(_lora_step, step_fn, ctx.frozen_base())
     trainer = Trainer(step_fn=step_fn, loop=loop, units=cfg.units, agg=loss_cfg.agg, max_len_norm=loss_cfg.max_len_norm,
                       max_consecutive_skips=ctx.cfg["run"]["max_consecutive_skips"], name=cfg.name)
     return Base(ctx=ctx, index=index, cfg=cfg, problems=problems, loss_cfg=loss_cfg, trainer=trainer,
                 carry=Carry(state=state))
+
+
+def _lora_step(step_fn, frozen, state, batch, hparams):
+    return step_fn(state, batch, hparams, frozen)
+
+
+def uses_lora(ctx) -> bool:
+    return ctx.model_cfg.lora is not None
 
 
 def with_carry(st, carry: Carry):
@@ -220,9 +239,29 @@ def train(st, batch: dict, **kw):
     return with_carry(st, carry), m
 
 
-def policy_params(st) -> dict:
-    """The policy's parameters (PPO's value head left out)."""
+def carried_params(st) -> dict:
+    """The policy as the train state holds it (PPO's value head left out): the model's params, or with LoRA the
+    adapters {"lora": ...}. What the next stage starts from and the best-policy checkpoint holds."""
     return {k: v for k, v in st.base.carry.state["params"].items() if k != "value_head"}
+
+
+def policy_params(st) -> dict:
+    """The policy's plain parameters (PPO's value head left out), what the sampler and evaluation run: with LoRA
+    the adapters merged into the frozen base (one merge per call)."""
+    return st.base.ctx.policy_weights(carried_params(st))
+
+
+def reference_params(st) -> dict:
+    """The KL reference policy of an RL stage: with LoRA the frozen base itself (the same arrays: no second copy of
+    the weights), else a copy of the policy the stage starts from."""
+    if uses_lora(st.base.ctx):
+        return st.base.ctx.frozen_base()
+    return jax.tree.map(jnp.copy, policy_params(st))
+
+
+def model_params(st) -> dict:
+    """The train state's params as the forward takes them (PPO's value head kept): LoRA's merged."""
+    return st.base.ctx.policy_weights(st.base.carry.state["params"])
 
 
 def _is_key(x) -> bool:
@@ -235,7 +274,10 @@ def tree(st) -> dict:
 
 def meta(st) -> dict:
     c = st.base.carry
-    return {"opt_steps": c.opt_steps, "consecutive_skips": c.consecutive_skips}
+    m = {"opt_steps": c.opt_steps, "consecutive_skips": c.consecutive_skips}
+    if uses_lora(st.base.ctx):  # the lora section the adapters were made with, checked on load
+        m.update(lora.checkpoint_item(c.state["params"], st.base.ctx.model_cfg)[1])
+    return m
 
 
 def template(st, meta: dict) -> dict:
@@ -250,6 +292,11 @@ def load(st, tree: dict, meta: dict):
         return jax.random.wrap_key_data(jnp.asarray(x)) if _is_key(t) else jnp.asarray(x, dtype=t.dtype)
 
     b = st.base
+    if uses_lora(b.ctx):  # adapters of another rank / targets / model are refused, naming the difference
+        try:
+            lora.restore_item(tree["train_state"]["params"], meta, b.ctx.frozen_base(), b.ctx.model_cfg)
+        except ValueError as e:
+            raise ValueError(f"stage {b.cfg.name!r}: {e}") from None
     state = jax.tree.map(restore, b.carry.state, tree["train_state"])
     if b.ctx.mesh is not None:
         state = jax.device_put(state, state_shardings(b.ctx.model_cfg, b.loss_cfg, b.cfg.loop.optim(), b.ctx.mesh,

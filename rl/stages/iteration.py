@@ -144,10 +144,10 @@ def reward_checks(cfg, reward: dict):
 
 def model_checks(cfg, model: dict):
     """Rules that need the model section (rl.config_validation.validate)."""
-    moe = model.get("n_experts", 0) > 0 and model.get("moe_every", 0) > 0
+    moe = model.get("n_experts", 0) > 0 and model.get("moe_every", 0) > 0 or model.get("upcycle") is not None
     for fld, on in (("routing_replay", cfg.loss.routing_replay), ("record_routes", cfg.rl.record_routes)):
         if on and not moe:
-            yield fld, "needs an MoE model (model.n_experts > 0 and model.moe_every > 0)"
+            yield fld, "needs an MoE model (model.n_experts > 0 and model.moe_every > 0, or model.upcycle)"
 
 
 # -- state ---------------------------------------------------------------------------------------------------
@@ -178,7 +178,7 @@ def init(ctx, index: int, cfg, params, *, advantages: Callable, value_head: bool
                sample_cfg=ctx.model_cfg.replace(dtype=cfg.rl.sampler_dtype) if cfg.rl.sampler_dtype else ctx.model_cfg,
                prm=reward_terms.scorer(ctx, cfg, f"stages[{index}]"))  # reward.prm_path: the PRM wing's, else None
     return dataclasses.replace(
-        st, ref_params=jax.tree.map(jnp.copy, common.policy_params(st)) if cfg.kl.uses_reference else None,
+        st, ref_params=common.reference_params(st) if cfg.kl.uses_reference else None,
         kl_state=kl_ctl.init() if kl_ctl is not None else None,
         cur_state=cur.init_state(len(base.problems)) if cfg.curriculum.enabled else None)
 
@@ -272,7 +272,7 @@ def produce(st: State, u: int) -> tuple[State, dict]:
     rows, mask = st.max_rows, b["loss_mask"].astype(np.float32)
     layout = grouped_layout(st, ks)
     if st.value_head:
-        lp, values = _chunked(st, ctx.value_fn, st.base.carry.state["params"], b, layout)
+        lp, values = _chunked(st, ctx.value_fn, common.model_params(st), b, layout)
         b["old_values"] = values * mask
         checked = slice(None)
     else:
@@ -434,7 +434,7 @@ def update(st: State, a: dict, extra: dict, keep_rows: np.ndarray, coef: float, 
 # -- checkpoint -----------------------------------------------------------------------------------------------
 def tree(st: State) -> dict:
     t = common.tree(st)
-    if st.ref_params is not None:
+    if st.ref_params is not None and not common.uses_lora(st.base.ctx):  # LoRA's is the base: never checkpointed
         t["ref_params"] = st.ref_params
     if st.kl_state is not None:
         t["kl_state"] = st.kl_state
