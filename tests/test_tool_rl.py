@@ -177,3 +177,32 @@ def test_tools_section_is_off_by_default_and_refuses_routes():
     with pytest.raises(FieldErrors, match="kind"):
         stages.parse_stage({**stages.defaults("ppo"), "tools": {"kind": "bash"}})
     assert dataclasses.replace(g.tools, kind="python").on
+
+
+@pytest.mark.slow  # ~35 s with a warm compile cache: two launches with evals
+def test_tool_arith_tiny_runs_both_arms(tmp_path):
+    """The recipe's tiny variant end to end: cold start on tool demonstrations, GRPO with tools (metrics of the
+    tool calls, evals with pass@1 with and without tools, samples.jsonl turns); the no-tool arm samples without."""
+    import json
+    import os
+
+    from experiments import launch
+    from rl.metrics import read_jsonl
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments/configs/tool_arith.py")
+    for arm in ("tools", "notools"):
+        wd = tmp_path / arm
+        assert launch.main(["--config", f"{path}:variant=tiny,arm={arm}", "--workdir", str(wd)]) == 0
+        recs = read_jsonl(wd / "metrics.jsonl")
+        train = [r for r in recs if r["phase"] == "train" and r["stage"] == "grpo"]
+        evals = [r for r in recs if r["phase"] == "eval"]
+        assert train and all(r["mismatch/logp_max_abs"] <= 1e-4 for r in train)
+        samples = [json.loads(x) for x in (wd / "samples.jsonl").read_text().splitlines()]
+        if arm == "tools":
+            assert all("tools/calls_per_sample" in r for r in train)
+            assert all("validation/pass@1_tools" in r and "validation/pass@1_no_tools" in r for r in evals)
+            tool_recs = [s for s in samples if s["kind"] == "greedy+tools"]
+            assert tool_recs and all(t["role"] in ("policy", "tool") for s in tool_recs for t in s["turns"])
+        else:
+            assert not any(k.startswith("tools/") or "pass@1_tools" in k for r in recs for k in r)
+            assert not any(s["kind"] == "greedy+tools" for s in samples)

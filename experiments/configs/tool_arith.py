@@ -9,7 +9,7 @@ rl/tool_rollout.py; docs/tools.md). Evaluation reports pass@1 with tools (`pass@
 greedy `pass@1`. arm=notools: the same problems (mul_cols: the same generator draws) with partial-product column
 demonstrations and GRPO without tools. Variants: variant=full (default) | tiny (tests); seed=N.
 """
-from experiments.configs.common import base_config, check_variant, parse_arg, stage, tiny_variant
+from experiments.configs.common import ConfigError, base_config, check_variant, parse_arg, stage, tiny_variant
 
 ARMS = ("tools", "notools")
 TOOLS = dict(kind="python", max_turns=2, max_output_tokens=24, timeout_s=5.0)
@@ -19,7 +19,6 @@ def get_config(arg=None):
     args = parse_arg(arg, {"variant": "full", "seed": 0, "arm": "tools"})
     variant = check_variant(args, ("full", "tiny"))
     if args["arm"] not in ARMS:
-        from experiments.configs.common import ConfigError
         raise ConfigError(f"arm must be one of {'|'.join(ARMS)}, got {args['arm']!r}")
     tools = args["arm"] == "tools"
     c = base_config(args)
