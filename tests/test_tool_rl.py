@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from experiments.configs import tool_arith
+from experiments.configs.common import stage
 from models import transformer
 from models.tokenizer import ByteTokenizer
 from rewards.parse import extract_answer
@@ -110,14 +111,19 @@ class ForcedTool:
         return list(self.reply)
 
 
-def test_tiny_grpo_iteration_with_tool_calls(tmp_path, monkeypatch):
-    """One GRPO iteration of tool_arith's tiny variant (no cold start) with a forced tool: calls happen, the tool
-    ids sit verbatim in the train rows under loss_mask 0, with behaviour logprob, advantage and KL 0 there, and the
-    sampler / trainer mismatch stays at float32 round-off."""
+@pytest.mark.parametrize("kind", ["grpo", pytest.param("ppo", marks=pytest.mark.slow)])
+def test_tiny_rl_iteration_with_tool_calls(kind, tmp_path, monkeypatch):
+    """One GRPO (PPO) iteration of tool_arith's tiny variant (no cold start) with a forced tool: calls happen, the
+    tool ids sit verbatim in the train rows under loss_mask 0, with behaviour logprob, advantage and KL 0 there, and
+    the sampler / trainer mismatch stays at float32 round-off."""
     monkeypatch.setattr(tool_rollout, "make_tool", lambda tok, cfg: ForcedTool())
     c = tool_arith.get_config("variant=tiny")
-    c.stages = [c.stages[1]]
-    c.stages[0].update(dict(iterations=1, n_prompts=2, samples=2, kl_coef=0.05))
+    if kind == "grpo":
+        c.stages = [c.stages[1]]
+        c.stages[0].update(dict(iterations=1, n_prompts=2, samples=2, kl_coef=0.05))
+    else:
+        c.stages = [stage("ppo", "ppo", iterations=1, n_prompts=2, samples=2, token_budget=1024,
+                                     warmup_steps=0, kl_coef=0.05, tools=dict(tool_arith.TOOLS))]
     ctx = build_context(c.to_dict() if hasattr(c, "to_dict") else c, str(tmp_path))
     cfg = stages.parse_stage(ctx.cfg.stages[0].to_dict() if hasattr(ctx.cfg.stages[0], "to_dict")
                              else ctx.cfg.stages[0])
