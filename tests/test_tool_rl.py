@@ -167,7 +167,8 @@ def test_tool_copy_sign_only_in_tool_stages():
              "tools/copied_answer": 0.3 * i / 11} for i in range(12)]
     rep = hacking.stage_report(recs)
     assert "tool_copy" in rep["flagged"]
-    assert rep["signs"]["tool_copy"]["numbers"]["copied_end"] == pytest.approx(np.mean([0.3 * i / 11 for i in (8, 9, 10, 11)]))
+    want = np.mean([0.3 * i / 11 for i in (8, 9, 10, 11)])  # the last third's mean
+    assert rep["signs"]["tool_copy"]["numbers"]["copied_end"] == pytest.approx(want)
     quiet = hacking.stage_report([{**r, "tools/copied_answer": 0.0} for r in recs])
     assert quiet["signs"]["tool_copy"]["flag"] is False
     plain = hacking.stage_report([{k: v for k, v in r.items() if not k.startswith("tools/")} for r in recs])
@@ -195,7 +196,8 @@ def test_tool_arith_tiny_runs_both_arms(tmp_path):
     from experiments import launch
     from rl.metrics import read_jsonl
 
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments/configs/tool_arith.py")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.path.join(root, "experiments/configs/tool_arith.py")
     for arm in ("tools", "notools"):
         wd = tmp_path / arm
         assert launch.main(["--config", f"{path}:variant=tiny,arm={arm}", "--workdir", str(wd)]) == 0
