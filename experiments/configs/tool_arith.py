@@ -8,6 +8,9 @@ arm=tools (default): a cold start on tool demonstrations (rl/tasks/tool_arith.py
 rl/tool_rollout.py; docs/tools.md). Evaluation reports pass@1 with tools (`pass@1_tools`) beside the tool-free
 greedy `pass@1`. arm=notools: the same problems (mul_cols: the same generator draws) with partial-product column
 demonstrations and GRPO without tools. Variants: variant=full (default) | tiny (tests); seed=N.
+
+Measured, seed 0, this 2-core machine (shared): arm=tools test pass@1 with tools 0.992 after the cold start, 0.961
+after GRPO (without tools 0.000; 563 s); arm=notools 0.000 after both stages (533 s).
 """
 from experiments.configs.common import ConfigError, base_config, check_variant, parse_arg, stage, tiny_variant
 
