@@ -30,7 +30,7 @@ import numpy as np
 from rewards.parse import extract_answer
 from rewards.penalties import language_consistency, repetition_share
 from rewards.verify import is_equiv
-from rl import reward_terms
+from rl import reward_terms, tool_rollout
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -211,11 +211,12 @@ def sample_records(problems, prompts: list[str], greedy_texts: list[str], greedy
 
 
 def evaluate(ctx, params, problems, key, k: int, temperature: float, samples_out: list | None = None,
-             n_show: int = 2) -> dict:
+             n_show: int = 2, tools=None) -> dict:
     """Greedy pass@1 / format / length / language consistency plus k-sample pass@k, maj@k, diversity on
     `problems` (a RunContext from rl.context supplies the sampler, tokenizer and reward pool); per-family
     metrics (`by_family`) when the problems mix task families. With a `samples_out` list, `sample_records`
-    (the greedy answer and `n_show` samples per problem) are appended to it."""
+    (the greedy answer and `n_show` samples per problem) are appended to it. With `tools` (an
+    rl.tool_rollout.ToolsConfig that is on) also the greedy answers with tool calls: `tool_eval`'s metrics."""
     prompts = [ctx.prompt(p) for p in problems]
     n = len(problems)
     greedy = ctx.sample(params, prompts, [1] * n, jax.random.fold_in(key, 0), temperature=0.0)
@@ -244,4 +245,29 @@ def evaluate(ctx, params, problems, key, k: int, temperature: float, samples_out
         samples_out.extend(sample_records(problems, prompts, greedy.texts, g_scores, samples.texts if samples else [],
                                           s_scores or [], k, n_show))
     prm = reward_terms.eval_metrics(ctx, prompts, samples, s_scores, k)  # reward.prm_path: prm@k and its cost, else {}
-    return {**summarize(recs, k), **by_family(recs, k), **prm}
+    out = {**summarize(recs, k), **by_family(recs, k), **prm}
+    if tools is not None and tools.on:
+        out.update(tool_eval(ctx, params, problems, prompts, jax.random.fold_in(key, 2), tools, out["pass@1"],
+                             samples_out if n_show > 0 else None))
+    return out
+
+
+def tool_eval(ctx, params, problems, prompts, key, tools, pass1_no_tools: float, samples_out=None) -> dict:
+    """Greedy answers with tool calls (rl/tool_rollout.py), scored on the policy's own text: pass@1 with tools
+    (also as `pass@1`) beside pass@1 without (`pass@1_no_tools`), calls per answer; with `samples_out`, one
+    record per problem (kind "greedy+tools") whose `turns` list the policy and tool segments."""
+    n = len(problems)
+    g = tool_rollout.sample(ctx, params, prompts, [1] * n, key, temperature=0.0, model_cfg=ctx.model_cfg, cfg=tools)
+    sc = ctx.scorer.result(ctx.scorer.submit(g.texts, problems, g.lengths))
+    solved = np.array([s["solved"] > 0.5 for s in sc], np.float64)
+    if samples_out is not None:
+        for i, p in enumerate(problems):
+            rec = sample_records([p], [prompts[i]], [g.texts[i]], [sc[i]], [], [], 1, 1)[0]
+            rec["kind"] = "greedy+tools"
+            rec["turns"] = tool_rollout.turn_records(ctx.tok, g.tokens[i], g.policy_mask[i], int(g.lengths[i]))
+            samples_out.append(rec)
+    p1, se = float(solved.mean()), float(np.sqrt(solved.mean() * (1 - solved.mean()) / max(n - 1, 1)))  # as summarize
+    # A run with a tool stage is judged with tools: pass@1 (the summary table, the best-policy choice, the
+    # hacking signs) becomes the tool-using greedy one; the tool-free one stays as pass@1_no_tools.
+    return {"pass@1": p1, "pass@1_se": se, "pass@1_tools": p1, "pass@1_tools_se": se,
+            "pass@1_no_tools": float(pass1_no_tools), "tools/calls_per_sample": float(np.mean(g.turns))}

@@ -50,7 +50,7 @@ from rl import hacking
 from rl import metrics as mlib
 from rl import stages as stage_lib
 from models import transformer
-from rl import plots, preflight
+from rl import plots, preflight, tool_rollout
 from rl.context import Prepared, backend_kernels, build_context
 
 SUMMARY_KEYS = ("pass@1", "pass@1_se", "pass@1_ci95", "pass@k", "maj@k", "format_rate", "mean_length",
@@ -153,7 +153,7 @@ class Loop:
             key = jax.random.fold_in(ctx.key("eval", si + 2, unit), j)  # si: -2 best policy, -1 initial
             samples = [] if n_show else None
             out[split] = ev.evaluate(ctx, params, probs, key, e.k, e.temperature, samples_out=samples,
-                                     n_show=n_show)
+                                     n_show=n_show, tools=tool_rollout.run_tools(self.stage_cfgs))
             ctx.writer.write_samples(self.gunit, samples or [], stage=stage, split=split)
         first = next((h["validation"] for h in self.history if "validation" in h), None)
         if first is not None and "validation" in out:

@@ -24,6 +24,7 @@ from rl.losses import LossConfig
 from rl.offpolicy import OffPolicyConfig
 from rl.stages import iteration
 from rl.stages.common import Flat, StageInfo, section
+from rl.tool_rollout import ToolsConfig
 from rl.train_loop import LoopConfig
 
 ADVANTAGES = ("grpo", "rloo", "reinforce_pp")  # rl.advantages.ESTIMATORS by config name (grpo: dr_grpo unscaled)
@@ -45,6 +46,7 @@ class GRPOConfig(Flat):
     kl: KLConfig = section(KLConfig, "the KL to the reference policy")
     offpolicy: OffPolicyConfig = section(OffPolicyConfig, "off-policy correction")
     curriculum: CurriculumConfig = section(CurriculumConfig, "difficulty-stratified sampling", nested=True)
+    tools: ToolsConfig = section(ToolsConfig, "tool calls during rollouts (rl/tool_rollout.py)", nested=True)
     advantage: str = field("grpo", "grpo (group mean/std) | rloo (leave-one-out) | reinforce_pp (rewards whitened "
                                    "over the batch, no group baseline)", choice(*ADVANTAGES))
     scale_by_std: bool = field(True, "divide by the group std (False = Dr. GRPO); advantage grpo only (set False "

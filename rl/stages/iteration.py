@@ -47,7 +47,7 @@ from rewards.combine import PRM_CALIBRATIONS as CALIBRATIONS
 from rewards.task_score import format_counts
 from rl import advantages as advm
 from rl import curriculum as cur
-from rl import grouped_batch, kl_control, losses, offpolicy, reward_terms, rollout, schedules
+from rl import grouped_batch, kl_control, losses, offpolicy, reward_terms, rollout, schedules, tool_rollout
 from rl.config_fields import Checked, boolean, choice, field, integer, num
 from rl.losses import LossConfig
 from rl.stages import common
@@ -129,6 +129,8 @@ def group_sizes(cfg) -> list[int]:
 
 def cross_checks(cfg):
     """Rules between sections (each section checks its own fields)."""
+    if cfg.tools.on and records_routes(cfg):
+        yield "tools", "tool rollouts record no MoE routes: turn routing_replay and record_routes off"
     try:
         loss_for(cfg, max_new_tokens=1)
     except ValueError as e:  # the loss's rules that need the stage (k1 in the loss with kl_place loss)
@@ -226,6 +228,7 @@ def unit(st: State, u: int) -> tuple[State, dict]:
         m["kl"] = kl_seq
     m.update(um)
     m.update(produce_metrics(a["stats"]))
+    m.update(tool_rollout.metrics(a))
     m.update({"time/score_wait": t_wait, "time/overlap_sample": t_overlap, "staleness": float(staleness)})
     return st, m
 
@@ -263,10 +266,15 @@ def produce(st: State, u: int) -> tuple[State, dict]:
     prompts = [ctx.prompt(st.base.problems[i]) for i in ids]
     params = common.policy_params(st)
     t0 = time.time()
-    smpl = ctx.sample(params, prompts, ks, ctx.key("rl", index, u), temperature=temp, model_cfg=st.sample_cfg,
-                      return_routes=records_routes(cfg))
+    if cfg.tools.on:  # tool calls (rl/tool_rollout.py): the loss mask is the policy's own tokens
+        smpl = tool_rollout.sample(ctx, params, prompts, ks, ctx.key("rl", index, u), temperature=temp,
+                                   model_cfg=st.sample_cfg, cfg=cfg.tools)
+    else:
+        smpl = ctx.sample(params, prompts, ks, ctx.key("rl", index, u), temperature=temp, model_cfg=st.sample_cfg,
+                          return_routes=records_routes(cfg))
     t_sample = time.time() - t0
     b = rollout.build_batch([ctx.tok.encode(p, add_bos=True) for p in prompts], smpl, ctx.seq_len, pad_id=ctx.tok.PAD)
+    b = tool_rollout.with_policy_mask(b, smpl)
     b["temperature"] = np.full((len(smpl.texts),), temp, np.float32)
     t0 = time.time()
     rows, mask = st.max_rows, b["loss_mask"].astype(np.float32)
@@ -286,7 +294,8 @@ def produce(st: State, u: int) -> tuple[State, dict]:
     arrays = {**b, "ids": ids.astype(np.int64), "ks": ks.astype(np.int64), "lengths": smpl.lengths,
               "prompt_index": smpl.prompt_index.astype(np.int64),
               "stats": np.array([t_sample, t_logp, float(smpl.lengths.sum()), mm["offpolicy/log_ratio_abs_max"],
-                                 mm["offpolicy/log_ratio_abs_mean"], mm["offpolicy/kl"]], np.float64)}
+                                 mm["offpolicy/log_ratio_abs_mean"], mm["offpolicy/kl"]], np.float64),
+              **tool_rollout.tool_arrays(smpl, ctx.tok)}
     return st, {"arrays": arrays, "unit": u, "temperature": temp, "version": st.trained_units}
 
 
@@ -321,6 +330,8 @@ def grouped_layout(st: State, ks):
 
 
 def _texts(tok, a: dict) -> list[str]:
+    if "tool_turns" in a:  # tool calls: what the policy wrote, the tools' output removed (rl/tool_rollout.py)
+        return tool_rollout.policy_texts(tok, a)
     toks, start, lens = a["tokens"], a["resp_start"], a["lengths"]
     return [tok.decode(toks[r, start[r] : start[r] + lens[r]]) for r in range(toks.shape[0])]
 

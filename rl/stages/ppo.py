@@ -25,6 +25,7 @@ from rl.losses import LossConfig
 from rl.offpolicy import OffPolicyConfig
 from rl.stages import iteration
 from rl.stages.common import Flat, StageInfo, section
+from rl.tool_rollout import ToolsConfig
 from rl.train_loop import LoopConfig
 
 
@@ -46,6 +47,7 @@ class PPOConfig(Flat):
     kl: KLConfig = section(KLConfig, "the KL to the reference policy", factory=lambda: KLConfig(kl_place="reward"))
     offpolicy: OffPolicyConfig = section(OffPolicyConfig, "off-policy correction")
     curriculum: CurriculumConfig = section(CurriculumConfig, "difficulty-stratified sampling", nested=True)
+    tools: ToolsConfig = section(ToolsConfig, "tool calls during rollouts (rl/tool_rollout.py)", nested=True)
     gamma: float = field(1.0, "discount", num(0.0, 1.0))
     lam: float = field(0.95, "GAE lambda", num(0.0, 1.0))
 
@@ -71,6 +73,8 @@ def advantages(st: iteration.State, a: dict, texts, rewards, coef, kl_tok):
     T = a["tokens"].shape[1]
     mask = a["loss_mask"].astype(np.float32)
     last = np.clip(a["resp_start"] + a["lengths"] - 1, 0, T - 1)
+    if "tool_turns" in a:  # a row may end with tool ids: the outcome goes on its last policy token
+        last = np.where(mask.any(1), T - 1 - np.argmax(mask[:, ::-1] > 0, axis=1), last)
     tr = np.zeros((len(rewards), T), np.float32)
     tr[np.arange(len(rewards)), last] = rewards
     if kl_tok is not None and s.kl.kl_place == "reward":

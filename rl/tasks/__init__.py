@@ -35,7 +35,8 @@ import functools
 import random
 import re
 
-from rl.tasks import arith, code, fractions_, gsm8k_math, gym, instructions, jsonl_io, linear, mathdataset, word
+from rl.tasks import (arith, code, fractions_, gsm8k_math, gym, instructions, jsonl_io, linear, mathdataset, tool_arith,
+                      word)
 from rl.tasks.base import (
     LEVELS, REWARDS, SPLITS, FixedSource, GeneratedSource, Problem, ShortSupply, Split, check_split, question_hash,
     split_of,
@@ -50,7 +51,7 @@ __all__ = [
 
 _GENERATED: dict[str, GeneratedSource] = {
     s.name: s for s in arith.SOURCES + fractions_.SOURCES + linear.SOURCES + word.SOURCES + code.SOURCES
-    + instructions.SOURCES
+    + instructions.SOURCES + tool_arith.SOURCES
 }
 _PARAMETERISED = {
     "mathdataset": "DeepMind mathematics_dataset: `mathdataset` (default modules) or `mathdataset@m1+m2`",
