@@ -40,7 +40,7 @@ import math
 import re
 from fractions import Fraction
 
-from rewards._verify_eval import symbols
+from rewards._verify_eval import binary, symbols
 from rewards.mathparse import ParseError, parse_answer, parse_arithmetic
 from rewards.parse import as_text, extract_answer
 from rewards.verify import is_equiv
@@ -176,13 +176,10 @@ def _countdown_value(node, pool: list[int]):
     b = None if a is None else _countdown_value(node[2], pool)
     if b is None:
         return None
-    if kind == "+":
-        return a + b
-    if kind == "-":
-        return a - b
-    if kind == "*":
-        return a * b
-    return None if b == 0 else a / b
+    try:
+        return binary(kind, a, b, ZeroDivisionError)
+    except ZeroDivisionError:
+        return None
 
 
 def countdown_ok(answer: str, numbers: list[int], target: int, use_all: bool) -> bool:

@@ -31,7 +31,7 @@ ADVANTAGES = ("grpo", "rloo", "reinforce_pp")  # rl.advantages.ESTIMATORS by con
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class GRPOConfig(Flat):
+class GRPOConfig(iteration.RLStageMethods, Flat):
     KIND = "grpo"
     UNIT_FIELD = "iterations"
     # PPO's value-head / GAE keys, which every GRPO entry of a config.json written before they moved to PPOConfig
@@ -54,17 +54,6 @@ class GRPOConfig(Flat):
     filter_zero_variance: bool = field(True, "drop groups whose rewards are all equal (zero advantage)", boolean)
     process_grpo: bool = field(False, "process-supervised GRPO: advantages from normalised step rewards, the answer "
                                       "line being the last step, scored by the verifier", boolean)
-
-    components = iteration.components
-    reward_checks = iteration.reward_checks
-    model_checks = iteration.model_checks
-    uses_reference = property(iteration.uses_reference)
-    records_routes = property(iteration.records_routes)
-    group_sizes = iteration.group_sizes
-
-    @property
-    def corrects_off_policy(self) -> bool:
-        return self.offpolicy.enabled
 
     def cross_checks(self):
         yield from iteration.cross_checks(self)

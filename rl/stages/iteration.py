@@ -152,6 +152,24 @@ def model_checks(cfg, model: dict):
             yield fld, "needs an MoE model (model.n_experts > 0 and model.moe_every > 0, or model.upcycle)"
 
 
+class RLStageMethods:
+    """The methods the GRPO and PPO stage configs share (a mixin of functions of this module; it holds no fields)."""
+
+    components = components
+    reward_checks = reward_checks
+    model_checks = model_checks
+    uses_reference = property(uses_reference)
+    records_routes = property(records_routes)
+    group_sizes = group_sizes
+
+    @property
+    def corrects_off_policy(self) -> bool:
+        return self.offpolicy.enabled
+
+    def cross_checks(self):
+        yield from cross_checks(self)
+
+
 # -- state ---------------------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class State:

@@ -30,7 +30,7 @@ from rl.train_loop import LoopConfig
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class PPOConfig(Flat):
+class PPOConfig(iteration.RLStageMethods, Flat):
     KIND = "ppo"
     UNIT_FIELD = "iterations"
     # GRPO's keys, which every PPO entry of a config.json written before they moved to GRPOConfig holds (at the one
@@ -50,20 +50,6 @@ class PPOConfig(Flat):
     tools: ToolsConfig = section(ToolsConfig, "tool calls during rollouts (rl/tool_rollout.py)", nested=True)
     gamma: float = field(1.0, "discount", num(0.0, 1.0))
     lam: float = field(0.95, "GAE lambda", num(0.0, 1.0))
-
-    components = iteration.components
-    reward_checks = iteration.reward_checks
-    model_checks = iteration.model_checks
-    uses_reference = property(iteration.uses_reference)
-    records_routes = property(iteration.records_routes)
-    group_sizes = iteration.group_sizes
-
-    @property
-    def corrects_off_policy(self) -> bool:
-        return self.offpolicy.enabled
-
-    def cross_checks(self):
-        yield from iteration.cross_checks(self)
 
 
 def advantages(st: iteration.State, a: dict, texts, rewards, coef, kl_tok):
