@@ -46,7 +46,7 @@ from rl import metrics as mlib
 from rl.checkpoint import CheckpointError
 from rl.config_validation import ConfigError
 from rl.run import summary_entry
-from rl.tasks.render import render_user_message
+from rl.tasks.render import ANSWER_LINE_SYSTEM_PROMPT
 
 SPLITS = ("train", "validation", "test")
 
@@ -85,8 +85,7 @@ def problems_of(ctx, split: str):
 
 
 # ---- a pretrained model without a run ----------------------------------------------------------------------------
-SYSTEM_PROMPT = ("You are a careful math assistant. Solve the problem step by step, one short step per line, "
-                 "then give the final answer on a last line of the form 'Answer: <number>'.")
+SYSTEM_PROMPT = ANSWER_LINE_SYSTEM_PROMPT
 
 
 def resolve_model(spec: str) -> str:
@@ -99,24 +98,19 @@ def resolve_model(spec: str) -> str:
 
 @dataclasses.dataclass
 class PretrainedContext(context.RunContext):
-    """A RunContext whose prompts are a system turn plus the problem as the user turn, through the chat template."""
-
-    system: str = SYSTEM_PROMPT
-
-    def prompt(self, problem) -> str:
-        msgs = [{"role": "system", "content": self.system}, {"role": "user", "content": problem.question}]
-        if problem.reward != "math":  # code / instruction problems carry their own statement
-            msgs[1]["content"] = render_user_message(problem, self.lang)
-        return self.tok.render_chat_template(msgs)
+    """A RunContext over a pretrained checkpoint with no run directory: its prompts are rl.context.prompt_text's,
+    a system turn (model.system_prompt, SYSTEM_PROMPT by default) plus the problem as the user turn."""
 
 
 def open_pretrained(path: str, *, mix: str, n: int, lang: str = "en", difficulty: int = 1, max_new_tokens: int = 256,
-                    max_prompt_len: int = 0, batch_rows: int = 64, seed: int = 0, out_dir: str = ""):
+                    max_prompt_len: int = 0, batch_rows: int = 64, seed: int = 0, out_dir: str = "",
+                    system: str = SYSTEM_PROMPT):
     """(ctx, params): a PretrainedContext on one device over n test problems of `mix` with the model at `path` (its
     weights by models.hf.load, its tokenizer and chat template by HFTokenizer.from_pretrained) and an in-process
     reward pool; the evaluation settings are a default run config's with these fields set. The sampler pads every
     prompt to max_prompt_len (0: the longest prompt's length rounded up to 32)."""
-    cfg = cv.RunConfig(seed=seed, model=cv.ModelSection(hf_path=path), run=cv.RunSection(reward_workers=0),
+    cfg = cv.RunConfig(seed=seed, model=cv.ModelSection(hf_path=path, system_prompt=system),
+                       run=cv.RunSection(reward_workers=0),
                        tasks=cv.TasksSection(mix=mix, lang=lang, difficulty=difficulty, n_test=n, n_val=1, n_train=1,
                                              max_prompt_len=max_prompt_len or 4096),
                        sampling=cv.SamplingSection(max_new_tokens=max_new_tokens, batch_rows=batch_rows))
@@ -174,7 +168,7 @@ def main_pretrained(args) -> int:
         ctx, params = open_pretrained(path, mix=args.mix or "add", n=args.n or 256, lang=args.lang,
                                       difficulty=args.difficulty, max_new_tokens=args.max_new_tokens,
                                       max_prompt_len=args.max_prompt_len, batch_rows=args.batch_rows, seed=args.seed,
-                                      out_dir=args.out)
+                                      out_dir=args.out, system=args.system)
     except (OSError, ValueError) as e:
         print(f"eval error: {e}", file=sys.stderr)
         return 2
@@ -196,7 +190,7 @@ def main_pretrained(args) -> int:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "summary.json"), "w", encoding="utf-8") as f:
             json.dump({"model": path, "mix": ctx.cfg["tasks"]["mix"], "difficulty": args.difficulty,
-                       "lang": args.lang, "system": ctx.system, "k": k, "temperature": temp, "seed": args.seed,
+                       "lang": args.lang, "system": ctx.cfg["model"]["system_prompt"], "k": k, "temperature": temp, "seed": args.seed,
                        "max_new_tokens": args.max_new_tokens, "wall_seconds": wall, "metrics": m, "summary": entry},
                       f, indent=2)
         with open(os.path.join(args.out, "samples.jsonl"), "w", encoding="utf-8") as f:
@@ -223,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     pre.add_argument("--out", default="", help="folder for summary.json and samples.jsonl")
     pre.add_argument("--lang", default="en", choices=("en", "zh"), help="the answers' language (reward, metrics)")
     pre.add_argument("--difficulty", type=int, default=2, help="of generated families (add: digits)")
+    pre.add_argument("--system", default=SYSTEM_PROMPT, help="the system turn ('' = none: the user turn then "
+                     "carries the layout instruction, as in a run without model.system_prompt)")
     pre.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=256)
     pre.add_argument("--max-prompt-len", dest="max_prompt_len", type=int, default=0,
                      help="prompt width in tokens (every prompt is padded to it; 0: the longest, rounded up to 32)")

@@ -235,6 +235,9 @@ class ModelSection(ModelConfig):
                                 choice("", *PRETRAINED_SOURCES))
     chat_template: bool = field(True, "with model.hf_path or model.pretrained: each prompt is one user turn of the "
                                       "checkpoint's chat template (False = the plain prompt)", boolean)
+    system_prompt: str = field("", "with the chat template: a system turn before each prompt, and the user turn then "
+                                   "holds the bare question (the system turn asks for the layout; '' = no system "
+                                   "turn, the user turn carries the layout instruction)", text)
 
     def cross_checks(self):
         yield from super().cross_checks()
@@ -242,7 +245,8 @@ class ModelSection(ModelConfig):
             yield "pretrained", f"({self.pretrained!r}) and model.hf_path ({self.hf_path!r}) are both set; keep one"
 
     def arch(self) -> dict:
-        """The ModelConfig keyword arguments of the section (without hf_path / pretrained / chat_template)."""
+        """The ModelConfig keyword arguments of the section (without hf_path / pretrained / chat_template /
+        system_prompt)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(ModelConfig)}
 
 

@@ -295,11 +295,17 @@ def build_tokenizer(cfg: cv.RunConfig | dict) -> ByteTokenizer | HFTokenizer:
 
 def prompt_text(cfg: cv.RunConfig | dict, tok, problem: Problem) -> str:
     """The prompt text the sampler continues: one user turn through the chat template (a checkpoint with
-    model.chat_template), else rl.tasks.render_prompt."""
+    model.chat_template), after a system turn when model.system_prompt is set (the user turn is then the bare
+    question of a math problem; code and instruction problems keep their own statement), else
+    rl.tasks.render_prompt."""
     cfg = cv.typed(cfg)
     lang = cfg.tasks.lang
     if checkpoint_field(cfg.model) and cfg.model.chat_template:
-        return tok.render_chat_template([{"role": "user", "content": render_user_message(problem, lang)}])
+        system = cfg.model.system_prompt
+        if not system:
+            return tok.render_chat_template([{"role": "user", "content": render_user_message(problem, lang)}])
+        user = problem.question if problem.reward == "math" else render_user_message(problem, lang)
+        return tok.render_chat_template([{"role": "system", "content": system}, {"role": "user", "content": user}])
     return render_prompt(problem, lang)
 
 

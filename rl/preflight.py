@@ -287,7 +287,9 @@ def compute_estimate(config) -> tuple[str, dict]:
             tot[kk] += per[kk] * units
         rows.append((s.name, s.kind, units, per, n_val_evals))
     per_val, per_test = e.n_val * (1 + e.k), e.n_test * (1 + e.k)
-    n_answers = (per_val + per_test) * (evals + 1) + per_test + per_val * sum(r[4] for r in rows)
+    initial = int(e.initial)
+    best = per_test if cfg.checkpoint.keep_best else 0  # the best policy's test eval at the end
+    n_answers = (per_val + per_test) * (evals + initial) + best + per_val * sum(r[4] for r in rows)
     tot["gen_tokens"] += n_answers * N
     tot["verifier_calls"] += n_answers
     lines = ["compute estimate (upper bounds: every answer runs to max_new_tokens):",
@@ -295,7 +297,8 @@ def compute_estimate(config) -> tuple[str, dict]:
     for name, kind, units, per, _ in rows:
         lines.append(f"  {name:<16}{kind:<10}{units:>6}{per['gen_tokens']:>14,}{per['verifier_calls']:>15,}"
                      f"{per['train_tokens']:>16,}")
-    lines.append(f"  evals: {n_answers:,} answers (initial, stage ends, every {e.every} units, best policy)")
+    parts = ["initial"] * initial + ["stage ends", f"every {e.every} units"] + ["best policy"] * bool(best)
+    lines.append(f"  evals: {n_answers:,} answers ({', '.join(parts)})")
     lines.append(f"  total: {tot['gen_tokens']:,} generated tokens, {tot['verifier_calls']:,} verifier calls, "
                  f"{tot['train_tokens']:,} train tokens")
     return "\n".join(lines), tot

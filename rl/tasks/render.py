@@ -78,6 +78,12 @@ _INSTRUCTION = {
 }
 
 
+# A system turn for chat models (model.system_prompt): the layout asked of the answer, the question then being the
+# user turn alone (rl.context.prompt_text). Used by `experiments.eval --model` and the pretrained recipes.
+ANSWER_LINE_SYSTEM_PROMPT = ("You are a careful math assistant. Solve the problem step by step, one short step per "
+                             "line, then give the final answer on a last line of the form 'Answer: <number>'.")
+
+
 def render_user_message(problem: Problem, lang: str = "zh") -> str:
     """The user turn for a chat template: the question and the layout instruction (the statement alone for the
     code and instruction families, whose statements carry their own)."""
