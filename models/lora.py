@@ -75,6 +75,13 @@ def _targeted(base, lcfg: LoraConfig):
     return found
 
 
+def targeted_weights(base, cfg) -> list[tuple[str, str, object]]:
+    """[(block key, target path, leaf)] of every weight of base that cfg.lora adapts, in init's order. base may
+    hold arrays, shapes (jax.eval_shape) or logical axis names (transformer.param_axes): e.g. what the merge copies,
+    for rl/memory_plan.py."""
+    return _targeted(base, _config(cfg))
+
+
 def _split_dims(shape, target: str):
     n_lead, n_in = TARGETS[target]
     return shape[:n_lead], shape[n_lead:n_lead + n_in], shape[n_lead + n_in:]

@@ -1,6 +1,7 @@
 """The memory plan: what one device holds to run a config, from the config alone, checked before any compute.
 
     plan = memory_plan.plan_for_config(cfg, model_cfg, mesh_sizes, rules)   # cfg: a RunConfig (rl.config_validation)
+                                  # model_cfg: rl.context.build_model_cfg(cfg) (with model.upcycle: the upcycled MoE)
     print(plan.text())            # one line per part, GiB per device, and the peak against the budget
     plan.check()                  # ConfigError naming what to change when the peak exceeds the budget
 
@@ -29,7 +30,25 @@ Parts, per device (the mesh shards them; `mesh_sizes` are the resolved axis size
                                     compute dtype, rows over data x fsdp and kv heads over tensor
                  sampler temps      prefill attention scores (float32 + probabilities) and a few float32
                                     [rows, vocab] decode-step logits
-peak = resident + max(train step, sampling).
+peak = resident + max(train step, sampling), a transient part counting in both.
+
+With model.lora (models/lora.py; docs/lora_upcycling.md "In the trainer") the parts are the adapters' where the
+base is frozen (sizes from lora_leaves: models.lora.init's arrays and the weights its targets name):
+  resident       params             the base, held once: the train step's frozen (not donated) argument, the KL
+                                    reference and what the merge reads are the same arrays
+                 adapters           A [*lead, *in, r] and B [*lead, r, *out] of every targeted weight (per block, and
+                                    per expert for moe/* targets), float32, sharded as their weight's in / out axes
+                 optimizer          Adam's two moments of the adapters (2 x adapters)
+                 reference          0: the KL reference is the frozen base itself
+  train step     gradients          the adapters' only (the base is a constant of the differentiated function)
+  transient      merged weights     one copy of the targeted weights, in the params' dtype: the train step merges
+                                    inside its jitted step and the sampler (rl.stages policy_params) before sampling,
+                                    never both at once, so the part counts in both phases (XLA's compiled train step
+                                    on CPU holds one such copy, not also a gradient per merged weight: the LoRA train
+                                    step is 0.88-1.04x of its compiled temporaries, from 1 x 16 tokens of a 4-block
+                                    model to SmolLM2-135M at 14 x 288)
+An upcycled run (model.upcycle) is planned as the MoE it trains: model_cfg is the upcycled config (E experts per
+MoE block), so params, optimizer, reference and gradients are the MoE's.
 
 `check()` compares the peak with `budget` (run.device_memory_gib, or `device_budget`'s default: the accelerator's
 own limit, 80% of host RAM split over the mesh's CPU devices) and names the largest part's remedy.
@@ -43,7 +62,7 @@ from types import SimpleNamespace
 import jax
 import psutil
 
-from models import transformer
+from models import lora, transformer
 from models.sharding import DEFAULT_RULES, logical_to_spec
 from rl import config_validation as cv
 from rl.rollout import rows_for_budget
@@ -54,6 +73,7 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 LOGITS_COPIES = 5  # float32 logits-sized temporaries of the train step's loss + grad (bench above: 23.16 / 4.64)
 CHUNK_COPIES = 3  # models/vocab.py: logits, probabilities and their gradient of one chunk in the backward pass
 SAMPLER_LOGITS_COPIES = 4  # decode step: logits, scaled, sorted (top-p), log-softmax, each [rows, vocab] float32
+ADAPTER_BYTES = 4  # models/lora.py keeps the adapters in float32 whatever the base's dtype
 
 REMEDY = {
     "params": "shard the parameters over more devices (mesh.fsdp; mesh.expert for MoE experts) or store them in "
@@ -68,9 +88,14 @@ REMEDY = {
               "per optimizer step (stages[i].token_budget / stages[i].batch_size) or shard the vocabulary (mesh.tensor)",
     "kv cache": "lower sampling.batch_rows, or sampling.max_new_tokens / tasks.max_prompt_len",
     "sampler temps": "lower sampling.batch_rows",
+    "adapters": "lower model.lora.rank or name fewer model.lora.targets",
+    "merged weights": "name fewer model.lora.targets (each targeted weight is copied by the merge) or shard the "
+                      "parameters over more devices (mesh.fsdp; mesh.expert for MoE experts)",
 }
-PHASES = {"params": "resident", "optimizer": "resident", "reference": "resident", "gradients": "train step",
-          "activations": "train step", "logits": "train step", "kv cache": "sampling", "sampler temps": "sampling"}
+# The phase each part lives in; "transient" parts (LoRA's merged weights) count in both the train step and sampling.
+PHASES = {"params": "resident", "adapters": "resident", "optimizer": "resident", "reference": "resident",
+          "gradients": "train step", "activations": "train step", "logits": "train step",
+          "merged weights": "transient", "kv cache": "sampling", "sampler temps": "sampling"}
 
 
 # ---- pieces (pure functions of shapes and sizes) -----------------------------------------------------------------
@@ -97,12 +122,28 @@ def sharded_bytes(leaves, mesh_sizes: dict, rules, itemsize: int) -> int:
     return sum(math.prod(shape) // shard_factor(shape, axes, mesh_sizes, rules) * itemsize for shape, axes in leaves)
 
 
+def _is_axes(x) -> bool:
+    return isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x)
+
+
 def model_leaves(model_cfg) -> list[tuple[tuple[int, ...], tuple]]:
     """(shape, logical axes) of every parameter of models.transformer.init(model_cfg) (abstract: no arrays)."""
     shapes = jax.eval_shape(lambda k: transformer.init(model_cfg, k), jax.random.key(0))
     axes = transformer.param_axes(model_cfg)
-    is_axes = lambda x: isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x)
-    return [(tuple(s.shape), a) for s, a in zip(jax.tree.leaves(shapes), jax.tree.leaves(axes, is_leaf=is_axes))]
+    return [(tuple(s.shape), a) for s, a in zip(jax.tree.leaves(shapes), jax.tree.leaves(axes, is_leaf=_is_axes))]
+
+
+def lora_leaves(model_cfg) -> tuple[list, list]:
+    """(adapters, targeted): (shape, logical axes) of every array of models.lora.init on the model (A and B of
+    each targeted weight, lora.param_axes) and of the targeted weights themselves (what lora.merge copies)."""
+    base = jax.eval_shape(lambda k: transformer.init(model_cfg, k), jax.random.key(0))
+    adapters = jax.eval_shape(lambda k: lora.init(base, model_cfg, k), jax.random.key(0))
+    base_axes = transformer.param_axes(model_cfg)
+    ad_axes = lora.param_axes(base_axes, model_cfg)
+    ad = [(tuple(s.shape), a) for s, a in zip(jax.tree.leaves(adapters), jax.tree.leaves(ad_axes, is_leaf=_is_axes))]
+    targeted = [(tuple(w.shape), a) for (_, _, w), (_, _, a) in zip(lora.targeted_weights(base, model_cfg),
+                                                                    lora.targeted_weights(base_axes, model_cfg))]
+    return ad, targeted
 
 
 def activation_bytes_per_token(m, seq_len: int, tensor: int = 1) -> int:
@@ -142,7 +183,8 @@ class MemoryPlan:
     devices: int
 
     def phase(self, name: str) -> int:
-        return sum(v for k, v in self.parts.items() if PHASES[k] == name)
+        """Bytes of one phase: "resident", "train step" or "sampling" (the last two with the transient parts)."""
+        return sum(v for k, v in self.parts.items() if _in_phase(k, name))
 
     @property
     def peak(self) -> int:
@@ -165,7 +207,7 @@ class MemoryPlan:
         if self.fits:
             return
         phase = "train step" if self.phase("train step") >= self.phase("sampling") else "sampling"
-        live = {k: v for k, v in self.parts.items() if PHASES[k] in ("resident", phase)}
+        live = {k: v for k, v in self.parts.items() if _in_phase(k, "resident") or _in_phase(k, phase)}
         worst = max(live, key=live.get)
         raise cv.ConfigError(
             f"model / mesh: {self.peak / GIB:.1f} GiB needed to train this model per device, more than the budget of "
@@ -173,10 +215,17 @@ class MemoryPlan:
             f"{worst} ({live[worst] / GIB:.1f} GiB): {REMEDY[worst]}.\n{self.text()}")
 
 
+def _in_phase(part: str, name: str) -> bool:
+    return PHASES[part] == name or (PHASES[part] == "transient" and name in ("train step", "sampling"))
+
+
 def plan(m, mesh_sizes: dict, rules, *, leaves, train_rows: int, seq_len: int, sample_rows: int, prompt_len: int,
-         new_tokens: int, reference: bool, budget: int, budget_note: str = "") -> MemoryPlan:
+         new_tokens: int, reference: bool, budget: int, budget_note: str = "", lora_sizes=None) -> MemoryPlan:
     """The plan from sizes alone (see the module docstring). leaves: model_leaves(m); train_rows: the largest
-    rows per optimizer step of any stage; sample_rows: sampling.batch_rows."""
+    rows per optimizer step of any stage; sample_rows: sampling.batch_rows; lora_sizes: lora_leaves(m), needed
+    when m.lora is set."""
+    if (m.lora is None) != (lora_sizes is None):
+        raise ValueError("lora_sizes (lora_leaves(m)) must be given exactly when the model config sets lora")
     p = sharded_bytes(leaves, mesh_sizes, rules, DTYPE_BYTES[m.param_dtype])
     batch = int(mesh_sizes.get("data", 1)) * int(mesh_sizes.get("fsdp", 1))
     tensor = int(mesh_sizes.get("tensor", 1))
@@ -187,13 +236,13 @@ def plan(m, mesh_sizes: dict, rules, *, leaves, train_rows: int, seq_len: int, s
     # the train step's logits-sized float32 temporaries: full [rows, T, V] ones, or one chunk's [rows, C, V] ones
     logit_copies, logit_len = ((CHUNK_COPIES, min(m.logits_chunk, seq_len)) if m.logits_chunk
                                else (LOGITS_COPIES, seq_len))
+    c, pd = m.dtype, m.param_dtype
     parts = {"params": p, "optimizer": 2 * p, "reference": p if reference else 0, "gradients": p,
              "activations": rows_dev * seq_len * activation_bytes_per_token(m, seq_len, tensor),
              "logits": logit_copies * rows_dev * logit_len * vocab_dev * 4,
              "kv cache": kv_cache_bytes(m, sample_rows, length, mesh_sizes),
              "sampler temps": (sample_dev * heads_dev * prompt_len * length * (4 + DTYPE_BYTES[m.dtype])
                                + SAMPLER_LOGITS_COPIES * sample_dev * vocab_dev * 4)}
-    c, pd = m.dtype, m.param_dtype
     notes = {"params": f"{pd}", "optimizer": f"Adam mu + nu, {pd}", "reference": "KL reference copy" if reference else
              "no stage keeps a reference", "gradients": f"{pd}",
              "activations": f"{rows_dev} rows x {seq_len} tokens, {c}{', remat' if m.remat else ''} (estimate)",
@@ -201,8 +250,31 @@ def plan(m, mesh_sizes: dict, rules, *, leaves, train_rows: int, seq_len: int, s
                        + (" (logits_chunk)" if m.logits_chunk else ""),
              "kv cache": f"{sample_dev} rows x {length} slots, {c}",
              "sampler temps": f"prefill scores + {SAMPLER_LOGITS_COPIES} x float32 [{sample_dev}, {vocab_dev}]"}
+    if m.lora is not None:
+        parts, notes = _with_lora(parts, notes, m, lora_sizes, mesh_sizes, rules, reference)
     return MemoryPlan(parts=parts, notes=notes, budget=int(budget), budget_note=budget_note,
                       devices=math.prod(int(v) for v in mesh_sizes.values()))
+
+
+def _with_lora(parts: dict, notes: dict, m, lora_sizes, mesh_sizes: dict, rules, reference: bool):
+    """A LoRA run's parts (docs/lora_upcycling.md, "In the trainer"): the base is held once (the train step's frozen
+    argument, the KL reference, what the merge reads); the optimizer and the gradients are the adapters'; the train
+    step and the sampler each merge the targeted weights into a transient copy, one at a time."""
+    adapters, targeted = lora_sizes
+    a = sharded_bytes(adapters, mesh_sizes, rules, ADAPTER_BYTES)
+    pd, r = m.param_dtype, m.lora.rank
+    parts = {"params": parts["params"], "adapters": a, "optimizer": 2 * a, "reference": 0, "gradients": a,
+             **{k: parts[k] for k in ("activations", "logits")},
+             "merged weights": sharded_bytes(targeted, mesh_sizes, rules, DTYPE_BYTES[pd]),
+             **{k: parts[k] for k in ("kv cache", "sampler temps")}}
+    notes = {**notes, "params": f"{pd}, the frozen base, held once (train step's frozen argument, KL reference)",
+             "adapters": f"LoRA rank {r}: A + B of {len(targeted)} weights, float32",
+             "optimizer": "Adam mu + nu of the adapters, float32",
+             "reference": "LoRA: the KL reference is the frozen base (no copy)" if reference else
+                          "no stage keeps a reference",
+             "gradients": "of the adapters only, float32",
+             "merged weights": f"the {len(targeted)} targeted weights, {pd}: merged by the step or the sampler"}
+    return parts, notes
 
 
 def train_rows(cfg: cv.RunConfig | dict, row_multiple: int) -> int:
@@ -235,7 +307,11 @@ def device_budget(run_gib: float, n_devices: int) -> tuple[int, str]:
 
 def plan_for_config(cfg: cv.RunConfig | dict, model_cfg, mesh_sizes: dict, rules=None,
                     row_multiple: int | None = None) -> MemoryPlan:
-    """The plan of a validated config on a resolved mesh (axis sizes without -1), against device_budget."""
+    """The plan of a validated config on a resolved mesh (axis sizes without -1), against device_budget.
+    model_cfg is the run's (rl.context.build_model_cfg): with model.upcycle the upcycled MoE, not the dense one."""
+    if model_cfg.upcycle is not None:
+        raise ValueError("plan_for_config needs the model the run trains: with model.upcycle the upcycled MoE "
+                         "(rl.context.build_model_cfg), not the dense config")
     cfg = cv.typed(cfg)
     rules = DEFAULT_RULES if rules is None else rules
     if row_multiple is None:
@@ -246,4 +322,5 @@ def plan_for_config(cfg: cv.RunConfig | dict, model_cfg, mesh_sizes: dict, rules
     reference = any(getattr(s, "uses_reference", False) for s in cfg.stages)
     return plan(model_cfg, mesh_sizes, rules, leaves=model_leaves(model_cfg), train_rows=train_rows(cfg, row_multiple),
                 seq_len=P + N, sample_rows=cfg.sampling.batch_rows, prompt_len=P, new_tokens=N,
-                reference=reference, budget=budget, budget_note=note)
+                reference=reference, budget=budget, budget_note=note,
+                lora_sizes=None if model_cfg.lora is None else lora_leaves(model_cfg))
