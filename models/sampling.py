@@ -162,7 +162,9 @@ def _generate(params, prompts_BP, mask_BP, key, temperature, top_p, top_k, eos_i
     B, P = prompts_BP.shape
     K, N = num_samples, max_new_tokens
     R = B * K  # rows after repeating each prompt K times
-    fwd = partial(transformer.forward, cfg=cfg, mesh=mesh, rules=rules, return_routes=return_routes)
+    # Decode steps stay unrolled whatever cfg.scan_layers: a scan would stack and unstack the whole cache per token.
+    fwd = partial(transformer.forward, cfg=cfg, mesh=mesh, rules=rules, return_routes=return_routes,
+                  scan_layers=False)
 
     mask_BP = mask_BP.astype(bool)
     prompt_len_B = jnp.sum(mask_BP, axis=1, dtype=jnp.int32)

@@ -180,6 +180,39 @@ def _block(p, x_BTD, positions_BT, rope, mask_BTS, token_mask_BT, cache, cache_i
     return constrain(x_BTD + y_BTD), cache, stats
 
 
+def _scanned_blocks(params, x_BTD, args, cache, cache_index, routes, cfg: ModelConfig, block):
+    """The blocks as one lax.scan (cfg.scan_layers; every block of one kind): the per-block weights, a KV cache's
+    per-layer buffers and the recorded routes are stacked on a leading layer axis and each scan step runs one block
+    on its slice, so XLA compiles one block instead of n_layers. The stacking copies the weights once per call (small
+    next to a forward over a batch), which is why decoding, a forward per token, stays unrolled. Returns (x, cache
+    (per-layer tuples again), router statistics stacked per layer, experts used [L, B, T, k] or None)."""
+    B, T = x_BTD.shape[:2]
+    stacked = jax.tree.map(lambda *ws: jnp.stack(ws), *[params[f"block_{i}"] for i in range(cfg.n_layers)])
+    xs = {"p": stacked}
+    if cache is not None:
+        xs["k"], xs["v"] = jnp.stack(cache["k"]), jnp.stack(cache["v"])
+    if routes is not None and cfg.moe_layers:
+        xs["routes"] = jnp.moveaxis(routes, 2, 0)  # [L, B, T, k]: every block is an MoE block here
+    layer_fn = partial(block, layer=0)  # each step sees a one-layer cache
+    if cfg.remat and cache is None:
+        layer_fn = jax.checkpoint(layer_fn)
+
+    def step(x, xs_i):
+        one = None if cache is None else {"k": (xs_i["k"],), "v": (xs_i["v"],)}
+        x, one, layer_stats = layer_fn(xs_i["p"], x, *args, one, cache_index, xs_i.get("routes"))
+        ys = {} if one is None else {"k": one["k"][0], "v": one["v"][0]}
+        if layer_stats is not None:
+            ys["experts"] = layer_stats.pop("experts").reshape(B, T, cfg.experts_per_token)
+            ys["stats"] = layer_stats
+        return x, ys
+
+    x_BTD, ys = jax.lax.scan(step, x_BTD, xs)
+    if cache is not None:
+        cache = {"k": tuple(ys["k"]), "v": tuple(ys["v"])}
+    aux = dict(ys["stats"]) if "stats" in ys else _stack_stats([], cfg.n_experts)
+    return x_BTD, cache, aux, ys.get("experts")
+
+
 def _stack_stats(stats, n_experts: int):
     if not stats:
         return {"router_aux_loss": jnp.zeros((0,), jnp.float32), "router_z_loss": jnp.zeros((0,), jnp.float32),
@@ -191,7 +224,7 @@ def _stack_stats(stats, n_experts: int):
 
 def forward(params, tokens, cfg: ModelConfig, *, positions=None, attn_mask=None, cache=None, cache_index=None,
             kv_valid=None, return_hidden=False, return_logits=True, mesh=None, rules=None, routes=None,
-            replay_routes=True, return_routes=False, moe_impl="auto"):
+            replay_routes=True, return_routes=False, moe_impl="auto", scan_layers=None):
     """Logits [B, T, vocab] (float32) and aux (router statistics per MoE layer, "hidden", "cache", "routes").
 
     return_hidden: aux["hidden"] = the final-normed hidden states [B, T, d_model] (compute dtype).
@@ -210,6 +243,7 @@ def forward(params, tokens, cfg: ModelConfig, *, positions=None, attn_mask=None,
     weights recomputed from the current router (models/moe.py); either way aux gains "replay_differ" and
     "replay_compared" per MoE layer, the token routes the router's own top-k would choose differently / compared.
     moe_impl: the MoE layers' expert kernel (models/moe.py moe_layer's impl; "auto" for forward passes and gradients).
+    scan_layers: run the blocks as one lax.scan (None = cfg.scan_layers; the sampler's decode steps pass False).
     """
     B, T = tokens.shape
     dtype = jnp.dtype(cfg.dtype)
@@ -241,22 +275,27 @@ def forward(params, tokens, cfg: ModelConfig, *, positions=None, attn_mask=None,
                          f"{(B, T, len(moe_index), cfg.experts_per_token)}, got {tuple(routes.shape)}")
 
     x_BTD = constrain(jnp.take(params["embed"], tokens, axis=0).astype(dtype))
-    stats, used = [], []
-    for i in range(cfg.n_layers):
-        block = partial(_block, cfg=cfg, layer=i, constrain=constrain, mesh=mesh, rules=rules, replay=replay_routes,
-                        moe_impl=moe_impl)
-        if cfg.remat and cache is None:
-            block = jax.checkpoint(block)
-        routes_BTK = routes[:, :, moe_index[i]] if routes is not None and i in moe_index else None
-        x_BTD, cache, layer_stats = block(params[f"block_{i}"], x_BTD, positions, rope, mask_BTS, token_mask_BT,
-                                          cache, cache_index, routes_BTK)
-        if layer_stats is not None:
-            used.append(layer_stats.pop("experts").reshape(B, T, cfg.experts_per_token))
-            stats.append(layer_stats)
+    block = partial(_block, cfg=cfg, constrain=constrain, mesh=mesh, rules=rules, replay=replay_routes,
+                    moe_impl=moe_impl)
+    args = (positions, rope, mask_BTS, token_mask_BT)
+    if (cfg.scan_layers if scan_layers is None else scan_layers) and len(moe_index) in (0, cfg.n_layers):
+        x_BTD, cache, aux, used_LBTK = _scanned_blocks(params, x_BTD, args, cache, cache_index, routes, cfg, block)
+    else:
+        stats, used = [], []
+        for i in range(cfg.n_layers):
+            layer_fn = partial(block, layer=i)
+            if cfg.remat and cache is None:
+                layer_fn = jax.checkpoint(layer_fn)
+            routes_BTK = routes[:, :, moe_index[i]] if routes is not None and i in moe_index else None
+            x_BTD, cache, layer_stats = layer_fn(params[f"block_{i}"], x_BTD, *args, cache, cache_index, routes_BTK)
+            if layer_stats is not None:
+                used.append(layer_stats.pop("experts").reshape(B, T, cfg.experts_per_token))
+                stats.append(layer_stats)
+        aux = _stack_stats(stats, cfg.n_experts)
+        used_LBTK = jnp.stack(used) if used else None
     h_BTD = rms_norm(x_BTD, params["final_norm"], cfg.norm_eps)
-    aux = _stack_stats(stats, cfg.n_experts)
     if return_routes:
-        aux["routes"] = (jnp.stack(used, axis=2) if used
+        aux["routes"] = (jnp.moveaxis(used_LBTK, 0, 2) if used_LBTK is not None
                          else jnp.zeros((B, T, 0, cfg.experts_per_token), jnp.int32))
     if return_hidden or not return_logits:
         aux["hidden"] = h_BTD

@@ -27,7 +27,7 @@ from rl.config_validation import RunConfig
 
 # Fields a recipe may set on a checkpoint: how the model runs, not what it is.
 # lora / upcycle: what the run does with the checkpoint (adapters on it, or an MoE made from it), not what it is.
-RUNTIME_FIELDS = ("dtype", "param_dtype", "remat", "capacity_factor", "router_aux_coef", "router_z_coef", "max_seq_len",
+RUNTIME_FIELDS = ("dtype", "param_dtype", "remat", "scan_layers", "capacity_factor", "router_aux_coef", "router_z_coef", "max_seq_len",
                   "logits_chunk", "lora", "upcycle")
 
 
