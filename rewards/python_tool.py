@@ -53,6 +53,20 @@ def byte_markers() -> ToolMarkers:
     return ToolMarkers(call_start="<py>", call_end="</py>", out_start="<out>", out_end="</out>")
 
 
+def _tool_system_prompt(m: ToolMarkers) -> str:
+    return (f"You are a math assistant with a Python tool. Do not calculate in your head: write a Python program "
+            f"that prints the result between {m.call_start} and {m.call_end}. The tool runs it and replies with "
+            f"what it printed. Then write the final answer on a last line of the form 'Answer: <number>'. "
+            f"Example: for 123*45 you write {m.call_start}print(123*45){m.call_end}, the tool replies 5535, and "
+            f"you write Answer: 5535")
+
+
+# A system turn for a chat model with the tool (model.system_prompt; `experiments.eval --model ... --tools`): how to
+# call it, with the exact call markers (the same text for every tokenizer: byte_markers and chat_markers share
+# them; only the output markers come from the chat template) and one short example.
+TOOL_SYSTEM_PROMPT = _tool_system_prompt(byte_markers())
+
+
 def chat_markers(tok) -> ToolMarkers:
     """Output markers from tok's chat template (a `tool` turn, else a `user` turn with <out> ... </out>)."""
     base = byte_markers()
