@@ -265,7 +265,7 @@ def test_smollm2_tools_tiny_runs_with_tools_end_to_end(tmp_path, monkeypatch):
 
     from experiments import launch
     from models.tokenizer import HFTokenizer
-    from experiments.configs import smollm2_tools
+    from rewards.python_tool import TOOL_SYSTEM_PROMPT
     from rl.metrics import read_jsonl
 
     monkeypatch.setattr(tool_rollout, "make_tool", lambda tok, cfg: ForcedChatTool(tok))
@@ -289,8 +289,7 @@ def test_smollm2_tools_tiny_runs_with_tools_end_to_end(tmp_path, monkeypatch):
     assert "<|im_start|>tool\n42\n" in reply
     samples = [json.loads(x) for x in (wd / "samples.jsonl").read_text().splitlines()]
     tool_recs = [s for s in samples if s["kind"] == "greedy+tools"]
-    assert tool_recs and all(s["prompt"].startswith("<|im_start|>system\n" + smollm2_tools.TINY_SYSTEM_PROMPT)
-                             for s in tool_recs)
+    assert tool_recs and all(s["prompt"].startswith("<|im_start|>system\n" + TOOL_SYSTEM_PROMPT) for s in tool_recs)
     tool_turns = [t["text"] for s in tool_recs for t in s["turns"] if t["role"] == "tool"]
     assert tool_turns and all(reply.startswith(t) for t in tool_turns)  # verbatim (cut only by the budget)
     assert any(t == reply for t in tool_turns)

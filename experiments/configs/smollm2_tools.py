@@ -20,7 +20,7 @@ Prompt: the system turn is rewards.python_tool.TOOL_SYSTEM_PROMPT (the call mark
 back, the `Answer:` line, one example), the user turn the bare product; the tool's output comes back as the chat
 template's `tool` turn (rewards.python_tool.chat_markers), and the policy continues in a new assistant turn. This
 is the prompt of `experiments.eval --model ... --tools`, so that command's figures are this run's `initial` eval.
-max_prompt_len 160: the prompt is 131 SmolLM2 tokens, rounded up to 32 as the eval command does.
+max_prompt_len 128: the prompt is 101 SmolLM2 tokens, rounded up to 32 as the eval command does.
 
 Tools: up to 2 calls (one is enough; a second lets a failed call be retried), 32 tokens of output (the chat tool
 turn's markers are 10 tokens, a 7-digit product with its newline 8), 5 s per call. Sampling: 128 new tokens, the
@@ -57,7 +57,7 @@ def get_config(arg=None):
     if args["lora"]:
         c.model.lora = dict(LORA)
     c.tasks.update(dict(mix="tool_mul", lang="en", difficulty=3, n_train=2000, n_val=64, n_test=128,
-                        max_prompt_len=160))
+                        max_prompt_len=128))
     c.sampling.update(dict(max_new_tokens=128, batch_rows=64))
     c.eval.update(dict(every=0, k=0, temperature=0.7, n_val=64, n_test=128, samples=1))
     c.reward.update(dict(w_outcome=1.0, w_format=0.0))
@@ -75,24 +75,18 @@ def get_config(arg=None):
     return c
 
 
-# The tiny checkpoint's 475-token vocabulary spells TOOL_SYSTEM_PROMPT in ~250 tokens, past its 256-token context
-# with an answer: the tiny variant's system turn is this shorter one with the same call markers.
-TINY_SYSTEM_PROMPT = "Multiply with the Python tool, e.g. <py>print(123*45)</py>, then write Answer: <number>."
-
-
 def tiny(c):
-    """Seconds on one CPU: the same recipe on the qwen_gsm8k tiny checkpoint (its prompt: TINY_SYSTEM_PROMPT, 89 of
-    its tokens), two GRPO iterations with tools that take real optimizer steps (a random model's answers all score 0,
-    so the groups are kept and an entropy bonus gives the update a gradient). A random model rarely writes a whole
-    call: tests force calls with a tool_fn."""
+    """Seconds on one CPU: the same recipe on the qwen_gsm8k tiny checkpoint (the prompt is 178 of its tokens, inside
+    its 256-token context with 48 new tokens), two GRPO iterations with tools that take real optimizer steps (a
+    random model's answers all score 0, so the groups are kept and an entropy bonus gives the update a gradient). A
+    random model rarely writes a whole call: tests force calls with a tool_fn."""
     folder = make_tiny_files()
-    c.model.update(dict(pretrained="", hf_path=f"{folder}/model", max_seq_len=144, remat=False,
-                        system_prompt=TINY_SYSTEM_PROMPT))
-    c.tasks.update(dict(difficulty=1, n_train=32, n_val=4, n_test=8, max_prompt_len=96))
+    c.model.update(dict(pretrained="", hf_path=f"{folder}/model", max_seq_len=240, remat=False))
+    c.tasks.update(dict(difficulty=1, n_train=32, n_val=4, n_test=8, max_prompt_len=192))
     c.sampling.update(dict(max_new_tokens=48, batch_rows=16))
     c.eval.update(dict(n_val=4, n_test=8))
     c.checkpoint.every = 1
     c.log.update(dict(tensorboard=False, progress=False))
     c.run.update(dict(reward_workers=0))
-    c.stages[0].update(dict(iterations=2, n_prompts=2, samples=4, lr=1e-3, token_budget=16 * 144,
+    c.stages[0].update(dict(iterations=2, n_prompts=2, samples=4, lr=1e-3, token_budget=16 * 240,
                             filter_zero_variance=False, entropy_coef=0.01))
