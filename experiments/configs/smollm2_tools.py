@@ -37,6 +37,12 @@ most of its 11-minute initial eval) over 64 validation + 128 test problems: 6 sa
 twice (initial, end of the stage; keep_best off, so no best-policy eval). 12 iterations ~15-20 min + 2 evals
 ~5 min + compiles. n_test 128 gives pass@1 a standard error of at most 0.044.
 
+Baseline measured (the eval command above on 32 problems, greedy): pass@1 0.000 without the tool and 0.000 with
+it; 25 of 32 answers call the tool with the right factors (1.47 calls per answer, 0 errors), but after the tool's
+turn the model copies the product into another call instead of an `Answer:` line (docs/tools.md shows two). What
+GRPO has to find is that last line; a group none of whose 8 samples writes it has no reward variance and is
+dropped, so watch `kept_share` in the first iterations. Not run here yet: the after-GRPO figures are open.
+
 Variants: seed=N; lora=0 (full fine-tuning, lr 1e-5); variant=tiny (tests: the same recipe on the qwen_gsm8k tiny
 files, a random qwen3 with a ChatML template, in seconds).
 """
