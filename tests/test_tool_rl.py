@@ -249,6 +249,14 @@ def test_tool_arith_tiny_runs_both_arms(tmp_path):
             assert all(r["validation/pass@1"] == r["validation/pass@1_tools"] for r in evals)  # judged with tools
             tool_recs = [s for s in samples if s["kind"] == "greedy+tools"]
             assert tool_recs and all(t["role"] in ("policy", "tool") for s in tool_recs for t in s["turns"])
+            # experiments.eval --tools on the run's checkpoint: the same figures, in evals/last-test-tools.json
+            from experiments import eval as ev_cli
+
+            assert ev_cli.main(["--workdir", str(wd), "--ckpt", "last", "--tools", "--n", "4", "--k", "0"]) == 0
+            saved = json.loads((wd / "evals" / "last-test-tools.json").read_text())
+            assert saved["tools"]["kind"] == "python" and saved["metrics"]["n_problems"] == 4
+            assert saved["metrics"]["pass@1"] == saved["metrics"]["pass@1_tools"]
+            assert {"pass@1_no_tools", "tools/calls_per_sample", "tools/errors"} <= set(saved["metrics"])
         else:
             assert not any(k.startswith("tools/") or "pass@1_tools" in k for r in recs for k in r)
             assert not any(s["kind"] == "greedy+tools" for s in samples)
