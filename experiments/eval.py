@@ -7,10 +7,14 @@ Loads the policy with rl.checkpoint.load_policy (best | last | a global unit N; 
 disturbed), draws the problems from the run's own task config (or `--mix`, a task mix spec as in tasks.mix) and
 evaluates them exactly as the trainer does (rl.evaluation.evaluate: greedy pass@1 with its standard error and
 95 % Wilson interval, pass@k, maj@k, format rate, length; per task family for mixed problem sets). Prints a
-table and writes workdir/evals/<ckpt>-<split>[-<mix>].json with the samples (prompt, response, extracted answer,
-gold, reward parts) in the .samples.jsonl beside it. Runs on one device whatever the run's mesh was.
-`--mix` takes any mix spec, reasoning-gym families too (`--mix "gym@countdown:1,gym@chain_sum:1"`, per-family rows
-gym/countdown, gym/chain_sum; needs `pip install -e '.[gym]'`).
+table and writes workdir/evals/<ckpt>-<split>[-<mix>][-tools].json with the samples (prompt, response, extracted
+answer, gold, reward parts) in the .samples.jsonl beside it. Runs on one device whatever the run's mesh was.
+`--tools` adds the greedy answers with the sandboxed Python tool (docs/tools.md; `--max-turns`,
+`--tool-output-tokens`, `--tool-timeout` as a stage's `tools` section): pass@1 then is the tool-using one,
+pass@1_no_tools the plain greedy one, with the tool metrics (calls per answer, errors) beside them, and each
+problem's "greedy+tools" sample lists its turns. `--mix` takes any mix spec, reasoning-gym families too
+(`--mix "gym@countdown:1,gym@chain_sum:1"`, per-family rows gym/countdown, gym/chain_sum; needs
+`pip install -e '.[gym]'`).
 
 A pretrained model, no run directory (a named model, a .gguf file or a Hugging Face folder):
 
@@ -22,6 +26,12 @@ the prompts' language), each prompt is a system turn asking for steps and a fina
 as the user turn, through the checkpoint's chat template; the table is the same, and --out receives summary.json
 and samples.jsonl. `python -m experiments.eval --write-gsm8k FILE --n 256` writes a GSM8K-format JSONL file
 (question, reasoning lines, `#### answer`) from the project's English word-problem generator, for `gsm8k@FILE`.
+
+With the Python tool (the same rl.evaluation code path as a run whose RL stage has `tools`; the system turn is then
+rewards.python_tool.TOOL_SYSTEM_PROMPT, which shows the call markers and one example, unless --system is given):
+
+    python -m experiments.eval --model smollm2-135m-instruct --mix tool_mul --difficulty 3 --tools --max-turns 2 \
+        --n 32 --k 0 --max-new-tokens 128 --out runs/eval_smollm2/tool_mul
 """
 from __future__ import annotations
 
@@ -38,6 +48,7 @@ import ml_collections
 
 from models import hf, pretrained
 from models.tokenizer import HFTokenizer
+from rewards.python_tool import TOOL_SYSTEM_PROMPT
 from rl import checkpoint as ck
 from rl import config_validation as cv
 from rl import context, prefix, rollout, tasks
@@ -47,6 +58,7 @@ from rl.checkpoint import CheckpointError
 from rl.config_validation import ConfigError
 from rl.run import summary_entry
 from rl.tasks.render import ANSWER_LINE_SYSTEM_PROMPT
+from rl.tool_rollout import ToolsConfig
 
 SPLITS = ("train", "validation", "test")
 
@@ -129,6 +141,9 @@ def open_pretrained(path: str, *, mix: str, n: int, lang: str = "en", difficulty
     if too_long:
         raise ValueError(f"--max-prompt-len ({max_prompt_len}) is too small for {len(too_long)} prompts, e.g. "
                          f"{too_long[0].question[:80]!r}")
+    if max_prompt_len + max_new_tokens > model_cfg.max_seq_len:
+        raise ValueError(f"--max-new-tokens ({max_new_tokens}) + the prompt width ({max_prompt_len}) exceed the "
+                         f"model's context ({model_cfg.max_seq_len})")
     ctx.scorer = rollout.Scorer(context.make_reward_pool(cfg))
     return ctx, params
 
@@ -146,9 +161,21 @@ def write_gsm8k_file(path: str, n: int, seed: int = 0, difficulty: int = 1) -> i
     return len(problems)
 
 
+def tools_config(args) -> ToolsConfig | None:
+    """The --tools flags as a stage's tools section (None without --tools); FieldErrors names a bad value."""
+    if not args.tools:
+        return None
+    return ToolsConfig(kind="python", max_turns=args.max_turns, max_output_tokens=args.tool_output_tokens,
+                       timeout_s=args.tool_timeout)
+
+
+TOOL_COLUMNS = ("pass@1_tools", "pass@1_tools_se", "pass@1_no_tools", "tools/calls_per_sample",
+                "tools/samples_with_call", "tools/errors", "tools/tokens")
+
+
 def print_metrics(label: str, m: dict) -> dict:
-    """Print the pass@1 +- SE [95 % interval] / pass@k / maj@k table (and per family) of evaluate's metrics;
-    returns the summary entry."""
+    """Print the pass@1 +- SE [95 % interval] / pass@k / maj@k table (and per family, and with tools the tool
+    columns) of evaluate's metrics; returns the summary entry."""
     entry = summary_entry(m)
     cols = ["pass@1", "pass@1_se", "pass@k", "maj@k", "format_rate", "mean_length"]
     row = {**entry, "n": m["n_problems"], "95% CI": "[{:.3f}, {:.3f}]".format(*entry["pass@1_ci95"])}
@@ -157,6 +184,8 @@ def print_metrics(label: str, m: dict) -> dict:
     if fams:
         print(mlib.format_table({f: {c: entry.get(f"{c}/{f}") for c in ("pass@1", "pass@1_se", "format_rate")}
                                  for f in fams}, ["pass@1", "pass@1_se", "format_rate"], row_header="family"))
+    if "pass@1_tools" in m:
+        print(mlib.format_table({label: {c: m[c] for c in TOOL_COLUMNS}}, list(TOOL_COLUMNS), row_header="with tools"))
     return entry
 
 
@@ -164,23 +193,26 @@ def main_pretrained(args) -> int:
     """--model: evaluate a pretrained model on args.mix (see the module docstring)."""
     t0 = time.perf_counter()
     try:
+        tools = tools_config(args)
+        system = args.system if args.system is not None else TOOL_SYSTEM_PROMPT if tools else SYSTEM_PROMPT
         path = resolve_model(args.model)
         ctx, params = open_pretrained(path, mix=args.mix or "add", n=args.n or 256, lang=args.lang,
                                       difficulty=args.difficulty, max_new_tokens=args.max_new_tokens,
                                       max_prompt_len=args.max_prompt_len, batch_rows=args.batch_rows, seed=args.seed,
-                                      out_dir=args.out, system=args.system)
-    except (OSError, ValueError) as e:
+                                      out_dir=args.out, system=system)
+    except (OSError, ValueError) as e:  # FieldErrors is a ValueError
         print(f"eval error: {e}", file=sys.stderr)
         return 2
     k = max(args.k, 0)
     temp = args.temperature or 1.0
     print(f"model {path}\nevaluating {len(ctx.test)} test problems of {ctx.cfg['tasks']['mix']} (difficulty "
           f"{args.difficulty}, lang {args.lang}): greedy + {k} samples at T={temp}, up to {args.max_new_tokens} new "
-          f"tokens", flush=True)
+          f"tokens" + (f"; then greedy with the Python tool (up to {tools.max_turns} calls)" if tools else ""),
+          flush=True)
     samples: list = []
     try:
         m = ev.evaluate(ctx, params, ctx.test, jax.random.key(args.seed), k, temp, samples_out=samples,
-                        n_show=max(args.samples, k))
+                        n_show=max(args.samples, k, 1 if tools else 0), tools=tools)
     finally:
         ctx.scorer.close()
     entry = print_metrics(f"{os.path.basename(path.rstrip('/'))} ({ctx.cfg['tasks']['mix']})", m)
@@ -191,7 +223,8 @@ def main_pretrained(args) -> int:
         with open(os.path.join(args.out, "summary.json"), "w", encoding="utf-8") as f:
             json.dump({"model": path, "mix": ctx.cfg["tasks"]["mix"], "difficulty": args.difficulty,
                        "lang": args.lang, "system": ctx.cfg["model"]["system_prompt"], "k": k, "temperature": temp, "seed": args.seed,
-                       "max_new_tokens": args.max_new_tokens, "wall_seconds": wall, "metrics": m, "summary": entry},
+                       "max_new_tokens": args.max_new_tokens, "tools": tools.to_dict() if tools else None,
+                       "wall_seconds": wall, "metrics": m, "summary": entry},
                       f, indent=2)
         with open(os.path.join(args.out, "samples.jsonl"), "w", encoding="utf-8") as f:
             for s in samples:
@@ -217,14 +250,21 @@ def main(argv: list[str] | None = None) -> int:
     pre.add_argument("--out", default="", help="folder for summary.json and samples.jsonl")
     pre.add_argument("--lang", default="en", choices=("en", "zh"), help="the answers' language (reward, metrics)")
     pre.add_argument("--difficulty", type=int, default=2, help="of generated families (add: digits)")
-    pre.add_argument("--system", default=SYSTEM_PROMPT, help="the system turn ('' = none: the user turn then "
-                     "carries the layout instruction, as in a run without model.system_prompt)")
+    pre.add_argument("--system", default=None, help="the system turn (default: SYSTEM_PROMPT, with --tools "
+                     "TOOL_SYSTEM_PROMPT; '' = none: the user turn then carries the layout instruction, as in a run "
+                     "without model.system_prompt)")
     pre.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=256)
     pre.add_argument("--max-prompt-len", dest="max_prompt_len", type=int, default=0,
                      help="prompt width in tokens (every prompt is padded to it; 0: the longest, rounded up to 32)")
     pre.add_argument("--batch-rows", dest="batch_rows", type=int, default=64, help="rows per sampler call")
     pre.add_argument("--write-gsm8k", dest="write_gsm8k", default="",
                      help="write --n GSM8K-format problems from the word generator to this JSONL file and exit")
+    tl = ap.add_argument_group("the Python tool (docs/tools.md)")
+    tl.add_argument("--tools", action="store_true", help="also evaluate greedy answers that may call the tool")
+    tl.add_argument("--max-turns", dest="max_turns", type=int, default=2, help="tool calls allowed per answer")
+    tl.add_argument("--tool-output-tokens", dest="tool_output_tokens", type=int, default=32,
+                    help="tokens of one tool output (markers included; they count against the new tokens)")
+    tl.add_argument("--tool-timeout", dest="tool_timeout", type=float, default=5.0, help="seconds per tool call")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
     if args.write_gsm8k:
         print(f"wrote {write_gsm8k_file(args.write_gsm8k, args.n or 256, args.seed)} problems to {args.write_gsm8k}")
@@ -235,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         return main_pretrained(args)
 
     try:
+        tools = tools_config(args)
         ctx, params, where = open_run(args.workdir, args.ckpt, mix=args.mix, split=args.split, n=args.n)
     except (CheckpointError, ConfigError, ValueError) as e:
         print(f"eval error: {e}", file=sys.stderr)
@@ -248,16 +289,18 @@ def main(argv: list[str] | None = None) -> int:
     samples: list = []
     try:
         m = ev.evaluate(ctx, params, probs, jax.random.key(args.seed), k, temp, samples_out=samples,
-                        n_show=args.samples)
+                        n_show=args.samples, tools=tools)
     finally:
         ctx.scorer.close()
     entry = print_metrics(f"{args.ckpt} ({args.split})", m)
     out_dir = os.path.join(args.workdir, "evals")
     os.makedirs(out_dir, exist_ok=True)
     name = f"{args.ckpt}-{args.split}" + (f"-{re.sub(r'[^A-Za-z0-9_.@-]+', '_', args.mix)}" if args.mix else "")
+    name += "-tools" if tools else ""
     with open(os.path.join(out_dir, name + ".json"), "w", encoding="utf-8") as f:
         json.dump({"checkpoint": where, "split": args.split, "mix": ctx.cfg["tasks"]["mix"], "k": k,
-                   "temperature": temp, "seed": args.seed, "metrics": m, "summary": entry}, f, indent=2)
+                   "temperature": temp, "seed": args.seed, "tools": tools.to_dict() if tools else None, "metrics": m,
+                   "summary": entry}, f, indent=2)
     with open(os.path.join(out_dir, name + ".samples.jsonl"), "w", encoding="utf-8") as f:
         for s in samples:
             f.write(json.dumps(s, ensure_ascii=False) + "\n")

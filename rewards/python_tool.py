@@ -53,6 +53,21 @@ def byte_markers() -> ToolMarkers:
     return ToolMarkers(call_start="<py>", call_end="</py>", out_start="<out>", out_end="</out>")
 
 
+def _tool_system_prompt(m: ToolMarkers) -> str:
+    return (f"To multiply, call the Python tool: reply with {m.call_start}print(A*B){m.call_end}, where A and B are "
+            f"the two numbers. For 123*45 you reply:\n{m.call_start}print(123*45){m.call_end}\nThe tool replies "
+            f"5535, then you reply: Answer: 5535")
+
+
+# A system turn for a chat model with the tool (model.system_prompt; `experiments.eval --model ... --tools`): how to
+# call it, with the exact call markers (the same text for every tokenizer: byte_markers and chat_markers share
+# them; only the output markers come from the chat template) and one short example. Worded for products (the
+# tool_mul family): of 10 wordings tried on SmolLM2-135M-Instruct (greedy, 8 products), longer and more general
+# ones ("write a Python program that prints the result ...") made it describe the tool or write ``` blocks
+# instead of calling it (0-2 calls with the factors in 8); this one 6 in 8. docs/tools.md has the figures.
+TOOL_SYSTEM_PROMPT = _tool_system_prompt(byte_markers())
+
+
 def chat_markers(tok) -> ToolMarkers:
     """Output markers from tok's chat template (a `tool` turn, else a `user` turn with <out> ... </out>)."""
     base = byte_markers()

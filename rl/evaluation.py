@@ -254,7 +254,8 @@ def evaluate(ctx, params, problems, key, k: int, temperature: float, samples_out
 
 def tool_eval(ctx, params, problems, prompts, key, tools, pass1_no_tools: float, samples_out=None) -> dict:
     """Greedy answers with tool calls (rl/tool_rollout.py), scored on the policy's own text: pass@1 with tools
-    (also as `pass@1`) beside pass@1 without (`pass@1_no_tools`), calls per answer; with `samples_out`, one
+    (also as `pass@1`) beside pass@1 without (`pass@1_no_tools`), and the rollouts' tool metrics (tool_rollout.metrics:
+    calls per answer, errors, tool tokens, copied answers) of these answers; with `samples_out`, one
     record per problem (kind "greedy+tools") whose `turns` list the policy and tool segments."""
     n = len(problems)
     g = tool_rollout.sample(ctx, params, prompts, [1] * n, key, temperature=0.0, model_cfg=ctx.model_cfg, cfg=tools)
@@ -269,5 +270,7 @@ def tool_eval(ctx, params, problems, prompts, key, tools, pass1_no_tools: float,
     p1, se = float(solved.mean()), float(np.sqrt(solved.mean() * (1 - solved.mean()) / max(n - 1, 1)))  # as summarize
     # A run with a tool stage is judged with tools: pass@1 (the summary table, the best-policy choice, the
     # hacking signs) becomes the tool-using greedy one; the tool-free one stays as pass@1_no_tools.
+    # the rollouts' tool metrics (calls per answer, errors, tool tokens, copied answers) on these greedy answers
+    facts = tool_rollout.metrics({**tool_rollout.tool_arrays(g, ctx.tok), "lengths": g.lengths})
     return {"pass@1": p1, "pass@1_se": se, "pass@1_tools": p1, "pass@1_tools_se": se,
-            "pass@1_no_tools": float(pass1_no_tools), "tools/calls_per_sample": float(np.mean(g.turns))}
+            "pass@1_no_tools": float(pass1_no_tools), **facts}

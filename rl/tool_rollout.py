@@ -129,9 +129,23 @@ def _policy_text(tok, toks, mask_row, length: int) -> str:
     return "".join(tok.decode(toks[a:b]) for a, b, pol in segments(mask_row, length) if pol)
 
 
+def tool_text(tok, ids) -> str:
+    """A tool segment's text, special tokens kept. A chat tool turn holds EOS ids (the assistant turn's end before
+    the output, the tool turn's end after it) and a tokenizer's decode stops at the first EOS, so each run between
+    them is decoded on its own."""
+    eos, out, run = int(tok.eos_id), [], []
+    for i in map(int, ids):
+        if i == eos:
+            out += [tok.decode(run, skip_special=False), tok.decode([eos], skip_special=False)]
+            run = []
+        else:
+            run.append(i)
+    return "".join(out) + tok.decode(run, skip_special=False)
+
+
 def turn_records(tok, toks, mask_row, length: int) -> list[dict]:
     """A response as its turns: [{"role": "policy" | "tool", "text": ...}] (samples.jsonl)."""
-    return [{"role": "policy" if pol else "tool", "text": tok.decode(toks[a:b], skip_special=False) if not pol
+    return [{"role": "policy" if pol else "tool", "text": tool_text(tok, toks[a:b]) if not pol
              else tok.decode(toks[a:b])} for a, b, pol in segments(mask_row, length)]
 
 
@@ -163,7 +177,7 @@ def row_facts(tok, toks, mask_row, length: int, markers) -> tuple[int, int, int]
     """(tool tokens, tool errors, copied answer 0/1) of one response."""
     segs = segments(mask_row, length)
     n_tool = sum(b - a for a, b, pol in segs if not pol)
-    outputs = [_inner(tok.decode(toks[a:b], skip_special=False), markers.out_start, markers.out_end).strip()
+    outputs = [_inner(tool_text(tok, toks[a:b]), markers.out_start, markers.out_end).strip()
                for a, b, pol in segs if not pol]
     errors = sum(bool(_ERROR.match(o)) for o in outputs)
     text = _policy_text(tok, toks, mask_row, length)

@@ -54,6 +54,57 @@ def test_model_path_evaluates_through_the_chat_template(tmp_path, capsys):
         assert s["prompt"].endswith("<|im_end|>\n<|im_start|>assistant\n")
 
 
+def test_model_path_with_tools_reports_pass1_with_and_without_and_shows_the_tool_turns(tmp_path, capsys, monkeypatch):
+    """--tools on the qwen_gsm8k tiny checkpoint (a Hugging Face folder with a ChatML template) with a forced tool
+    (every sampled id is a call; the reply is the real tool's output of print(6*7)): both pass@1 figures, each
+    recomputed from the written samples, the tool metrics, the tool system prompt, the tool's turns verbatim."""
+    from experiments.configs.qwen_gsm8k import make_tiny_files
+    from models.tokenizer import HFTokenizer
+    from rewards.python_tool import TOOL_SYSTEM_PROMPT
+    from rl import tool_rollout
+    from test_tool_rl import ForcedChatTool
+
+    monkeypatch.setattr(tool_rollout, "make_tool", lambda tok, cfg: ForcedChatTool(tok))
+    model = f"{make_tiny_files()}/model"  # the tool prompt: 178 of its tokens, padded to 192, + 64 = its context
+    out = tmp_path / "out"
+    rc = ev_cli.main(["--model", model, "--mix", "tool_mul", "--difficulty", "1", "--tools", "--max-turns", "2",
+                      "--n", "4", "--k", "0", "--max-new-tokens", "64", "--out", str(out)])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "pass@1_no_tools" in printed and "tools/calls_per_sample" in printed
+    summary = json.loads((out / "summary.json").read_text())
+    m = summary["metrics"]
+    assert summary["tools"] == {"kind": "python", "max_turns": 2, "max_output_tokens": 32, "timeout_s": 5.0}
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    plain = [s for s in samples if s["kind"] == "greedy"]
+    with_tools = [s for s in samples if s["kind"] == "greedy+tools"]
+    assert len(plain) == len(with_tools) == 4
+    assert m["pass@1_no_tools"] == pytest.approx(np.mean([s["reward"]["solved"] > 0.5 for s in plain]))
+    assert m["pass@1_tools"] == m["pass@1"] == pytest.approx(np.mean([s["reward"]["solved"] > 0.5
+                                                                       for s in with_tools]))
+    for s in samples:
+        assert s["prompt"].startswith("<|im_start|>system\n" + TOOL_SYSTEM_PROMPT + "<|im_end|>\n<|im_start|>user\n")
+    tok = HFTokenizer.from_pretrained(model)
+    reply = tool_rollout.tool_text(tok, ForcedChatTool(tok).reply)
+    assert reply == "<|im_end|>\n<|im_start|>tool\n42\n<|im_end|>\n<|im_start|>assistant\n"
+    calls = [sum(t["role"] == "tool" for t in s["turns"]) for s in with_tools]
+    assert m["tools/calls_per_sample"] == pytest.approx(np.mean(calls)) and max(calls) == 2  # max_turns holds
+    assert m["tools/errors"] == 0
+    for s in with_tools:  # the tool's turns verbatim (cut only by the token budget), the policy's between them
+        tool_turns = [t["text"] for t in s["turns"] if t["role"] == "tool"]
+        assert all(reply.startswith(t) for t in tool_turns) and (not tool_turns or tool_turns[0] == reply)
+
+
+def test_a_bad_tools_flag_or_a_too_long_answer_is_refused_naming_the_field(tmp_path, capsys):
+    from experiments.configs.qwen_gsm8k import make_tiny_files
+
+    assert ev_cli.main(["--model", str(tmp_path / "none"), "--tools", "--max-turns", "0"]) == 2
+    assert "max_turns" in capsys.readouterr().err
+    # the tool prompt is 178 tokens of the tiny checkpoint's, padded to 192; its context is 256
+    assert ev_cli.main(["--model", f"{make_tiny_files()}/model", "--mix", "tool_mul", "--tools", "--n", "2"]) == 2
+    assert "--max-new-tokens (256) + the prompt width (192) exceed the model's context (256)" in capsys.readouterr().err
+
+
 def test_write_gsm8k_file_reads_back_as_a_gsm8k_source(tmp_path):
     from rl import tasks
     from rl.tasks import gsm8k_math

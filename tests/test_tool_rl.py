@@ -13,7 +13,7 @@ from experiments.configs.common import stage
 from models import transformer
 from models.tokenizer import ByteTokenizer
 from rewards.parse import extract_answer
-from rewards.python_tool import byte_markers
+from rewards.python_tool import PythonTool, byte_markers
 from rl import hacking, losses, rollout, stages, tool_rollout
 from rl.context import build_context
 from rl.stages import iteration
@@ -57,6 +57,28 @@ def test_row_facts_count_tool_tokens_errors_and_copied_answers(code, out, answer
     ids, mask = response((f"{M.call_start}{code}{M.call_end}", True), (tool_text, False), (f"\nAnswer: {answer}", True))
     n_tool, n_err, cp = tool_rollout.row_facts(TOK, ids, mask, len(ids), M)
     assert (n_tool, n_err, cp) == (len(TOK.encode(tool_text, add_bos=False)), errors, copied)
+
+
+def test_chat_tool_turns_read_whole_although_they_hold_eos_ids():
+    """A chat template's tool turn starts with the assistant turn's end (the EOS id) and a decode stops at EOS: the
+    turn's text in samples.jsonl and the error / copied-answer facts still read the whole output."""
+    from experiments.configs.qwen_gsm8k import make_tiny_files
+    from models.tokenizer import HFTokenizer
+
+    tok = HFTokenizer.from_pretrained(f"{make_tiny_files()}/model")
+    tool = PythonTool(tok)
+    m = tool.markers
+    assert m.out_start.startswith("<|im_end|>") and tok.encode("<|im_end|>", add_bos=False) == [tok.eos_id]
+    for code, out, answer, errors, copied in (("print(1/0)", "ZeroDivisionError: division by zero", "3", 1, 0),
+                                              ("print(4200)", "4200\n", "4200", 0, 1)):
+        parts = [tok.encode(f"{m.call_start}{code}{m.call_end}", add_bos=False), tool.output_ids(out),
+                 tok.encode(f"Answer: {answer}", add_bos=False)]
+        ids = np.array([i for p in parts for i in p], np.int32)
+        mask = np.array([1] * len(parts[0]) + [0] * len(parts[1]) + [1] * len(parts[2]), np.int32)
+        turns = tool_rollout.turn_records(tok, ids, mask, len(ids))
+        assert [t["role"] for t in turns] == ["policy", "tool", "policy"]
+        assert turns[1]["text"] == m.out_start + out + m.out_end == tool_rollout.tool_text(tok, parts[1])
+        assert tool_rollout.row_facts(tok, ids, mask, len(ids), m) == (len(parts[1]), errors, copied)
 
 
 def test_loss_kl_and_normalisers_ignore_tool_tokens():
@@ -106,6 +128,21 @@ class ForcedTool:
 
     call_end_ids = list(range(3, 259))  # every byte: a random tiny policy calls at once
     reply = TOK.encode("<out>7\n</out>", add_bos=False)
+
+    def __call__(self, row_ids):
+        return list(self.reply)
+
+
+class ForcedChatTool:
+    """A deterministic tool_fn for a chat tokenizer: every sampled id but the stop and pad ids is a call end, and
+    every call gets the real Python tool's reply to `print(6*7)` (its chat tool turn around "42\\n"), run once in
+    the sandbox here."""
+
+    def __init__(self, tok):
+        real = PythonTool(tok)
+        self.reply = real.output_ids(real.run("print(6*7)"))
+        stops = {int(i) for i in tok.stop_ids} | {int(tok.PAD)}
+        self.call_end_ids = [i for i in range(tok.vocab_size) if i not in stops]
 
     def __call__(self, row_ids):
         return list(self.reply)
@@ -212,6 +249,55 @@ def test_tool_arith_tiny_runs_both_arms(tmp_path):
             assert all(r["validation/pass@1"] == r["validation/pass@1_tools"] for r in evals)  # judged with tools
             tool_recs = [s for s in samples if s["kind"] == "greedy+tools"]
             assert tool_recs and all(t["role"] in ("policy", "tool") for s in tool_recs for t in s["turns"])
+            # experiments.eval --tools on the run's checkpoint: the same figures, in evals/last-test-tools.json
+            from experiments import eval as ev_cli
+
+            assert ev_cli.main(["--workdir", str(wd), "--ckpt", "last", "--tools", "--n", "4", "--k", "0"]) == 0
+            saved = json.loads((wd / "evals" / "last-test-tools.json").read_text())
+            assert saved["tools"]["kind"] == "python" and saved["metrics"]["n_problems"] == 4
+            assert saved["metrics"]["pass@1"] == saved["metrics"]["pass@1_tools"]
+            assert {"pass@1_no_tools", "tools/calls_per_sample", "tools/errors"} <= set(saved["metrics"])
         else:
             assert not any(k.startswith("tools/") or "pass@1_tools" in k for r in recs for k in r)
             assert not any(s["kind"] == "greedy+tools" for s in samples)
+
+
+@pytest.mark.slow  # 20-30 s with a cold compile cache: a launch with two evals and two GRPO iterations
+def test_smollm2_tools_tiny_runs_with_tools_end_to_end(tmp_path, monkeypatch):
+    """smollm2_tools.py's tiny variant (the recipe on the qwen_gsm8k tiny checkpoint: chat template, tool system
+    prompt, LoRA, KL) with the forced chat tool: both GRPO iterations call the tool and take optimizer steps with the
+    mismatch at float32 round-off, every eval reports pass@1 with and without tools, and samples.jsonl shows the
+    tool's chat turn with the real tool's output."""
+    import json
+    import os
+
+    from experiments import launch
+    from models.tokenizer import HFTokenizer
+    from rewards.python_tool import TOOL_SYSTEM_PROMPT
+    from rl.metrics import read_jsonl
+
+    monkeypatch.setattr(tool_rollout, "make_tool", lambda tok, cfg: ForcedChatTool(tok))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.path.join(root, "experiments/configs/smollm2_tools.py")
+    wd = tmp_path / "run"
+    assert launch.main(["--config", f"{path}:variant=tiny", "--workdir", str(wd)]) == 0
+    recs = read_jsonl(wd / "metrics.jsonl")
+    train = [r for r in recs if r["phase"] == "train"]
+    evals = [r for r in recs if r["phase"] == "eval"]
+    assert len(train) == 2 and evals
+    for r in train:
+        assert r["tools/calls_per_sample"] > 0 and r["tools/errors"] == 0
+        assert "skipped_iteration" not in r and np.isfinite(r["loss"]) and r["mismatch/logp_max_abs"] <= 1e-4
+    assert all(r["validation/pass@1"] == r["validation/pass@1_tools"] and "validation/pass@1_no_tools" in r
+               and r["validation/tools/calls_per_sample"] > 0 for r in evals)
+    from experiments.configs.qwen_gsm8k import make_tiny_files
+
+    tok = HFTokenizer.from_pretrained(f"{make_tiny_files()}/model")
+    reply = tool_rollout.tool_text(tok, ForcedChatTool(tok).reply)
+    assert "<|im_start|>tool\n42\n" in reply
+    samples = [json.loads(x) for x in (wd / "samples.jsonl").read_text().splitlines()]
+    tool_recs = [s for s in samples if s["kind"] == "greedy+tools"]
+    assert tool_recs and all(s["prompt"].startswith("<|im_start|>system\n" + TOOL_SYSTEM_PROMPT) for s in tool_recs)
+    tool_turns = [t["text"] for s in tool_recs for t in s["turns"] if t["role"] == "tool"]
+    assert tool_turns and all(reply.startswith(t) for t in tool_turns)  # verbatim (cut only by the budget)
+    assert any(t == reply for t in tool_turns)
