@@ -59,7 +59,7 @@ def get_config(arg=None):
     variant = check_variant(args, ("full", "tiny"))
     c = base_config(args)
     c.model.update(dict(pretrained="smollm2-135m-instruct", chat_template=True, system_prompt=TOOL_SYSTEM_PROMPT,
-                        dtype="float32", param_dtype="float32", remat=False, logits_chunk=32))
+                        dtype="float32", param_dtype="float32", remat=False, scan_layers=True, logits_chunk=32))
     if args["lora"]:
         c.model.lora = dict(LORA)
     c.tasks.update(dict(mix="tool_mul", lang="en", difficulty=3, n_train=2000, n_val=64, n_test=128,
