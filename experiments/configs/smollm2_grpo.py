@@ -40,7 +40,9 @@ def get_config(arg=None):
     c.eval.update(dict(every=0, k=4, temperature=0.7, n_val=32, n_test=256, samples=1))
     c.reward.update(dict(w_outcome=1.0, w_format=0.0))
     c.checkpoint.update(dict(keep=1, every=5, keep_best=False))
-    c.run.update(dict(reward_workers=2))
+    # Off: reading the LoRA train step's 41 MB executable back from the persistent cache took > 20 GB of RAM and was
+    # OOM-killed on the 24 GB machine, three times; compiling it in-process peaks at ~13 GB (REPRODUCING.md).
+    c.run.update(dict(reward_workers=2, compile_cache="off"))
     lr = 2e-4 if args["lora"] else 1e-5
     c.stages = [
         stage("grpo", "grpo", iterations=20, n_prompts=8, samples=8, temperature_start=0.7, temperature_end=0.7,

@@ -68,7 +68,7 @@ def get_config(arg=None):
     c.eval.update(dict(every=0, k=0, temperature=0.7, n_val=64, n_test=128, samples=1))
     c.reward.update(dict(w_outcome=1.0, w_format=0.0))
     c.checkpoint.update(dict(keep=1, every=4, keep_best=False))
-    c.run.update(dict(reward_workers=2))
+    c.run.update(dict(reward_workers=2, compile_cache="off"))  # as smollm2_grpo.py: the cached step costs > 20 GB to read
     lr = 2e-4 if args["lora"] else 1e-5
     c.stages = [
         stage("grpo", "grpo", iterations=12, n_prompts=8, samples=8, temperature_start=0.7, temperature_end=0.7,
