@@ -36,7 +36,6 @@ rewards.python_tool.TOOL_SYSTEM_PROMPT, which shows the call markers and one exa
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import re
@@ -108,16 +107,10 @@ def resolve_model(spec: str) -> str:
     return str(pretrained.resolve(spec))
 
 
-@dataclasses.dataclass
-class PretrainedContext(context.RunContext):
-    """A RunContext over a pretrained checkpoint with no run directory: its prompts are rl.context.prompt_text's,
-    a system turn (model.system_prompt, SYSTEM_PROMPT by default) plus the problem as the user turn."""
-
-
 def open_pretrained(path: str, *, mix: str, n: int, lang: str = "en", difficulty: int = 1, max_new_tokens: int = 256,
                     max_prompt_len: int = 0, batch_rows: int = 64, seed: int = 0, out_dir: str = "",
                     system: str = SYSTEM_PROMPT):
-    """(ctx, params): a PretrainedContext on one device over n test problems of `mix` with the model at `path` (its
+    """(ctx, params): a RunContext on one device over n test problems of `mix` with the model at `path` (its
     weights by models.hf.load, its tokenizer and chat template by HFTokenizer.from_pretrained) and an in-process
     reward pool; the evaluation settings are a default run config's with these fields set. The sampler pads every
     prompt to max_prompt_len (0: the longest prompt's length rounded up to 32)."""
@@ -131,7 +124,7 @@ def open_pretrained(path: str, *, mix: str, n: int, lang: str = "en", difficulty
     if tok.chat_template is None:
         raise ValueError(f"{path}: no chat template")
     _, _, test = context.load_problems(cfg)
-    ctx = PretrainedContext(cfg=cfg, workdir=out_dir, model_cfg=model_cfg, tok=tok, mesh=None, rules=None,
+    ctx = context.RunContext(cfg=cfg, workdir=out_dir, model_cfg=model_cfg, tok=tok, mesh=None, rules=None,
                             row_multiple=1, train=[], val=[], test=list(test))
     lengths = [len(tok.encode(ctx.prompt(p))) for p in ctx.test]
     if not max_prompt_len:  # the sampler pads every prompt to tasks.max_prompt_len: keep it tight

@@ -56,20 +56,7 @@ class LoraConfig:
     @classmethod
     def from_value(cls, value: Any) -> "LoraConfig":
         """A LoraConfig from itself, a mapping or an ml_collections ConfigDict (unknown keys are an error)."""
-        if isinstance(value, cls):
-            return value
-        if hasattr(value, "to_dict"):
-            value = value.to_dict()
-        if not isinstance(value, Mapping):
-            raise ValueError(f"lora must be None or a dict(rank=..., alpha=..., targets=...), got {value!r}")
-        known = sorted(f.name for f in dataclasses.fields(cls))
-        unknown = sorted(set(value) - set(known))
-        if unknown:
-            raise ValueError(f"lora has unknown field(s) {unknown}; known: {known}")
-        return cls(**value)
-
-
-_FIELDS = ("n_experts", "top_k", "moe_every", "router_init_std", "capacity_factor")
+        return _section(cls, value, "lora", "dict(rank=..., alpha=..., targets=...)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,13 +92,19 @@ class UpcycleConfig:
     @classmethod
     def from_value(cls, value: Any) -> "UpcycleConfig":
         """An UpcycleConfig from itself, a mapping or an ml_collections ConfigDict (unknown keys are an error)."""
-        if isinstance(value, cls):
-            return value
-        if hasattr(value, "to_dict"):
-            value = value.to_dict()
-        if not isinstance(value, Mapping):
-            raise ValueError(f"upcycle must be None or a dict(n_experts=..., top_k=..., ...), got {value!r}")
-        unknown = sorted(set(value) - set(_FIELDS))
-        if unknown:
-            raise ValueError(f"upcycle has unknown field(s) {unknown}; known: {sorted(_FIELDS)}")
-        return cls(**value)
+        return _section(cls, value, "upcycle", "dict(n_experts=..., top_k=..., ...)")
+
+
+def _section(cls, value: Any, name: str, example: str):
+    """`cls` (a section dataclass) from itself, a mapping or a ConfigDict; unknown keys are an error naming `name`."""
+    if isinstance(value, cls):
+        return value
+    if hasattr(value, "to_dict"):
+        value = value.to_dict()
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{name} must be None or a {example}, got {value!r}")
+    known = sorted(f.name for f in dataclasses.fields(cls))
+    unknown = sorted(set(value) - set(known))
+    if unknown:
+        raise ValueError(f"{name} has unknown field(s) {unknown}; known: {known}")
+    return cls(**value)

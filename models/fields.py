@@ -213,6 +213,12 @@ def from_dict(cls, d: dict, nested: dict[str, type] | None = None):
         elif isinstance(v, list) and isinstance(fields[k].default, tuple):
             v = tuple(v)
         kwargs[k] = v
+    return construct(cls, kwargs, errors)
+
+
+def construct(cls, kwargs: dict, errors: list):
+    """cls(**kwargs), raising one FieldErrors with `errors` (the caller's, found while reading the fields) plus the
+    constructor's own checks: every problem of a section in one pass."""
     try:
         obj = cls(**kwargs)
     except FieldErrors as e:

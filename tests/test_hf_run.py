@@ -100,7 +100,7 @@ def test_tokenizer_chat_prompts_and_starting_weights(tiny_folder):
 def test_system_prompt_is_a_system_turn_before_the_bare_question(tiny_folder):
     """model.system_prompt (the pretrained recipes and `experiments.eval --model`): a system turn, then the
     question alone as the user turn; the same function renders the run's prompts and the eval command's."""
-    from experiments.eval import SYSTEM_PROMPT, PretrainedContext
+    from experiments.eval import SYSTEM_PROMPT
     from rl.tasks import get_source
 
     cfg = _cfg(hf_path=os.path.join(tiny_folder, "model"), system_prompt="Be brief.")
@@ -109,7 +109,7 @@ def test_system_prompt_is_a_system_turn_before_the_bare_question(tiny_folder):
     want = (f"<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n{p.question}<|im_end|>\n"
             "<|im_start|>assistant\n")
     assert context.prompt_text(cfg, tok, p) == want
-    ctx = PretrainedContext(cfg=cv.typed(cfg), workdir="", model_cfg=None, tok=tok, mesh=None, rules=None,
+    ctx = context.RunContext(cfg=cv.typed(cfg), workdir="", model_cfg=None, tok=tok, mesh=None, rules=None,
                             row_multiple=1, train=[], val=[], test=[])
     assert ctx.prompt(p) == want
     assert "Answer: <number>" in SYSTEM_PROMPT

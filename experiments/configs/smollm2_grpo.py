@@ -30,29 +30,38 @@ LORA = dict(rank=16, alpha=32.0, targets=("attn/wq", "attn/wk", "attn/wv", "attn
                                           "mlp/w_down"))  # every attention and MLP projection
 
 
+# The GRPO stage of the SmolLM2 recipes (smollm2_tools.py adds its tools section): groups of 8 at T 0.7, clip-higher,
+# k3 KL 0.01 to the base, groups without reward variance dropped, two groups per minibatch.
+GRPO = dict(n_prompts=8, samples=8, temperature_start=0.7, temperature_end=0.7, temperature_kind="constant",
+            warmup_steps=2, end_lr_fraction=1.0, epochs=1, clip_low=0.2, clip_high=0.28, kl_coef=0.01, kl_kind="k3",
+            agg="token-mean", filter_zero_variance=True, token_budget=2304, grad_clip=1.0)
+
+
+def smollm2_policy(c, lora: bool, system_prompt: str) -> float:
+    """The SmolLM2 policy of both recipes: the named checkpoint in float32 through its chat template after
+    `system_prompt`, scanned blocks, chunked logits, LoRA (or full fine-tuning); returns the learning rate that goes
+    with it (LoRA's adapters take a larger one)."""
+    c.model.update(dict(pretrained="smollm2-135m-instruct", chat_template=True, system_prompt=system_prompt,
+                        dtype="float32", param_dtype="float32", remat=False, scan_layers=True, logits_chunk=32))
+    if lora:
+        c.model.lora = dict(LORA)
+    # Off: reading the LoRA train step's 41 MB executable back from the persistent cache took > 20 GB of RAM and was
+    # OOM-killed on the 24 GB machine, three times; compiling it in-process peaks at ~13 GB (REPRODUCING.md).
+    c.run.update(dict(reward_workers=2, compile_cache="off"))
+    return 2e-4 if lora else 1e-5
+
+
 def get_config(arg=None):
     args = parse_arg(arg, {"variant": "full", "seed": 0, "lora": 1})
     variant = check_variant(args, ("full", "tiny"))
     c = base_config(args)
-    c.model.update(dict(pretrained="smollm2-135m-instruct", chat_template=True, system_prompt=ANSWER_LINE_SYSTEM_PROMPT,
-                        dtype="float32", param_dtype="float32", remat=False, scan_layers=True, logits_chunk=32))
-    if args["lora"]:
-        c.model.lora = dict(LORA)
+    lr = smollm2_policy(c, args["lora"], ANSWER_LINE_SYSTEM_PROMPT)
     c.tasks.update(dict(mix="word", lang="en", difficulty=1, n_train=2000, n_val=64, n_test=256, max_prompt_len=96))
     c.sampling.update(dict(max_new_tokens=128, batch_rows=64))
     c.eval.update(dict(every=0, k=4, temperature=0.7, n_val=32, n_test=256, samples=1))
     c.reward.update(dict(w_outcome=1.0, w_format=0.0))
     c.checkpoint.update(dict(keep=1, every=5, keep_best=False))
-    # Off: reading the LoRA train step's 41 MB executable back from the persistent cache took > 20 GB of RAM and was
-    # OOM-killed on the 24 GB machine, three times; compiling it in-process peaks at ~13 GB (REPRODUCING.md).
-    c.run.update(dict(reward_workers=2, compile_cache="off"))
-    lr = 2e-4 if args["lora"] else 1e-5
-    c.stages = [
-        stage("grpo", "grpo", iterations=20, n_prompts=8, samples=8, temperature_start=0.7, temperature_end=0.7,
-              temperature_kind="constant", lr=lr, warmup_steps=2, end_lr_fraction=1.0, epochs=1, clip_low=0.2,
-              clip_high=0.28, kl_coef=0.01, kl_kind="k3", agg="token-mean", filter_zero_variance=True,
-              token_budget=2304, grad_clip=1.0),
-    ]
+    c.stages = [stage("grpo", "grpo", iterations=20, lr=lr, **GRPO)]
     if variant == "tiny":
         tiny(c)
     return c

@@ -48,7 +48,7 @@ files, a random qwen3 with a ChatML template, in seconds).
 """
 from experiments.configs.common import base_config, check_variant, parse_arg, stage
 from experiments.configs.qwen_gsm8k import make_tiny_files
-from experiments.configs.smollm2_grpo import LORA
+from experiments.configs.smollm2_grpo import GRPO, smollm2_policy
 from rewards.python_tool import TOOL_SYSTEM_PROMPT
 
 TOOLS = dict(kind="python", max_turns=2, max_output_tokens=32, timeout_s=5.0)
@@ -58,24 +58,14 @@ def get_config(arg=None):
     args = parse_arg(arg, {"variant": "full", "seed": 0, "lora": 1})
     variant = check_variant(args, ("full", "tiny"))
     c = base_config(args)
-    c.model.update(dict(pretrained="smollm2-135m-instruct", chat_template=True, system_prompt=TOOL_SYSTEM_PROMPT,
-                        dtype="float32", param_dtype="float32", remat=False, scan_layers=True, logits_chunk=32))
-    if args["lora"]:
-        c.model.lora = dict(LORA)
+    lr = smollm2_policy(c, args["lora"], TOOL_SYSTEM_PROMPT)
     c.tasks.update(dict(mix="tool_mul", lang="en", difficulty=3, n_train=2000, n_val=64, n_test=128,
                         max_prompt_len=128))
     c.sampling.update(dict(max_new_tokens=128, batch_rows=64))
     c.eval.update(dict(every=0, k=0, temperature=0.7, n_val=64, n_test=128, samples=1))
     c.reward.update(dict(w_outcome=1.0, w_format=0.0))
     c.checkpoint.update(dict(keep=1, every=4, keep_best=False))
-    c.run.update(dict(reward_workers=2, compile_cache="off"))  # as smollm2_grpo.py: the cached step costs > 20 GB to read
-    lr = 2e-4 if args["lora"] else 1e-5
-    c.stages = [
-        stage("grpo", "grpo", iterations=12, n_prompts=8, samples=8, temperature_start=0.7, temperature_end=0.7,
-              temperature_kind="constant", lr=lr, warmup_steps=2, end_lr_fraction=1.0, epochs=1, clip_low=0.2,
-              clip_high=0.28, kl_coef=0.01, kl_kind="k3", agg="token-mean", filter_zero_variance=True,
-              token_budget=2304, grad_clip=1.0, tools=dict(TOOLS)),
-    ]
+    c.stages = [stage("grpo", "grpo", iterations=12, lr=lr, tools=dict(TOOLS), **GRPO)]
     if variant == "tiny":
         tiny(c)
     return c

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 
 from models import lora
 
-from rl.config_fields import Checked, FieldErrors, field, from_dict, name, plain, unknown_field
+from rl.config_fields import Checked, FieldErrors, construct, field, from_dict, name, plain, unknown_field
 from rl.losses import LossConfig
 from rl.train_loop import Carry, LoopConfig, Trainer, train_on
 from rl.train_step import init_train_state, make_train_step, state_shardings
@@ -178,13 +178,7 @@ def from_flat(cls, d: dict):
             kwargs[sec] = dataclasses.replace(getattr(base, sec), **vals)
         except FieldErrors as e:
             errors += e.errors
-    try:
-        obj = cls(**kwargs)
-    except FieldErrors as e:
-        raise FieldErrors(errors + e.errors) from None
-    if errors:
-        raise FieldErrors(errors)
-    return obj
+    return construct(cls, kwargs, errors)
 
 
 # -- runtime -----------------------------------------------------------------------------------------------
