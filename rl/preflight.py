@@ -94,14 +94,15 @@ def _context_error(cfg: cv.RunConfig, model_cfg, longest: int | None) -> str | N
     return f"{head} exceed {what}: {fix}"
 
 
-def _checkpoint_errors(cfg: cv.RunConfig, model_cfg) -> list[str]:
-    """The checkpoint folder's files (models.hf_checks): weights complete and finite, shapes as config.json says. A
-    GGUF file is checked by its own reader (models/gguf_file.py) when its metadata is read."""
+def _checkpoint_errors(cfg: cv.RunConfig) -> list[str]:
+    """The checkpoint folder's files (models.hf_checks): weights complete and finite, shapes as config.json says
+    (the dense model the folder holds, also when model.upcycle turns it into an MoE after loading). A GGUF file is
+    checked by its own reader (models/gguf_file.py) when its metadata is read."""
     path = context.checkpoint_path(cfg.model)
     if hf.is_gguf(path):
         return []
     model_type = hf_checks.read_config(path)["model_type"]
-    return [f"model.hf_path: {p}" for p in hf_checks.check_folder(path, model_cfg, model_type)]
+    return [f"model.hf_path: {p}" for p in hf_checks.check_folder(path, context.dense_model_cfg(cfg), model_type)]
 
 
 def _load_splits(cfg: cv.RunConfig, errors: list):
@@ -151,7 +152,7 @@ def prepare(config, *, environment: bool = True, port: bool = False, workdir: st
     sizes = _collect(errors, lambda: resolved_mesh(cfg, len(jax.devices())))
     model_cfg = _collect(errors, lambda: context.build_model_cfg(cfg, notes))
     if hf_path and model_cfg is not None:
-        errors += _checkpoint_errors(cfg, model_cfg)
+        errors += _checkpoint_errors(cfg)
     if notes and verbose:
         print(f"model.{field} ({hf_path}) sets the architecture; the model section's values that differ:\n"
               + textwrap.fill(", ".join(notes), width=116, initial_indent="  ", subsequent_indent="  "), flush=True)

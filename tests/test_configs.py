@@ -17,7 +17,7 @@ VARIANTS = {"quickstart": ["full", "tiny"], "grpo_arith": ["full", "tiny"], "grp
             "ppo_arith": ["full", "tiny"], "r1_zero": ["full", "tiny"], "r1_pipeline": ["full", "tiny"],
             "mismatch_moe": ["full", "tiny"], "prm_arith": ["full", "grpo_prm", "tiny", "tiny_grpo_prm"],
             "qwen_gsm8k": ["full", "moe", "tiny"], "gym_mix": ["full", "tiny"], "tool_arith": ["full", "tiny"],
-            "smollm2_grpo": ["full", "tiny"], "smollm2_tools": ["full", "tiny"],
+            "smollm2_grpo": ["full", "tiny"], "smollm2_tools": ["full", "tiny"], "smollm2_upcycle": ["full", "tiny"],
             **{f"claim_{n}": ["full", "tiny"] for n in ("cold_start", "process_reward", "format_reward", "curriculum",
                                                         "kl_control", "temperature", "rejection", "step_rewards",
                                                         "prm_calibration")}}

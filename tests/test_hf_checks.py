@@ -50,6 +50,15 @@ def test_the_sound_folder_passes(good):
     preflight.check_environment(_cfg(good), verbose=False)
 
 
+def test_an_upcycled_run_checks_the_folder_as_the_dense_model_it_holds(good):
+    """model.upcycle makes the run's model an MoE after loading; the folder holds the dense model, and the dry run
+    checks its tensors against that (it used to ask for the MoE's router tensors: experiments/configs/
+    smollm2_upcycle.py:variant=tiny failed before any compute)."""
+    c = _cfg(good)
+    c["model"].update(n_experts=0, upcycle=dict(n_experts=4, top_k=2, moe_every=2))
+    preflight.check_environment(c, verbose=False)
+
+
 def _write(path, data: bytes):
     path.write_bytes(data)
 
