@@ -16,8 +16,9 @@ than the greedy answer: pass@4 0.06-0.08 against greedy 0.11-0.14); at 0.7, pass
 that never end. Reward: the verified answer only (format weight 0). KL (k3, 0.01) to the initial model, which
 with LoRA is the base without adapters (no second copy of the weights).
 
-Measured (REPRODUCING.md): seed 0 lifts held-out greedy pass@1 from 0.160 +- 0.023 to 0.633 +- 0.030 (256 test
-problems; pass@4 0.281 -> 0.789), answers 238 -> 63 characters; ~40 s per iteration alone, a ~11 min compile once.
+Measured (REPRODUCING.md), held-out greedy pass@1 on 256 test problems: seeds 0 / 1 / 2 lift it from 0.160 / 0.168 /
+0.156 to 0.633 / 0.504 / 0.602 (+47.3 / +33.6 / +44.5 points, SE 3.8-3.9), pass@4 ~0.27 -> 0.70-0.79; ~45 s per
+iteration alone, an ~11 min compile, 38.5-39.3 min per run alone.
 
 Variants: seed=N; lora=0 (full fine-tuning, lr 1e-5, for the LoRA comparison); variant=tiny (tests: the same
 recipe on the qwen_gsm8k tiny files, a random qwen3 checkpoint with a ChatML template, in seconds).
