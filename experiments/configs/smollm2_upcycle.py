@@ -5,7 +5,7 @@ load balance, the sampler / trainer route mismatch) on a pretrained backbone (is
     python -m experiments.launch --config experiments/configs/smollm2_upcycle.py:r3=1,seed=0 --workdir runs/smollm2_upcycle/r3_seed0
     python -m experiments.launch --config experiments/configs/smollm2_upcycle.py:r3=0,seed=0 --workdir runs/smollm2_upcycle/plain_seed0
 
-Policy: the dense checkpoint upcycled (models/upcycle.py, Komatsuzaki et al. 2023) into 4 experts top-2 in every
+Policy: the dense checkpoint upcycled (models/upcycle.py, Komatsuzaki et al. 2022) into 4 experts top-2 in every
 other block (15 MoE blocks: each expert a copy of the block's MLP, a fresh router, renormalised top-2 gates, so at
 init it computes the dense model's logits), trained in full: the router has to learn, and LoRA freezes it. Full
 fine-tuning holds the MoE's 254 M parameters four times (weights, KL reference, Adam's two moments) plus gradients,
