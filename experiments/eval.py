@@ -9,10 +9,10 @@ evaluates them exactly as the trainer does (rl.evaluation.evaluate: greedy pass@
 95 % Wilson interval, pass@k, maj@k, format rate, length; per task family for mixed problem sets). Prints a
 table and writes workdir/evals/<ckpt>-<split>[-<mix>][-tools].json with the samples (prompt, response, extracted
 answer, gold, reward parts) in the .samples.jsonl beside it. Runs on one device whatever the run's mesh was.
-`--tools` adds the greedy answers with the sandboxed Python tool (docs/tools.md; `--max-turns`,
-`--tool-output-tokens`, `--tool-timeout` as a stage's `tools` section): pass@1 then is the tool-using one,
-pass@1_no_tools the plain greedy one, with the tool metrics (calls per answer, errors) beside them, and each
-problem's "greedy+tools" sample lists its turns. `--mix` takes any mix spec, reasoning-gym families too
+`--tools` draws every answer, greedy and k-sample, with the sandboxed Python tool (docs/tools.md;
+`--max-turns`, `--tool-output-tokens`, `--tool-timeout` as a stage's `tools` section): pass@1 and pass@k then are
+the tool-using ones, pass@1_no_tools the plain greedy one, with the tool metrics (calls per answer, errors) beside
+them, and each tool answer's record lists its turns. `--mix` takes any mix spec, reasoning-gym families too
 (`--mix "gym@countdown:1,gym@chain_sum:1"`, per-family rows gym/countdown, gym/chain_sum; needs
 `pip install -e '.[gym]'`).
 

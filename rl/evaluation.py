@@ -216,14 +216,24 @@ def evaluate(ctx, params, problems, key, k: int, temperature: float, samples_out
     `problems` (a RunContext from rl.context supplies the sampler, tokenizer and reward pool); per-family
     metrics (`by_family`) when the problems mix task families. With a `samples_out` list, `sample_records`
     (the greedy answer and `n_show` samples per problem) are appended to it. With `tools` (an
-    rl.tool_rollout.ToolsConfig that is on) also the greedy answers with tool calls: `tool_eval`'s metrics."""
+    rl.tool_rollout.ToolsConfig that is on) every answer above, greedy and sampled, is drawn with tool calls
+    (rl/tool_rollout.py) and scored on the policy's own text, and `tool_metrics` adds the tool-free greedy pass@1
+    and the tool metrics of the greedy answers."""
     prompts = [ctx.prompt(p) for p in problems]
     n = len(problems)
-    greedy = ctx.sample(params, prompts, [1] * n, jax.random.fold_in(key, 0), temperature=0.0)
+    with_tools = tools is not None and tools.on
+
+    def draw(counts, sub, temp):
+        if with_tools:
+            return tool_rollout.sample(ctx, params, prompts, counts, sub, temperature=temp, model_cfg=ctx.model_cfg,
+                                       cfg=tools)
+        return ctx.sample(params, prompts, counts, sub, temperature=temp)
+
+    greedy = draw([1] * n, jax.random.fold_in(key, 0), 0.0)
     fut_g = ctx.scorer.submit(greedy.texts, problems, greedy.lengths)
     samples, s_scores = None, None
     if k > 0:
-        samples = ctx.sample(params, prompts, [k] * n, jax.random.fold_in(key, 1), temperature=temperature)
+        samples = draw([k] * n, jax.random.fold_in(key, 1), temperature)
         s_scores = ctx.scorer.result(ctx.scorer.submit(samples.texts, [p for p in problems for _ in range(k)],
                                                        samples.lengths))
     g_scores = ctx.scorer.result(fut_g)
@@ -241,36 +251,45 @@ def evaluate(ctx, params, problems, key, k: int, temperature: float, samples_out
             r.formats = [float(sc["format"]) for sc in s_scores[sl]]
             r.answers = [extract_answer(t) for t in r.texts]
         recs.append(r)
-    if samples_out is not None:
-        samples_out.extend(sample_records(problems, prompts, greedy.texts, g_scores, samples.texts if samples else [],
-                                          s_scores or [], k, n_show))
+    out_recs = [] if samples_out is not None else None
+    if out_recs is not None:
+        out_recs.extend(sample_records(problems, prompts, greedy.texts, g_scores, samples.texts if samples else [],
+                                       s_scores or [], k, n_show))
     prm = reward_terms.eval_metrics(ctx, prompts, samples, s_scores, k)  # reward.prm_path: prm@k and its cost, else {}
     out = {**summarize(recs, k), **by_family(recs, k), **prm}
-    if tools is not None and tools.on:
-        out.update(tool_eval(ctx, params, problems, prompts, jax.random.fold_in(key, 2), tools, out["pass@1"],
-                             samples_out if n_show > 0 else None))
+    if with_tools:
+        if out_recs:
+            _add_turns(ctx, out_recs, greedy, samples, k, n_show)
+        out.update(tool_metrics(ctx, params, problems, prompts, jax.random.fold_in(key, 2), greedy, out, out_recs))
+    if samples_out is not None:
+        samples_out.extend(out_recs)
     return out
 
 
-def tool_eval(ctx, params, problems, prompts, key, tools, pass1_no_tools: float, samples_out=None) -> dict:
-    """Greedy answers with tool calls (rl/tool_rollout.py), scored on the policy's own text: pass@1 with tools
-    (also as `pass@1`) beside pass@1 without (`pass@1_no_tools`), and the rollouts' tool metrics (tool_rollout.metrics:
-    calls per answer, errors, tool tokens, copied answers) of these answers; with `samples_out`, one
-    record per problem (kind "greedy+tools") whose `turns` list the policy and tool segments."""
-    n = len(problems)
-    g = tool_rollout.sample(ctx, params, prompts, [1] * n, key, temperature=0.0, model_cfg=ctx.model_cfg, cfg=tools)
-    sc = ctx.scorer.result(ctx.scorer.submit(g.texts, problems, g.lengths))
-    solved = np.array([s["solved"] > 0.5 for s in sc], np.float64)
-    if samples_out is not None:
-        for i, p in enumerate(problems):
-            rec = sample_records([p], [prompts[i]], [g.texts[i]], [sc[i]], [], [], 1, 1)[0]
+def _add_turns(ctx, records: list[dict], greedy, samples, k: int, n_show: int) -> None:
+    """Tool answers' records (sample_records' order: per problem the greedy answer, then min(n_show, k) samples)
+    get `turns`, the policy and tool segments; the greedy ones are kind "greedy+tools"."""
+    shown = min(n_show, k) if samples is not None else 0
+    for rec_i, rec in enumerate(records):
+        i, j = divmod(rec_i, 1 + shown)
+        g, row = (greedy, i) if j == 0 else (samples, i * k + j - 1)
+        if j == 0:
             rec["kind"] = "greedy+tools"
-            rec["turns"] = tool_rollout.turn_records(ctx.tok, g.tokens[i], g.policy_mask[i], int(g.lengths[i]))
-            samples_out.append(rec)
-    p1, se = float(solved.mean()), float(np.sqrt(solved.mean() * (1 - solved.mean()) / max(n - 1, 1)))  # as summarize
-    # A run with a tool stage is judged with tools: pass@1 (the summary table, the best-policy choice, the
-    # hacking signs) becomes the tool-using greedy one; the tool-free one stays as pass@1_no_tools.
-    # the rollouts' tool metrics (calls per answer, errors, tool tokens, copied answers) on these greedy answers
-    facts = tool_rollout.metrics({**tool_rollout.tool_arrays(g, ctx.tok), "lengths": g.lengths})
-    return {"pass@1": p1, "pass@1_se": se, "pass@1_tools": p1, "pass@1_tools_se": se,
-            "pass@1_no_tools": float(pass1_no_tools), **facts}
+        rec["turns"] = tool_rollout.turn_records(ctx.tok, g.tokens[row], g.policy_mask[row], int(g.lengths[row]))
+
+
+def tool_metrics(ctx, params, problems, prompts, key, greedy, out: dict, samples_out: list | None = None) -> dict:
+    """What a tool run's evaluation adds to `out` (evaluate's metrics of answers drawn with tools): pass@1 with tools
+    under its own name (`pass@1_tools`, `_se`), the tool-free greedy pass@1 (`pass@1_no_tools`, one more greedy pass
+    without tool calls; its answers go to `samples_out` as kind "greedy") and the tool metrics of the greedy tool
+    answers (tool_rollout.metrics: calls per answer, errors, tool tokens, copied answers)."""
+    n = len(problems)
+    plain = ctx.sample(params, prompts, [1] * n, key, temperature=0.0)
+    sc = ctx.scorer.result(ctx.scorer.submit(plain.texts, problems, plain.lengths))
+    if samples_out is not None:
+        samples_out.extend(sample_records(problems, prompts, plain.texts, sc, [], [], 0, 1))
+    # A run with a tool stage is judged with tools: pass@1 (the summary table, the best-policy choice, the hacking
+    # signs), pass@k and every other field are the tool answers'; the tool-free greedy pass@1 stays beside them.
+    facts = tool_rollout.metrics({**tool_rollout.tool_arrays(greedy, ctx.tok), "lengths": greedy.lengths})
+    return {"pass@1_tools": out["pass@1"], "pass@1_tools_se": out["pass@1_se"],
+            "pass@1_no_tools": float(np.mean([s["solved"] > 0.5 for s in sc])), **facts}

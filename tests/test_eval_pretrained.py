@@ -57,7 +57,8 @@ def test_model_path_evaluates_through_the_chat_template(tmp_path, capsys):
 def test_model_path_with_tools_reports_pass1_with_and_without_and_shows_the_tool_turns(tmp_path, capsys, monkeypatch):
     """--tools on the qwen_gsm8k tiny checkpoint (a Hugging Face folder with a ChatML template) with a forced tool
     (every sampled id is a call; the reply is the real tool's output of print(6*7)): both pass@1 figures, each
-    recomputed from the written samples, the tool metrics, the tool system prompt, the tool's turns verbatim."""
+    recomputed from the written samples, the tool metrics, the tool system prompt, the tool's turns verbatim; the k
+    samples (pass@k, sample accuracy) are drawn with the tool too."""
     from experiments.configs.qwen_gsm8k import make_tiny_files
     from models.tokenizer import HFTokenizer
     from rewards.python_tool import TOOL_SYSTEM_PROMPT
@@ -68,7 +69,7 @@ def test_model_path_with_tools_reports_pass1_with_and_without_and_shows_the_tool
     model = f"{make_tiny_files()}/model"  # the tool prompt: 178 of its tokens, padded to 192, + 64 = its context
     out = tmp_path / "out"
     rc = ev_cli.main(["--model", model, "--mix", "tool_mul", "--difficulty", "1", "--tools", "--max-turns", "2",
-                      "--n", "4", "--k", "0", "--max-new-tokens", "64", "--out", str(out)])
+                      "--n", "4", "--k", "2", "--max-new-tokens", "64", "--out", str(out)])
     assert rc == 0
     printed = capsys.readouterr().out
     assert "pass@1_no_tools" in printed and "tools/calls_per_sample" in printed
@@ -90,6 +91,9 @@ def test_model_path_with_tools_reports_pass1_with_and_without_and_shows_the_tool
     calls = [sum(t["role"] == "tool" for t in s["turns"]) for s in with_tools]
     assert m["tools/calls_per_sample"] == pytest.approx(np.mean(calls)) and max(calls) == 2  # max_turns holds
     assert m["tools/errors"] == 0
+    sampled = [s for s in samples if s["kind"].startswith("sample")]
+    assert len(sampled) == 4 * 2 and all(any(t["role"] == "tool" for t in s["turns"]) for s in sampled)
+    assert m["sample_accuracy"] == pytest.approx(np.mean([s["reward"]["solved"] > 0.5 for s in sampled]))
     for s in with_tools:  # the tool's turns verbatim (cut only by the token budget), the policy's between them
         tool_turns = [t["text"] for t in s["turns"] if t["role"] == "tool"]
         assert all(reply.startswith(t) for t in tool_turns) and (not tool_turns or tool_turns[0] == reply)
