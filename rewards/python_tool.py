@@ -118,6 +118,18 @@ def _tool_main(source, cap):
 '''
 
 
+def demonstration(tok, text: str) -> str:
+    """A gold tool-use solution (rl/tasks/tool_arith.py writes its output blocks with byte_markers) in `tok`'s
+    markers: for a chat tokenizer each `<out>...</out>` block becomes the template's tool turn, the text the tool
+    rollout appends after a call, so a cold start on a chat model shows the trajectory its rollouts produce.
+    Unchanged for the byte tokenizer and for text without an output block."""
+    b = byte_markers()
+    if not getattr(tok, "chat_template", None) or b.out_start not in text:
+        return text
+    c = chat_markers(tok)
+    return text.replace(b.out_start, c.out_start).replace(b.out_end, c.out_end)
+
+
 class PythonTool:
     """tool_fn for generate_with_tools: row ids -> output ids (or None when the row does not end with a call)."""
 

@@ -41,6 +41,7 @@ from models.tokenizer import ByteTokenizer, HFTokenizer
 from rewards.code_exec import wall_limit_s
 from rewards.code_reward import EXEC_CONFIG
 from rewards.combine import RewardConfig
+from rewards import python_tool
 from rewards.pool import RewardPool
 from rewards.task_score import score_task
 from rl import checkpoint as ckpt_lib
@@ -104,7 +105,9 @@ class RunContext:
         return prompt_text(self.cfg, self.tok, problem)
 
     def solution(self, problem) -> str:
-        return render_solution(problem, self.lang)
+        """The demonstration an SFT stage trains on; a tool-use solution's output blocks in the tokenizer's markers
+        (rewards.python_tool.demonstration: a chat model's tool turn)."""
+        return python_tool.demonstration(self.tok, render_solution(problem, self.lang))
 
     # -- model functions -----------------------------------------------------------------------
     def generate(self, params, mcfg, prompts, key, **kw):
@@ -423,7 +426,8 @@ def fit_errors(cfg: cv.RunConfig | dict, tok, problems, sft_problems: int = 0, r
     lang = cfg.tasks.lang
     P, N = cfg.tasks.max_prompt_len, cfg.sampling.max_new_tokens
     prompts = prompt_lengths(cfg, tok, problems, render) if lengths is None else lengths
-    answers = [len(tok.encode(render_solution(p, lang), add_bos=False, add_eos=True)) for p in problems[:sft_problems]]
+    answers = [len(tok.encode(python_tool.demonstration(tok, render_solution(p, lang)), add_bos=False, add_eos=True))
+               for p in problems[:sft_problems]]
     errors = []
     if prompts and max(prompts) > P:
         n_over = sum(n > P for n in prompts)

@@ -81,6 +81,34 @@ def test_chat_tool_turns_read_whole_although_they_hold_eos_ids():
         assert tool_rollout.row_facts(tok, ids, mask, len(ids), m) == (len(parts[1]), errors, copied)
 
 
+def test_a_chat_cold_start_shows_the_tool_turn_its_rollouts_produce():
+    """A tool_mul gold solution for a chat model (RunContext.solution -> python_tool.demonstration): the output block
+    becomes the template's tool turn, the very text (and ids) the Python tool appends after the call; the byte
+    tokenizer's demonstration is unchanged."""
+    import random
+
+    from experiments.configs.qwen_gsm8k import make_tiny_files
+    from models.tokenizer import HFTokenizer
+    from rewards.python_tool import demonstration
+    from rl.tasks.render import render_solution
+    from rl.tasks.tool_arith import TOOL_MUL
+
+    tok = HFTokenizer.from_pretrained(f"{make_tiny_files()}/model")
+    p = TOOL_MUL.problem(random.Random(0), 1)
+    gold = render_solution(p, "en")
+    assert demonstration(ByteTokenizer(), gold) == gold and "<out>" in gold
+    text = demonstration(tok, gold)
+    tool = PythonTool(tok)
+    call_end = text.index(tool.markers.call_end) + len(tool.markers.call_end)
+    out_ids = tool(np.array(tok.encode(text[:call_end], add_bos=False), np.int32))
+    reply = tool_rollout.tool_text(tok, out_ids)
+    assert reply == f"<|im_end|>\n<|im_start|>tool\n{p.answer}\n<|im_end|>\n<|im_start|>assistant\n"
+    assert text[call_end:].startswith(reply) and text.endswith(f"Answer: {p.answer}")
+    ids = tok.encode(text, add_bos=False)
+    start = len(tok.encode(text[:call_end], add_bos=False))
+    assert ids[start:start + len(out_ids)] == list(out_ids)  # one tokenization: the tool's ids appear verbatim
+
+
 def test_loss_kl_and_normalisers_ignore_tool_tokens():
     """with_policy_mask puts the policy mask on the train rows; the clipped loss and the KL aggregated with it
     (every aggregation) do not move when anything on tool tokens changes, and equal a float64 reference over

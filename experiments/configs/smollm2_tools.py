@@ -13,8 +13,7 @@ Family: `tool_mul` at difficulty 3 (a 4-digit times a 3-digit factor, rl/tasks/t
 recipe experiments/configs/tool_arith.py uses the same draws). A 135M model cannot multiply these in its head
 (pass@1 without the tool ~0), and one line of Python solves every one, so the whole gap between the two pass@1
 figures is whether the policy calls the tool and copies its output into the answer line: the behaviour GRPO should
-reinforce. No cold start: the family's gold solutions use the byte tokenizer's `<out>` markers, not the chat
-template's tool turn, so they would teach the wrong trajectory; the system prompt alone has to start the calls.
+reinforce. No cold start by default: the system prompt alone has to start the calls (`cold=1` adds one, below).
 
 Prompt: the system turn is rewards.python_tool.TOOL_SYSTEM_PROMPT (the call markers `<py>` `</py>`, what comes
 back, the `Answer:` line, one example), the user turn the bare product; the tool's output comes back as the chat
@@ -43,7 +42,13 @@ turn the model copies the product into another call instead of an `Answer:` line
 GRPO has to find is that last line; a group none of whose 8 samples writes it has no reward variance and is
 dropped, so watch `kept_share` in the first iterations. Not run here yet: the after-GRPO figures are open.
 
-Variants: seed=N; lora=0 (full fine-tuning, lr 1e-5); variant=tiny (tests: the same recipe on the qwen_gsm8k tiny
+Measured at seed 0 (REPRODUCING.md): no sample of the first iterations solved a product (the calls come back
+right, but the model then calls the tool again on the product instead of writing `Answer:`), so every group had
+zero reward variance and GRPO never updated. `cold=1` puts a cold start first: one epoch over 256 gold
+trajectories in the chat template (the call, the template's tool turn, `Answer: c`; rewards.python_tool
+.demonstration), on the same adapters; not measured yet.
+
+Variants: seed=N; cold=1 (the cold start above); lora=0 (full fine-tuning, lr 1e-5); variant=tiny (tests: the same recipe on the qwen_gsm8k tiny
 files, a random qwen3 with a ChatML template, in seconds).
 """
 from experiments.configs.common import base_config, check_variant, parse_arg, stage
@@ -55,7 +60,7 @@ TOOLS = dict(kind="python", max_turns=2, max_output_tokens=32, timeout_s=5.0)
 
 
 def get_config(arg=None):
-    args = parse_arg(arg, {"variant": "full", "seed": 0, "lora": 1})
+    args = parse_arg(arg, {"variant": "full", "seed": 0, "lora": 1, "cold": 0})
     variant = check_variant(args, ("full", "tiny"))
     c = base_config(args)
     lr = smollm2_policy(c, args["lora"], TOOL_SYSTEM_PROMPT)
@@ -66,6 +71,10 @@ def get_config(arg=None):
     c.reward.update(dict(w_outcome=1.0, w_format=0.0))
     c.checkpoint.update(dict(keep=1, every=4, keep_best=False))
     c.stages = [stage("grpo", "grpo", iterations=12, lr=lr, tools=dict(TOOLS), **GRPO)]
+    if args["cold"]:
+        # gold trajectories in the chat template: the call, the tool turn, `Answer: c` (rewards.python_tool
+        # .demonstration), trained on the LoRA adapters that GRPO then continues
+        c.stages.insert(0, stage("sft", "cold_start", epochs=1, batch_size=16, n_problems=256, lr=lr, warmup_steps=2))
     if variant == "tiny":
         tiny(c)
     return c
@@ -84,5 +93,7 @@ def tiny(c):
     c.checkpoint.every = 1
     c.log.update(dict(tensorboard=False, progress=False))
     c.run.update(dict(reward_workers=0))
-    c.stages[0].update(dict(iterations=2, n_prompts=2, samples=4, lr=1e-3, token_budget=16 * 240,
-                            filter_zero_variance=False, entropy_coef=0.01))
+    c.stages[-1].update(dict(iterations=2, n_prompts=2, samples=4, lr=1e-3, token_budget=16 * 240,
+                             filter_zero_variance=False, entropy_coef=0.01))
+    if len(c.stages) == 2:
+        c.stages[0].update(dict(n_problems=16, batch_size=8))
