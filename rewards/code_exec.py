@@ -107,6 +107,21 @@ class ExecConfig:
 GRACE_S = 3.0  # the supervisor's start-up and clean-up beyond ExecConfig.timeout_s
 
 
+
+# CPython 3.11 can raise "SystemError: AST constructor recursion depth mismatch" when two threads build ASTs at once
+# (the reward pool's and the tool's threads both parse here); one lock makes these parses one at a time.
+_AST_LOCK = threading.Lock()
+
+
+def _literal_eval(node_or_src):
+    with _AST_LOCK:
+        return ast.literal_eval(node_or_src)
+
+
+def _ast_parse(src, *args, **kwargs):
+    with _AST_LOCK:
+        return ast.parse(src, *args, **kwargs)
+
 def wall_limit_s(cfg: ExecConfig | None = None) -> float:
     """The longest one run_* call takes: timeout_s, the supervisor's grace, a second for this side's work. Whoever
     runs the sandbox under its own deadline (the reward pool) must allow at least this, or correct code that needs
@@ -175,7 +190,7 @@ def _literal_src(value, what: str) -> str:
     """Source text that ast.literal_eval turns back into `value` (checked), for sending arguments."""
     src = repr(value)
     try:
-        ok = ast.literal_eval(src) == value
+        ok = _literal_eval(src) == value
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         ok = False
     if not ok:
@@ -195,12 +210,12 @@ def _call_of(node):
     if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
         return None
     try:
-        args = [ast.literal_eval(a) for a in node.args]
+        args = [_literal_eval(a) for a in node.args]
         kwargs = {}
         for kw in node.keywords:
             if kw.arg is None:
                 return None
-            kwargs[kw.arg] = ast.literal_eval(kw.value)
+            kwargs[kw.arg] = _literal_eval(kw.value)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         return None
     return node.func.id, args, kwargs
@@ -208,7 +223,7 @@ def _call_of(node):
 
 def _literal(node):
     try:
-        return True, ast.literal_eval(node)
+        return True, _literal_eval(node)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         return False, None
 
@@ -216,7 +231,7 @@ def _literal(node):
 def parse_test(statement: str) -> _Case:
     """One trusted test statement -> a value case; raises ValueError for a form that is not supported."""
     try:
-        tree = ast.parse(statement)
+        tree = _ast_parse(statement)
     except (SyntaxError, ValueError, MemoryError, RecursionError) as e:
         raise _Unsupported(f"does not parse ({type(e).__name__})") from None
     if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assert):

@@ -173,8 +173,11 @@ class PythonTool:
 
     def run(self, code: str) -> str:
         """The text a call returns (stdout, or the error's last line), sanitised; never raises."""
-        r = run_function_tests_detailed(_WRAPPER, "_tool_main", [([code, self.max_output_chars], None)],
-                                        self.exec_cfg)
+        try:
+            r = run_function_tests_detailed(_WRAPPER, "_tool_main", [([code, self.max_output_chars], None)],
+                                            self.exec_cfg)
+        except Exception as e:  # noqa: BLE001 - a harness failure must not end the rollout (it ended a run once)
+            return f"Error: the tool failed ({type(e).__name__})"
         value = r.values[0] if r.values else None
         if isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value):
             stdout, error = value

@@ -48,6 +48,18 @@ def test_error_gives_its_last_line(tool):
     assert _call(tool, "<py>while True: pass</py>") == "<out>TimeoutError: the code ran over its time limit</out>"
 
 
+def test_a_failing_harness_gives_an_error_line_not_an_exception(tool, monkeypatch):
+    """A run once ended when the harness raised in a tool thread (CPython 3.11's "AST constructor recursion depth
+    mismatch" under concurrent parses, now serialised in rewards/code_exec.py): the call returns an error line."""
+    import rewards.python_tool as pt
+
+    def broken(*a, **k):
+        raise SystemError("AST constructor recursion depth mismatch (before=39, after=38)")
+
+    monkeypatch.setattr(pt, "run_function_tests_detailed", broken)
+    assert _call(tool, "<py>print(1)</py>") == "<out>Error: the tool failed (SystemError)</out>"
+
+
 def test_output_is_capped_in_characters_and_tokens(tool):
     text = _call(tool, "<py>print('a' * 100000)</py>")
     ids = tool(TOK.encode("<py>print('a' * 100000)</py>"))
