@@ -106,8 +106,6 @@ class ExecConfig:
 
 GRACE_S = 3.0  # the supervisor's start-up and clean-up beyond ExecConfig.timeout_s
 
-
-
 # CPython 3.11 can raise "SystemError: AST constructor recursion depth mismatch" when two threads build ASTs at once
 # (the reward pool's and the tool's threads both parse here); one lock makes these parses one at a time.
 _AST_LOCK = threading.Lock()
@@ -118,9 +116,10 @@ def _literal_eval(node_or_src):
         return ast.literal_eval(node_or_src)
 
 
-def _ast_parse(src, *args, **kwargs):
+def _ast_parse(src: str):
     with _AST_LOCK:
-        return ast.parse(src, *args, **kwargs)
+        return ast.parse(src)
+
 
 def wall_limit_s(cfg: ExecConfig | None = None) -> float:
     """The longest one run_* call takes: timeout_s, the supervisor's grace, a second for this side's work. Whoever

@@ -38,10 +38,10 @@ from models import hf, hf_checks, kernels, lora, sampling, sharding, transformer
 from models import pretrained as pretrained_models
 from models.config import ModelConfig, num_params
 from models.tokenizer import ByteTokenizer, HFTokenizer
+from rewards import python_tool
 from rewards.code_exec import wall_limit_s
 from rewards.code_reward import EXEC_CONFIG
 from rewards.combine import RewardConfig
-from rewards import python_tool
 from rewards.pool import RewardPool
 from rewards.task_score import score_task
 from rl import checkpoint as ckpt_lib
@@ -105,9 +105,7 @@ class RunContext:
         return prompt_text(self.cfg, self.tok, problem)
 
     def solution(self, problem) -> str:
-        """The demonstration an SFT stage trains on; a tool-use solution's output blocks in the tokenizer's markers
-        (rewards.python_tool.demonstration: a chat model's tool turn)."""
-        return python_tool.demonstration(self.tok, render_solution(problem, self.lang))
+        return solution_text(self.tok, problem, self.lang)
 
     # -- model functions -----------------------------------------------------------------------
     def generate(self, params, mcfg, prompts, key, **kw):
@@ -296,6 +294,12 @@ def build_tokenizer(cfg: cv.RunConfig | dict) -> ByteTokenizer | HFTokenizer:
     return tok
 
 
+def solution_text(tok, problem: Problem, lang: str) -> str:
+    """The demonstration an SFT stage trains on: the worked solution, a tool-use solution's output blocks in the
+    tokenizer's markers (rewards.python_tool.demonstration: a chat model's tool turn)."""
+    return python_tool.demonstration(tok, render_solution(problem, lang))
+
+
 def prompt_text(cfg: cv.RunConfig | dict, tok, problem: Problem) -> str:
     """The prompt text the sampler continues: one user turn through the chat template (a checkpoint with
     model.chat_template), after a system turn when model.system_prompt is set (the user turn is then the bare
@@ -426,7 +430,7 @@ def fit_errors(cfg: cv.RunConfig | dict, tok, problems, sft_problems: int = 0, r
     lang = cfg.tasks.lang
     P, N = cfg.tasks.max_prompt_len, cfg.sampling.max_new_tokens
     prompts = prompt_lengths(cfg, tok, problems, render) if lengths is None else lengths
-    answers = [len(tok.encode(python_tool.demonstration(tok, render_solution(p, lang)), add_bos=False, add_eos=True))
+    answers = [len(tok.encode(solution_text(tok, p, lang), add_bos=False, add_eos=True))
                for p in problems[:sft_problems]]
     errors = []
     if prompts and max(prompts) > P:

@@ -251,18 +251,17 @@ def evaluate(ctx, params, problems, key, k: int, temperature: float, samples_out
             r.formats = [float(sc["format"]) for sc in s_scores[sl]]
             r.answers = [extract_answer(t) for t in r.texts]
         recs.append(r)
-    out_recs = [] if samples_out is not None else None
-    if out_recs is not None:
-        out_recs.extend(sample_records(problems, prompts, greedy.texts, g_scores, samples.texts if samples else [],
-                                       s_scores or [], k, n_show))
+    shown = []  # this eval's records in samples_out (the same dicts)
+    if samples_out is not None:
+        shown = sample_records(problems, prompts, greedy.texts, g_scores, samples.texts if samples else [],
+                               s_scores or [], k, n_show)
+        samples_out.extend(shown)
     prm = reward_terms.eval_metrics(ctx, prompts, samples, s_scores, k)  # reward.prm_path: prm@k and its cost, else {}
     out = {**summarize(recs, k), **by_family(recs, k), **prm}
     if with_tools:
-        if out_recs:
-            _add_turns(ctx, out_recs, greedy, samples, k, n_show)
-        out.update(tool_metrics(ctx, params, problems, prompts, jax.random.fold_in(key, 2), greedy, out, out_recs))
-    if samples_out is not None:
-        samples_out.extend(out_recs)
+        _add_turns(ctx, shown, greedy, samples, k, n_show)
+        out.update(tool_metrics(ctx, params, problems, prompts, jax.random.fold_in(key, 2), greedy, out,
+                                samples_out if n_show > 0 else None))
     return out
 
 

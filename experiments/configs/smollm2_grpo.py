@@ -21,8 +21,8 @@ Measured (REPRODUCING.md), held-out greedy pass@1 on 256 test problems: seeds 0 
 iteration alone, an ~11 min compile, 38.5-39.3 min per run alone.
 
 Variants: seed=N; lora=0 (full fine-tuning, lr 1e-5: +44.1 points on seed 0 against LoRA's +47.3, a 201 s
-compile against ~640 s; REPRODUCING.md); variant=tiny (tests: the same
-recipe on the qwen_gsm8k tiny files, a random qwen3 checkpoint with a ChatML template, in seconds).
+compile against ~640 s; REPRODUCING.md); variant=tiny (tests: the same recipe on the qwen_gsm8k tiny files, a
+random qwen3 checkpoint with a ChatML template, in seconds).
 """
 from experiments.configs.common import base_config, check_variant, parse_arg, stage
 from experiments.configs.qwen_gsm8k import make_tiny_files

@@ -40,7 +40,7 @@ Baseline measured (the eval command above on 32 problems, greedy): pass@1 0.000 
 it; 25 of 32 answers call the tool with the right factors (1.47 calls per answer, 0 errors), but after the tool's
 turn the model copies the product into another call instead of an `Answer:` line (docs/tools.md shows two). What
 GRPO has to find is that last line; a group none of whose 8 samples writes it has no reward variance and is
-dropped, so watch `kept_share` in the first iterations. Not run here yet: the after-GRPO figures are open.
+dropped, so watch `kept_share` in the first iterations.
 
 Measured at seed 0 (REPRODUCING.md): no sample of the first iterations solved a product (the calls come back
 right, but the model then calls the tool again on the product instead of writing `Answer:`), so every group had
@@ -49,8 +49,8 @@ trajectories in the chat template (the call, the template's tool turn, `Answer: 
 .demonstration), on the same adapters: after it, held-out pass@1 is 0.008, and GRPO's sampled accuracy rose
 0.125 -> 0.56 in 4 iterations before that run died on a sandbox bug since fixed (REPRODUCING.md).
 
-Variants: seed=N; cold=1 (the cold start above); lora=0 (full fine-tuning, lr 1e-5); variant=tiny (tests: the same recipe on the qwen_gsm8k tiny
-files, a random qwen3 with a ChatML template, in seconds).
+Variants: seed=N; cold=1 (the cold start above); lora=0 (full fine-tuning, lr 1e-5); variant=tiny (tests: the
+same recipe on the qwen_gsm8k tiny files, a random qwen3 with a ChatML template, in seconds).
 """
 from experiments.configs.common import base_config, check_variant, parse_arg, stage
 from experiments.configs.qwen_gsm8k import make_tiny_files
@@ -96,5 +96,5 @@ def tiny(c):
     c.run.update(dict(reward_workers=0))
     c.stages[-1].update(dict(iterations=2, n_prompts=2, samples=4, lr=1e-3, token_budget=16 * 240,
                              filter_zero_variance=False, entropy_coef=0.01))
-    if len(c.stages) == 2:
+    if len(c.stages) == 2:  # cold=1: a small cold start too
         c.stages[0].update(dict(n_problems=16, batch_size=8))
