@@ -126,6 +126,13 @@ def _init_arrays(spec, rank: int, key) -> dict:
     return adapters
 
 
+def is_identity(adapters) -> bool:
+    """True when merging `adapters` changes no weight: every B is zero, as init makes them (a stage that starts
+    from fresh adapters computes the base itself)."""
+    leaves = jax.tree_util.tree_flatten_with_path(adapters)[0]
+    return not any(bool(jnp.any(x != 0)) for path, x in leaves if getattr(path[-1], "key", None) == "b")
+
+
 def _delta(w_shape, ad: dict, target: str, scale: float):
     """The float32 update (alpha / r) * A @ B of one weight, in the weight's shape."""
     lead, ins, outs = _split_dims(tuple(w_shape), target)

@@ -39,7 +39,10 @@ base is frozen (sizes from lora_leaves: models.lora.init's arrays and the weight
                  adapters           A [*lead, *in, r] and B [*lead, r, *out] of every targeted weight (per block, and
                                     per expert for moe/* targets), float32, sharded as their weight's in / out axes
                  optimizer          Adam's two moments of the adapters (2 x adapters)
-                 reference          0: the KL reference is the frozen base itself
+                 reference          0: the KL reference is the frozen base itself; when an RL stage with a
+                                    reference follows another stage, a copy of that stage's starting adapters
+                                    (the cold-started policy; merged into the base for each reference pass, as
+                                    the sampler merges, one merged copy at a time)
   train step     gradients          the adapters' only (the base is a constant of the differentiated function)
   transient      merged weights     one copy of the targeted weights, in the params' dtype: the train step merges
                                     inside its jitted step and the sampler (rl.stages policy_params) before sampling,
@@ -220,10 +223,11 @@ def _in_phase(part: str, name: str) -> bool:
 
 
 def plan(m, mesh_sizes: dict, rules, *, leaves, train_rows: int, seq_len: int, sample_rows: int, prompt_len: int,
-         new_tokens: int, reference: bool, budget: int, budget_note: str = "", lora_sizes=None) -> MemoryPlan:
+         new_tokens: int, reference: bool, budget: int, budget_note: str = "", lora_sizes=None,
+         adapters_reference: bool = False) -> MemoryPlan:
     """The plan from sizes alone (see the module docstring). leaves: model_leaves(m); train_rows: the largest
     rows per optimizer step of any stage; sample_rows: sampling.batch_rows; lora_sizes: lora_leaves(m), needed
-    when m.lora is set."""
+    when m.lora is set; adapters_reference: with LoRA, an RL stage's reference is a copy of trained adapters."""
     if (m.lora is None) != (lora_sizes is None):
         raise ValueError("lora_sizes (lora_leaves(m)) must be given exactly when the model config sets lora")
     p = sharded_bytes(leaves, mesh_sizes, rules, DTYPE_BYTES[m.param_dtype])
@@ -251,27 +255,30 @@ def plan(m, mesh_sizes: dict, rules, *, leaves, train_rows: int, seq_len: int, s
              "kv cache": f"{sample_dev} rows x {length} slots, {c}",
              "sampler temps": f"prefill scores + {SAMPLER_LOGITS_COPIES} x float32 [{sample_dev}, {vocab_dev}]"}
     if m.lora is not None:
-        parts, notes = _with_lora(parts, notes, m, lora_sizes, mesh_sizes, rules, reference)
+        parts, notes = _with_lora(parts, notes, m, lora_sizes, mesh_sizes, rules, reference, adapters_reference)
     return MemoryPlan(parts=parts, notes=notes, budget=int(budget), budget_note=budget_note,
                       devices=math.prod(int(v) for v in mesh_sizes.values()))
 
 
-def _with_lora(parts: dict, notes: dict, m, lora_sizes, mesh_sizes: dict, rules, reference: bool):
+def _with_lora(parts: dict, notes: dict, m, lora_sizes, mesh_sizes: dict, rules, reference: bool,
+               adapters_reference: bool):
     """A LoRA run's parts (docs/lora_upcycling.md, "In the trainer"): the base is held once (the train step's frozen
     argument, the KL reference, what the merge reads); the optimizer and the gradients are the adapters'; the train
     step and the sampler each merge the targeted weights into a transient copy, one at a time."""
     adapters, targeted = lora_sizes
     a = sharded_bytes(adapters, mesh_sizes, rules, ADAPTER_BYTES)
     pd, r = m.param_dtype, m.lora.rank
-    parts = {"params": parts["params"], "adapters": a, "optimizer": 2 * a, "reference": 0, "gradients": a,
+    ref = a if reference and adapters_reference else 0
+    parts = {"params": parts["params"], "adapters": a, "optimizer": 2 * a, "reference": ref, "gradients": a,
              **{k: parts[k] for k in ("activations", "logits")},
              "merged weights": sharded_bytes(targeted, mesh_sizes, rules, DTYPE_BYTES[pd]),
              **{k: parts[k] for k in ("kv cache", "sampler temps")}}
     notes = {**notes, "params": f"{pd}, the frozen base, held once (train step's frozen argument, KL reference)",
              "adapters": f"LoRA rank {r}: A + B of {len(targeted)} weights, float32",
              "optimizer": "Adam mu + nu of the adapters, float32",
-             "reference": "LoRA: the KL reference is the frozen base (no copy)" if reference else
-                          "no stage keeps a reference",
+             "reference": ("no stage keeps a reference" if not reference else
+                           "LoRA: the stage-start adapters (the base is held once)" if adapters_reference else
+                           "LoRA: the KL reference is the frozen base (no copy)"),
              "gradients": "of the adapters only, float32",
              "merged weights": f"the {len(targeted)} targeted weights, {pd}: merged by the step or the sampler"}
     return parts, notes
@@ -320,7 +327,8 @@ def plan_for_config(cfg: cv.RunConfig | dict, model_cfg, mesh_sizes: dict, rules
     budget, note = device_budget(float(cfg.run.device_memory_gib), n_dev)
     P, N = cfg.tasks.max_prompt_len, cfg.sampling.max_new_tokens
     reference = any(getattr(s, "uses_reference", False) for s in cfg.stages)
+    after_training = any(getattr(s, "uses_reference", False) for s in cfg.stages[1:])  # LoRA: trained adapters
     return plan(model_cfg, mesh_sizes, rules, leaves=model_leaves(model_cfg), train_rows=train_rows(cfg, row_multiple),
                 seq_len=P + N, sample_rows=cfg.sampling.batch_rows, prompt_len=P, new_tokens=N,
                 reference=reference, budget=budget, budget_note=note,
-                lora_sizes=None if model_cfg.lora is None else lora_leaves(model_cfg))
+                lora_sizes=None if model_cfg.lora is None else lora_leaves(model_cfg), adapters_reference=after_training)

@@ -53,6 +53,11 @@ def test_adapters_at_init_leave_logits_unchanged(base):
     ref, _ = FWD(base, tokens, cfg=CFG)
     got, _ = FWD(lora.merge(base, adapters, CFG), tokens, cfg=CFG)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(ref))
+    assert lora.is_identity(adapters)  # what tells a stage its reference is the base itself
+    one_b = jax.tree_util.tree_map_with_path(
+        lambda path, x: x.at[(0,) * x.ndim].set(1e-3) if path[-1].key == "b" and path[0].key == "block_1" else x,
+        adapters)
+    assert not lora.is_identity(one_b)
 
 
 def _pairs(adapters):

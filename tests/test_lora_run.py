@@ -1,7 +1,8 @@
 """model.lora and model.upcycle in the trainer (rl/; docs/lora_upcycling.md "Wiring into the trainer").
 
 LoRA: the train state holds the adapters only (the optimizer state is twice their size), the base is never changed
-and never checkpointed, the KL reference is the base (KL 0 at the first iteration, whose adapters are zero), the
+and never checkpointed, the KL reference is the base (KL 0 at the first iteration, whose adapters are zero) or,
+after a LoRA cold start, the cold-started adapters, the
 train step's gradient is the chain rule through the merge (against a float64 NumPy reference), a stopped and resumed
 run equals an uninterrupted one, and load_policy returns the merged weights. Upcycling: a dense checkpoint becomes
 an MoE at the start and trains with routing replay and the router metrics of any MoE.
@@ -151,6 +152,52 @@ def test_lora_run_resumes_exactly_checkpoints_adapters_and_loads_merged(tmp_path
     want = lora.merge(base, jax.tree.map(jnp.asarray, saved["train_state"]["params"]["lora"]), model_cfg)
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), params, want)
     assert not np.array_equal(np.asarray(params["block_0"]["attn"]["wq"]), np.asarray(base["block_0"]["attn"]["wq"]))
+
+
+def _cold_start_config():
+    """LoRA SFT (a cold start) then GRPO with a KL term: the GRPO stage starts from trained adapters."""
+    c = quickstart.get_config("variant=tiny")
+    c.model.lora = dict(LORA)
+    c.stages = [c.stages[0], c.stages[2]]
+    c.stages[0].update(dict(epochs=2, n_problems=16, lr=3e-2))
+    c.stages[1].update(dict(iterations=3, filter_zero_variance=False, entropy_coef=0.01, kl_coef=0.04, lr=3e-2))
+    c.eval.update(dict(initial=False, every=0))
+    return cv.validate(c)
+
+
+def test_after_a_lora_cold_start_the_kl_reference_is_the_cold_started_policy(tmp_path):
+    """As without LoRA (docs/training.md), the reference of an RL stage is the policy it starts from: after a LoRA
+    SFT stage a copy of its adapters (small; the base is still held once), so the first iteration's KL is 0; the
+    checkpoint holds that copy (never the base) and a resumed run equals an uninterrupted one."""
+    cfg = _cold_start_config()
+    ctx = context.build_context(cfg, str(tmp_path / "ctx"))
+    try:
+        st = stages.init(ctx, 0, cfg.stages[0], ctx.init_params())
+        for u in range(2):
+            st, _ = stages.unit(st, u)
+        cold = jax.device_get(stages.carried_params(st)["lora"])
+        assert not lora.is_identity(cold)
+        st = stages.init(ctx, 1, cfg.stages[1], stages.carried_params(st))
+        assert set(st.ref_params) == {"lora"} and st.ref_params["lora"] is not st.base.carry.state["params"]["lora"]
+        base = ctx.frozen_base()
+        ref = ctx.policy_weights(st.ref_params)
+        assert not np.array_equal(np.asarray(ref["block_0"]["attn"]["wq"]), np.asarray(base["block_0"]["attn"]["wq"]))
+        st, m0 = stages.unit(st, 0)  # the reference is the cold-started policy: KL 0, not the distance to the base
+        assert abs(m0["kl"]) < 1e-6 and abs(m0["kl/train"]) < 1e-6 and np.isfinite(m0["loss"])
+        for u in (1, 2):  # a batch sampled ahead (run.overlap) still has the reference's params at iteration 1
+            st, m = stages.unit(st, u)
+        assert m["kl"] > 1e-6
+        jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b), st.ref_params["lora"], cold)
+        tree, meta = stages.tree(st), stages.meta(st)
+        assert set(tree["ref_params"]) == {"lora"} and meta["reference"] == "adapters"
+        assert set(stages.template(st, meta)["ref_params"]) == {"lora"}
+    finally:
+        ctx.close()
+    full, part = str(tmp_path / "full"), str(tmp_path / "part")
+    run.train(cfg, full)
+    run.train(cfg.replace(run=cfg.run.replace(stop_after=3)), part)  # 2 SFT units and 1 GRPO iteration
+    run.train(cfg, part)
+    assert _records(full) == _records(part)
 
 
 def test_lora_sft_stage_trains_only_the_adapters(tmp_path):

@@ -216,6 +216,9 @@ def test_lora_plan_counts_the_adapters_not_the_base():
     assert p.parts["reference"] == 0 and "frozen base" in p.notes["reference"]
     assert p.parts["merged weights"] == merged
     assert _lora_plan(TINY_LORA, reference=False).notes["reference"] == "no stage keeps a reference"
+    cold = _lora_plan(TINY_LORA, adapters_reference=True)  # an RL stage after a LoRA cold start
+    assert cold.parts["reference"] == a and "stage-start adapters" in cold.notes["reference"]
+    assert _lora_plan(TINY_LORA, reference=False, adapters_reference=True).parts["reference"] == 0
     # the merged copy is in both phases: the train step merges inside its step, the sampler before sampling
     assert p.phase("train step") == a + p.parts["activations"] + p.parts["logits"] + merged
     assert p.phase("sampling") == merged + p.parts["kv cache"] + p.parts["sampler temps"]
@@ -279,7 +282,8 @@ def test_upcycled_plan_counts_the_moe_it_trains():
     p = mp.plan_for_config(cfg, moe_cfg, ONE)
     assert (p.parts["params"], p.parts["adapters"], p.parts["optimizer"]) == \
         (_nbytes(moe), _nbytes(adapters), 2 * _nbytes(adapters))
-    assert p.parts["merged weights"] == _targeted_bytes(moe, targets) and p.parts["reference"] == 0
+    assert p.parts["merged weights"] == _targeted_bytes(moe, targets)
+    assert p.parts["reference"] == _nbytes(adapters)  # quickstart's GRPO follows its SFT: the trained adapters
 
 
 @pytest.mark.slow

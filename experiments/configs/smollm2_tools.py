@@ -26,8 +26,8 @@ turn's markers are 10 tokens, a 7-digit product with its newline 8), 5 s per cal
 tool's output included (a right answer needs ~40: the call, the tool turn, `Answer: <7 digits>`), temperature 0.7
 (smollm2_grpo.py: at 1.0 this model's samples are mostly noise). Reward: the verified answer only, read from the
 policy's own tokens (a tool that printed "Answer: ..." could not answer for it). GRPO as smollm2_grpo.py: LoRA
-rank 16 on every projection, lr 2e-4, KL (k3, 0.01) to the initial model (with LoRA the base without adapters),
-groups without reward variance dropped.
+rank 16 on every projection, lr 2e-4, KL (k3, 0.01) to the policy GRPO starts from (the base without adapters;
+with cold=1 the cold-started adapters), groups without reward variance dropped.
 
 Size (this 2-core machine, alone): <= 30 minutes. One sampler call of 64 rows x 128 new tokens takes ~15 s, one
 GRPO iteration of 8 prompts x 8 samples ~1-2 min, and the first of each compiles for several minutes. An eval is

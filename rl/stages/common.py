@@ -246,11 +246,29 @@ def policy_params(st) -> dict:
 
 
 def reference_params(st) -> dict:
-    """The KL reference policy of an RL stage: with LoRA the frozen base itself (the same arrays: no second copy of
-    the weights), else a copy of the policy the stage starts from."""
-    if uses_lora(st.base.ctx):
-        return st.base.ctx.frozen_base()
-    return jax.tree.map(jnp.copy, policy_params(st))
+    """The KL reference policy of an RL stage: the policy the stage starts from. Without LoRA a copy of its params.
+    With LoRA, when the stage starts from fresh adapters (no earlier stage trained them), the frozen base itself (the
+    same arrays: no second copy of the weights); after a LoRA cold start, a copy of the stage's starting adapters
+    {"lora": ...} (small), which ctx.policy_weights merges into the base for each reference pass."""
+    ctx = st.base.ctx
+    if not uses_lora(ctx):
+        return jax.tree.map(jnp.copy, policy_params(st))
+    adapters = carried_params(st)[lora.ADAPTER_KEY]
+    if lora.is_identity(adapters):
+        return ctx.frozen_base()
+    return jax.tree.map(jnp.copy, adapters_reference(st))  # a copy: the train step donates the state's
+
+
+def adapters_reference(st) -> dict:
+    """A LoRA stage's adapters as a reference tree {"lora": ...} (the same arrays: a checkpoint template)."""
+    return {lora.ADAPTER_KEY: carried_params(st)[lora.ADAPTER_KEY]}
+
+
+def reference_is_adapters(st) -> bool:
+    """True when a LoRA stage's reference is its starting adapters (reference_params), which checkpoints hold; the
+    frozen base never is."""
+    ref = getattr(st, "ref_params", None)
+    return ref is not None and uses_lora(st.base.ctx) and lora.ADAPTER_KEY in ref
 
 
 def model_params(st) -> dict:

@@ -306,8 +306,11 @@ def produce(st: State, u: int) -> tuple[State, dict]:
         part = {k: v[checked] for k, v in b.items()}
         lp = _chunked(st, ctx.logprob_fn, params, part, None)  # flat: one minibatch's rows are enough
     _, mm = offpolicy.correction(lp, b["sample_logp"][checked], mask[checked])  # same params: numerics only
+    del params  # LoRA: the sampler's merged copy goes before a reference of adapters is merged (one at a time)
     if st.ref_params is not None:  # no routes: the reference policy routes its own way
-        b["ref_logp"] = _chunked(st, ctx.logprob_fn, st.ref_params, b, layout, routes=False) * mask
+        ref = ctx.policy_weights(st.ref_params)  # plain params; LoRA's stage-start adapters merged into the base
+        b["ref_logp"] = _chunked(st, ctx.logprob_fn, ref, b, layout, routes=False) * mask
+        del ref
     t_logp = time.time() - t0
     arrays = {**b, "ids": ids.astype(np.int64), "ks": ks.astype(np.int64), "lengths": smpl.lengths,
               "prompt_index": smpl.prompt_index.astype(np.int64),
@@ -463,8 +466,8 @@ def update(st: State, a: dict, extra: dict, keep_rows: np.ndarray, coef: float, 
 # -- checkpoint -----------------------------------------------------------------------------------------------
 def tree(st: State) -> dict:
     t = common.tree(st)
-    if st.ref_params is not None and not common.uses_lora(st.base.ctx):  # LoRA's is the base: never checkpointed
-        t["ref_params"] = st.ref_params
+    if st.ref_params is not None and (common.reference_is_adapters(st) or not common.uses_lora(st.base.ctx)):
+        t["ref_params"] = st.ref_params  # LoRA: the stage-start adapters; the base itself is never checkpointed
     if st.kl_state is not None:
         t["kl_state"] = st.kl_state
     if st.cur_state is not None:
@@ -476,6 +479,8 @@ def tree(st: State) -> dict:
 
 def meta(st: State) -> dict:
     m = {**common.meta(st), "trained_units": st.trained_units}
+    if common.reference_is_adapters(st):  # template: a resumed stage starts from fresh adapters, its reference the base
+        m["reference"] = "adapters"
     if st.pending:
         m["pending"] = rollout.pending_meta(list(st.pending))
     return m
@@ -483,6 +488,8 @@ def meta(st: State) -> dict:
 
 def template(st: State, meta: dict) -> dict:
     t = {k: v for k, v in tree(st).items() if k != "pending"}
+    if meta.get("reference") == "adapters":
+        t["ref_params"] = common.adapters_reference(st)
     if meta.get("pending"):
         t["pending"] = rollout.pending_template(meta["pending"])
     return t
