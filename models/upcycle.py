@@ -7,6 +7,7 @@ of that block's MLP, next to a freshly initialised router; every other weight is
     moe_cfg = upcycle.moe_config(dense_cfg)                      # dense_cfg.upcycle = UpcycleConfig(...) (or a dict)
     moe_params = upcycle.upcycle_params(dense_params, dense_cfg, key)
     logits, aux = transformer.forward(moe_params, tokens, moe_cfg)   # == the dense model's logits at init
+    upcycle.expert_spread(trained_params)        # {"block_i/w_up": ...}: how far training moved the copies apart
 
 The choices taken (UpcycleConfig fields):
 * n_experts experts per MoE block, each an exact copy of the dense block's SwiGLU (w_gate, w_up, w_down stacked on
@@ -71,3 +72,19 @@ def upcycle_params(dense_params, dense_cfg, key) -> dict:
         block["moe"] = {"router": router, **{name: jnp.array(w) for name, w in experts.items()}}
         params[f"block_{i}"] = block
     return params
+
+
+def expert_spread(params) -> dict[str, float]:
+    """How far apart the experts of each MoE block are: ||W - mean_e W|| / ||mean_e W repeated E times|| of every
+    routed expert weight W (w_gate, w_up, w_down, E experts stacked on axis 0), keyed "block_i/name". 0 at upcycling (exact copies);
+    routing replay can only matter once this is not small, since a flipped route then picks another function."""
+    out = {}
+    for name_b in sorted((k for k in params if k.startswith("block_")), key=lambda k: int(k.split("_")[1])):
+        moe_p = params[name_b].get("moe") if isinstance(params[name_b], dict) else None
+        if moe_p is None:
+            continue
+        for name in ("w_gate", "w_up", "w_down"):
+            w = jnp.asarray(moe_p[name], jnp.float32)
+            mean = jnp.mean(w, axis=0, keepdims=True)
+            out[f"{name_b}/{name}"] = float(jnp.linalg.norm(w - mean) / (jnp.linalg.norm(mean) * w.shape[0] ** 0.5))
+    return out

@@ -59,6 +59,9 @@ def test_upcycled_logits_equal_the_dense_logits(dense_params):
     dense_logits, _ = FWD(dense_params, tokens, cfg=DENSE.replace(upcycle=None))
     logits, aux = FWD(params, tokens, cfg=moe_cfg)
     np.testing.assert_allclose(np.asarray(logits), np.asarray(dense_logits), rtol=0, atol=2e-5)
+    spread = upcycle.expert_spread(params)
+    assert set(spread) == {f"block_{i}/{n}" for i in range(3) for n in ("w_gate", "w_up", "w_down")}
+    assert max(spread.values()) == 0.0  # exact copies
     # The router really routes: tokens go to different experts (the equality is not a degenerate single route).
     assert np.all(np.asarray(aux["expert_load"]).max(axis=-1) < 1.0)
     assert np.count_nonzero(np.asarray(aux["expert_load"])) > 3 * 2
@@ -134,3 +137,16 @@ def test_upcycle_needs_a_dense_model_with_an_moe_block():
         upcycle.moe_config(DENSE.replace(upcycle=dict(moe_every=5)))
     with pytest.raises(ValueError, match="model.upcycle is not set"):
         upcycle.moe_config(DENSE.replace(upcycle=None))
+
+
+def test_expert_spread_against_float64(dense_params):
+    params = upcycle.upcycle_params(dense_params, DENSE, jax.random.key(1))
+    w = np.asarray(params["block_1"]["moe"]["w_up"], np.float64)
+    w = w + 0.01 * np.random.default_rng(0).standard_normal(w.shape)
+    moe_1 = {**params["block_1"]["moe"], "w_up": jnp.asarray(w, jnp.float32)}
+    params = {**params, "block_1": {**params["block_1"], "moe": moe_1}}
+    mean = w.mean(0)
+    want = np.sqrt(((w - mean) ** 2).sum()) / np.sqrt(w.shape[0] * (mean ** 2).sum())
+    got = upcycle.expert_spread(params)
+    np.testing.assert_allclose(got["block_1/w_up"], want, rtol=1e-4)
+    assert got["block_1/w_gate"] == 0.0 and got["block_0/w_up"] == 0.0
