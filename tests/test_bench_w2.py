@@ -12,6 +12,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hf_folders import run_ready_folder  # noqa: E402
 
+from models.cpu import allocator  # noqa: E402
+
 
 def test_update_flops_counts_each_prompt_once_and_every_query_key_pair():
     from experiments.bench import w1
@@ -64,8 +66,9 @@ def test_w2_runs_end_to_end_on_a_tiny_fixture(tmp_path, capsys):
     out = tmp_path / "w2.json"
     # No --no_peer: a folder is not a GGUF file, so the bench says the peer is skipped and reports ours alone.
     w2.main(["--model", folder, "--kl", "0.04", "--steps", "1", "--prompts", "2", "--new_tokens", "8",
-             "--microbatches", "2", "--logits_chunk", "16", "--json", str(out)])
-    assert "peer skipped" in capsys.readouterr().out
+             "--microbatches", "2", "--logits_chunk", "16", "--compare_allocator", "hugetlb_only", "--json", str(out)])
+    printed = capsys.readouterr().out
+    assert "peer skipped" in printed and "[allocator] KL 0.04: hugepages / hugetlb_only" in printed
     saved = json.loads(out.read_text())
     assert saved["workload"] == "W2" and saved["logits_chunk"] == 16
     (rep,) = saved["reps"]
@@ -75,6 +78,14 @@ def test_w2_runs_end_to_end_on_a_tiny_fixture(tmp_path, capsys):
     assert 0 < ours["update_mfu"] and ours["peak_gflops"] > 0 and ours["peak_rss_mib"] > 0
     assert 0 < ours["update_mfu_per_cpu_s"] and ours["peak_gflop_per_cpu_s"] > 0
     assert 2 * 8 <= ours["generated_tokens"] <= 2 * 8 * 8  # 2 prompts x 8 samples, 1..8 tokens each
+    assert ours["update_sys_cpu_s"] >= 0 and 0 < ours["update_mfu_per_user_cpu_s"]
+    if allocator.supported():  # the launcher's setting
+        assert set(allocator.TUNABLES) <= set(ours["glibc_tunables"].split(":"))
+    # The same setting again under the huge-page tunable alone, its own process and figures
+    ab = rep["allocator_ab"]
+    assert ab["allocator"] == "hugepages" and ab["other_allocator"] == "hugetlb_only" and ab["kl"] == 0.04
+    assert ab["other"]["glibc_tunables"] == "glibc.malloc.hugetlb=1" and ab["other"]["phases_s"]["update"] > 0
+    assert ab["update_ratio"] == pytest.approx(ours["phases_s"]["update"] / ab["other"]["phases_s"]["update"])
 
 
 def test_microbatches_must_divide_the_prompts():

@@ -280,6 +280,20 @@ def peer_workload(args) -> list[str]:
             "--max-completion", str(new_tokens)]
 
 
+ALLOCATORS = ("hugepages", "hugetlb_only", "default")
+
+
+def allocator_env(name: str) -> dict:
+    """Our child's environment: "hugepages" as the launcher runs (models/cpu/allocator.py: all its glibc tunables,
+    heap trimmed after each compile), "hugetlb_only" the huge-page tunable alone (this project's setting before
+    2026-12-05: memory not reused across steps), "default" glibc as is and no trimming."""
+    if name == "hugepages":
+        return allocator.tuned_env()
+    if name == "hugetlb_only":
+        return {**os.environ, "GLIBC_TUNABLES": allocator.TUNABLES[0]}
+    return {**os.environ, allocator.TRIM_OPT_OUT: "0"}
+
+
 def run_ours(kl: float, args, module: str = "experiments.bench.w1", extra: list[str] | None = None) -> dict:
     """One KL setting in its own subprocess (`python -m module --_child KL` + extra, default W1's child_args; its
     peak RSS is its own), with the load average around it."""
@@ -290,7 +304,7 @@ def run_ours(kl: float, args, module: str = "experiments.bench.w1", extra: list[
 
     # Our process runs with the allocator setting the launcher uses (models/cpu/allocator.py); the peer keeps its
     # default, with which it ran faster (BENCHMARKS.md).
-    env = allocator.tuned_env() if args.allocator == "hugepages" else {**os.environ, allocator.TRIM_OPT_OUT: "0"}
+    env = allocator_env(args.allocator)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode:
         sys.stderr.write(proc.stderr)
@@ -369,9 +383,11 @@ def add_pair_args(ap, steps: int = 3, microbatches: int = 2) -> None:
     ap.add_argument("--kl", type=float, nargs="*", default=[0.0, 0.04], help="KL weights to run")
     ap.add_argument("--microbatches", type=int, default=microbatches,
                     help="gradient-accumulation slices of the update, whole prompts each (one AdamW step either way)")
-    ap.add_argument("--allocator", choices=("hugepages", "default"), default="hugepages",
-                    help="our process's malloc as the launcher runs it (transparent huge pages, heap trimmed after "
-                         "each compile: models/cpu/allocator.py) or as is")
+    ap.add_argument("--allocator", choices=ALLOCATORS, default="hugepages",
+                    help="our process's malloc as the launcher runs it (huge pages, freed memory reused, heap trimmed "
+                         "after each compile: models/cpu/allocator.py), the huge-page tunable alone, or as is")
+    ap.add_argument("--compare_allocator", choices=ALLOCATORS, default=None,
+                    help="also run ours at the last --kl with this allocator right after, and print the ratios")
     ap.add_argument("--reps", type=int, default=1, help="repetitions of the pair (ours, then the peer)")
     ap.add_argument("--peer", default=_default_peer(), help="the TRL harness, run by path (default: ../shared)")
     ap.add_argument("--peer_python", default="/tmp/peer-trl-venv/bin/python", help="python of the peer's venv")
@@ -392,15 +408,37 @@ def run_pairs(args, name: str, command: str, ours, peer, extra_json: dict | None
     reps = []
     for rep in range(args.reps):
         mine = [ours(kl) for kl in args.kl]
+        other = compare_allocator(args, ours, mine[-1])
         theirs = peer()
-        reps.append(dict(ours=mine, peer=theirs, ratios=ratios(mine, theirs)))
+        reps.append(dict(ours=mine, peer=theirs, ratios=ratios(mine, theirs), allocator_ab=other))
         report(reps[-1], args, rep, name)
     common.write_json(args.json, dict(
         command=command, machine=reps[0]["ours"][0]["machine"], microbatches=args.microbatches, steps=args.steps,
         **(extra_json or {}),
-        reps=[dict(ours=[_ours_json(r) for r in rep["ours"]], peer=rep["peer"], ratios=rep["ratios"])
-              for rep in reps]))
+        reps=[dict(ours=[_ours_json(r) for r in rep["ours"]], peer=rep["peer"], ratios=rep["ratios"],
+                   allocator_ab=rep["allocator_ab"]) for rep in reps]))
     return reps
+
+
+def compare_allocator(args, ours, mine: dict) -> dict | None:
+    """With --compare_allocator: ours at the last KL again under that allocator, right after `mine` (the same
+    setting under --allocator); the ratios of the update and the step (ours / the other) and both runs' figures."""
+    if not args.compare_allocator:
+        return None
+    chosen, args.allocator = args.allocator, args.compare_allocator
+    try:
+        other = ours(args.kl[-1])
+    finally:
+        args.allocator = chosen
+    out = dict(kl=args.kl[-1], allocator=chosen, other_allocator=args.compare_allocator,
+               update_ratio=mine["seconds"]["update"] / other["seconds"]["update"],
+               step_ratio=mine["seconds"]["total"] / other["seconds"]["total"],
+               peak_rss_ratio=mine["peak_rss_mib"] / other["peak_rss_mib"], other=_ours_json(other))
+    print(f"[allocator] KL {out['kl']:g}: {chosen} / {args.compare_allocator}: update {out['update_ratio']:.3f}x, "
+          f"step {out['step_ratio']:.3f}x, peak RSS {out['peak_rss_ratio']:.3f}x (update {mine['seconds']['update']:.2f}"
+          f" vs {other['seconds']['update']:.2f} s; its system CPU {mine['seconds'].get('sys_update', 0):.2f} vs "
+          f"{other['seconds'].get('sys_update', 0):.2f} s)", flush=True)
+    return out
 
 
 def main(argv=None):
