@@ -17,6 +17,8 @@ def test_tuned_env_adds_the_tunable_and_keeps_others(glibc):
     assert env["GLIBC_TUNABLES"].split(":") == ["glibc.malloc.tcache_count=0", *allocator.TUNABLES]
     assert env["PATH"] == "/bin"
     assert allocator.tuned_env({})["GLIBC_TUNABLES"] == allocator.TUNABLE
+    assert allocator.tuned_env({allocator.HEAP_REUSE: "1"})["GLIBC_TUNABLES"].split(":") == [
+        *allocator.TUNABLES, *allocator.HEAP_REUSE_TUNABLES]
     # Already present: unchanged, not duplicated.
     assert allocator.tuned_env(env)["GLIBC_TUNABLES"] == env["GLIBC_TUNABLES"]
 
@@ -73,10 +75,10 @@ def test_the_tunable_gives_malloc_huge_pages():
 
 
 @pytest.mark.skipif(not allocator.supported(), reason="needs glibc")
-def test_the_tunables_reuse_freed_memory_instead_of_faulting_fresh_pages():
+def test_the_heap_reuse_tunables_reuse_freed_memory_instead_of_faulting_fresh_pages():
     # A child mallocs, touches and frees 256 MiB twice and reports the minor page faults of the second round:
     # by default glibc unmaps the first buffer and maps a fresh one (tens of thousands of faults); tuned, the second
-    # buffer is the first one's memory again.
+    # buffer is the first one's memory again (opt-in: MATHRL_HEAP_REUSE=1).
     import subprocess
 
     code = ("import ctypes, resource\nlibc = ctypes.CDLL(None); libc.malloc.restype = ctypes.c_void_p\n"
@@ -88,7 +90,7 @@ def test_the_tunables_reuse_freed_memory_instead_of_faulting_fresh_pages():
                                          check=True).stdout)
     base = {k: v for k, v in allocator.os.environ.items() if k != "GLIBC_TUNABLES"}
     assert run(base) > 1000
-    assert run(allocator.tuned_env(base)) < 100
+    assert run(allocator.tuned_env({**base, allocator.HEAP_REUSE: "1"})) < 100
 
 
 @pytest.mark.skipif(not allocator.supported(), reason="needs glibc")

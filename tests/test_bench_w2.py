@@ -66,9 +66,9 @@ def test_w2_runs_end_to_end_on_a_tiny_fixture(tmp_path, capsys):
     out = tmp_path / "w2.json"
     # No --no_peer: a folder is not a GGUF file, so the bench says the peer is skipped and reports ours alone.
     w2.main(["--model", folder, "--kl", "0.04", "--steps", "1", "--prompts", "2", "--new_tokens", "8",
-             "--microbatches", "2", "--logits_chunk", "16", "--compare_allocator", "hugetlb_only", "--json", str(out)])
+             "--microbatches", "2", "--logits_chunk", "16", "--allocator", "heap_reuse", "--compare_allocator", "hugepages", "--json", str(out)])
     printed = capsys.readouterr().out
-    assert "peer skipped" in printed and "[allocator] KL 0.04: hugepages / hugetlb_only" in printed
+    assert "peer skipped" in printed and "[allocator] KL 0.04: heap_reuse / hugepages" in printed
     saved = json.loads(out.read_text())
     assert saved["workload"] == "W2" and saved["logits_chunk"] == 16
     (rep,) = saved["reps"]
@@ -79,12 +79,14 @@ def test_w2_runs_end_to_end_on_a_tiny_fixture(tmp_path, capsys):
     assert 0 < ours["update_mfu_per_cpu_s"] and ours["peak_gflop_per_cpu_s"] > 0
     assert 2 * 8 <= ours["generated_tokens"] <= 2 * 8 * 8  # 2 prompts x 8 samples, 1..8 tokens each
     assert ours["update_sys_cpu_s"] >= 0 and 0 < ours["update_mfu_per_user_cpu_s"]
-    if allocator.supported():  # the launcher's setting
-        assert set(allocator.TUNABLES) <= set(ours["glibc_tunables"].split(":"))
+    if allocator.supported():  # the launcher's setting plus the opt-in heap reuse
+        assert set(allocator.TUNABLES + allocator.HEAP_REUSE_TUNABLES) <= set(ours["glibc_tunables"].split(":"))
     # The same setting again under the huge-page tunable alone, its own process and figures
     ab = rep["allocator_ab"]
-    assert ab["allocator"] == "hugepages" and ab["other_allocator"] == "hugetlb_only" and ab["kl"] == 0.04
-    assert ab["other"]["glibc_tunables"] == "glibc.malloc.hugetlb=1" and ab["other"]["phases_s"]["update"] > 0
+    assert ab["allocator"] == "heap_reuse" and ab["other_allocator"] == "hugepages" and ab["kl"] == 0.04
+    if allocator.supported():
+        assert set(ab["other"]["glibc_tunables"].split(":")).isdisjoint(allocator.HEAP_REUSE_TUNABLES)
+    assert ab["other"]["phases_s"]["update"] > 0
     assert ab["update_ratio"] == pytest.approx(ours["phases_s"]["update"] / ab["other"]["phases_s"]["update"])
 
 

@@ -280,17 +280,17 @@ def peer_workload(args) -> list[str]:
             "--max-completion", str(new_tokens)]
 
 
-ALLOCATORS = ("hugepages", "hugetlb_only", "default")
+ALLOCATORS = ("hugepages", "heap_reuse", "default")
 
 
 def allocator_env(name: str) -> dict:
-    """Our child's environment: "hugepages" as the launcher runs (models/cpu/allocator.py: all its glibc tunables,
-    heap trimmed after each compile), "hugetlb_only" the huge-page tunable alone (this project's setting before
-    2026-12-05: memory not reused across steps), "default" glibc as is and no trimming."""
+    """Our child's environment: "hugepages" as the launcher runs (models/cpu/allocator.py: the huge-page tunable,
+    heap trimmed after each compile), "heap_reuse" that plus the opt-in heap-reuse tunables (MATHRL_HEAP_REUSE=1),
+    "default" glibc as is and no trimming."""
     if name == "hugepages":
-        return allocator.tuned_env()
-    if name == "hugetlb_only":
-        return {**os.environ, "GLIBC_TUNABLES": allocator.TUNABLES[0]}
+        return allocator.tuned_env({k: v for k, v in os.environ.items() if k != allocator.HEAP_REUSE})
+    if name == "heap_reuse":
+        return allocator.tuned_env({**os.environ, allocator.HEAP_REUSE: "1"})
     return {**os.environ, allocator.TRIM_OPT_OUT: "0"}
 
 
@@ -384,8 +384,8 @@ def add_pair_args(ap, steps: int = 3, microbatches: int = 2) -> None:
     ap.add_argument("--microbatches", type=int, default=microbatches,
                     help="gradient-accumulation slices of the update, whole prompts each (one AdamW step either way)")
     ap.add_argument("--allocator", choices=ALLOCATORS, default="hugepages",
-                    help="our process's malloc as the launcher runs it (huge pages, freed memory reused, heap trimmed "
-                         "after each compile: models/cpu/allocator.py), the huge-page tunable alone, or as is")
+                    help="our process's malloc as the launcher runs it (huge pages, heap trimmed after each compile: "
+                         "models/cpu/allocator.py), that plus the opt-in heap reuse (MATHRL_HEAP_REUSE=1), or as is")
     ap.add_argument("--compare_allocator", choices=ALLOCATORS, default=None,
                     help="also run ours at the last --kl with this allocator right after, and print the ratios")
     ap.add_argument("--reps", type=int, default=1, help="repetitions of the pair (ours, then the peer)")

@@ -1,6 +1,6 @@
-"""Host memory allocator setting for CPU runs: glibc malloc on transparent huge pages, reusing its own heap.
+"""Host memory allocator setting for CPU runs: glibc malloc on transparent huge pages (optionally reusing its heap).
 
-    env = allocator.tuned_env()          # os.environ plus GLIBC_TUNABLES=TUNABLE (Linux/glibc)
+    env = allocator.tuned_env()          # os.environ plus GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (Linux/glibc)
     allocator.reexec_if_untuned()        # first thing in a launcher's main: restart this process with that env
     allocator.trim_after_compiles()      # then: hand the heap XLA's compiler freed back to the OS after each compile
 
@@ -12,19 +12,19 @@ for transparent huge pages (2 MiB), so a step faults ~500x fewer pages. Measured
 this project's CPU seconds per step by ~10% at no extra peak memory; the same setting made TRL's PyTorch process
 slower and larger, so the W1 benchmark runs the peer with its default allocator.
 
-Reuse. Huge pages make the faults fewer, not the memory reused: glibc still mmaps every buffer above its mmap
-threshold (at most 32 MiB) fresh and unmaps it when freed, and hands freed heap tops back. On SmolLM2's update (W2,
-3.7 GB of fresh buffers per step) the kernel's work of backing those pages again grew from 0.2-2 s to 8-11 s of
-system CPU time per update whenever sampling and the reference pass had run in between (the RL loop's order): update
-17.5 s, of which ~10 s system time. `mmap_max=0` (no mmap'd chunks), `arena_max=1` (one arena, whose brk heap has
-no size cap; a thread's arena heap is capped at 64 MiB) and a 16 GiB `trim_threshold` (freed memory is kept) make
-every step's buffers come from memory the process already touched: the same update took 10.6-11.0 s with 0.1-0.2 s
-of system time, whatever ran before it (BENCHMARKS.md W2). The price is that the heap holds the largest step's
-footprint until `release_free_heap()`.
+Reuse (opt-in: MATHRL_HEAP_REUSE=1). Huge pages make the faults fewer, not the memory reused: glibc still mmaps
+every buffer above its mmap threshold (at most 32 MiB) fresh and unmaps it when freed. On SmolLM2's update (W2, 3.7
+GB of fresh buffers per step) the kernel's work of backing those pages again grew from 0.2-2 s to 8-14 s of system
+CPU time per update whenever sampling and the reference pass had run in between (the RL loop's order).
+HEAP_REUSE_TUNABLES (`mmap_max=0`: no mmap'd chunks; `arena_max=1`: one arena, whose brk heap has no size cap; a
+16 GiB `trim_threshold`: freed memory is kept) make every step's buffers come from memory the process already
+touched: in the same W2 run the update took 10.96 s instead of 18.83 s, with 0.16 s of system time (BENCHMARKS.md).
+It is not the default: the upcycled SmolLM2 recipe (smollm2_upcycle.py, 15-16 GB peak without it) grew past 23.9
+GB with it and was OOM-killed on this 24 GB machine, presumably a fragmented heap.
 
 glibc reads tunables only when a process starts, hence the environment for child processes and the re-exec for the
 launcher. Where the kernel has THP disabled ("never") the huge-page tunable is a no-op; on other C libraries or
-operating systems nothing is changed. MATHRL_HUGEPAGES=0 opts out of all four tunables.
+operating systems nothing is changed. MATHRL_HUGEPAGES=0 opts out of all of them.
 
 Compiles leave freed heap behind. Compiling W1's train step grows the process by ~600 MiB, most of it freed small
 blocks that glibc keeps in its arenas; the step's large buffers are mmap'd separately and never reuse them, so the
@@ -43,11 +43,12 @@ import time
 
 import jax
 
-# hugetlb: transparent huge pages for malloc's memory. mmap_max=0 / arena_max=1 / trim_threshold: every buffer comes
-# from the one brk heap and freed memory stays there for the next step's buffers (see "Reuse" above).
-TUNABLES = ("glibc.malloc.hugetlb=1", "glibc.malloc.mmap_max=0", "glibc.malloc.arena_max=1",
-            "glibc.malloc.trim_threshold=17179869184")
+TUNABLES = ("glibc.malloc.hugetlb=1",)  # transparent huge pages for malloc's memory
 TUNABLE = ":".join(TUNABLES)
+# Opt-in (MATHRL_HEAP_REUSE=1): every buffer from the one brk heap, freed memory kept there (see "Reuse" above)
+HEAP_REUSE = "MATHRL_HEAP_REUSE"
+HEAP_REUSE_TUNABLES = ("glibc.malloc.mmap_max=0", "glibc.malloc.arena_max=1",
+                       "glibc.malloc.trim_threshold=17179869184")
 OPT_OUT = "MATHRL_HUGEPAGES"
 _MARK = "MATHRL_ALLOCATOR_REEXEC"  # set in the re-executed process: never restart twice
 TRIM_OPT_OUT = "MATHRL_TRIM"
@@ -65,20 +66,26 @@ def wanted(env=None) -> bool:
     return supported() and env.get(OPT_OUT, "1") != "0"
 
 
+def tunables(env=None) -> tuple[str, ...]:
+    """The tunables this environment asks for: TUNABLES, plus HEAP_REUSE_TUNABLES with MATHRL_HEAP_REUSE=1."""
+    env = os.environ if env is None else env
+    return TUNABLES + (HEAP_REUSE_TUNABLES if env.get(HEAP_REUSE, "0") == "1" else ())
+
+
 def has_tunable(env=None) -> bool:
-    """True when GLIBC_TUNABLES holds every one of TUNABLES."""
+    """True when GLIBC_TUNABLES holds every one of tunables(env)."""
     env = os.environ if env is None else env
     present = env.get("GLIBC_TUNABLES", "").split(":")
-    return all(t in present for t in TUNABLES)
+    return all(t in present for t in tunables(env))
 
 
 def tuned_env(env=None) -> dict:
-    """A copy of `env` (default os.environ) with TUNABLES added to GLIBC_TUNABLES (other tunables kept, those
+    """A copy of `env` (default os.environ) with tunables(env) added to GLIBC_TUNABLES (other tunables kept, those
     already there not repeated), unless unsupported or opted out."""
     out = dict(os.environ if env is None else env)
     if wanted(out) and not has_tunable(out):
         present = [t for t in out.get("GLIBC_TUNABLES", "").split(":") if t]
-        out["GLIBC_TUNABLES"] = ":".join(present + [t for t in TUNABLES if t not in present])
+        out["GLIBC_TUNABLES"] = ":".join(present + [t for t in tunables(out) if t not in present])
     return out
 
 
