@@ -76,11 +76,12 @@ def upcycle_params(dense_params, dense_cfg, key) -> dict:
 
 def expert_spread(params) -> dict[str, float]:
     """How far apart the experts of each MoE block are: ||W - mean_e W|| / ||mean_e W repeated E times|| of every
-    routed expert weight W (w_gate, w_up, w_down, E experts stacked on axis 0), keyed "block_i/name". 0 at upcycling (exact copies);
-    routing replay can only matter once this is not small, since a flipped route then picks another function."""
+    routed expert weight W (w_gate, w_up, w_down, E experts stacked on axis 0), keyed "block_i/name". 0 at upcycling
+    (exact copies); routing replay can only matter once this is not small, since a flipped route then picks another
+    function."""
     out = {}
     for name_b in sorted((k for k in params if k.startswith("block_")), key=lambda k: int(k.split("_")[1])):
-        moe_p = params[name_b].get("moe") if isinstance(params[name_b], dict) else None
+        moe_p = params[name_b].get("moe")
         if moe_p is None:
             continue
         for name in ("w_gate", "w_up", "w_down"):
