@@ -554,7 +554,7 @@ def make_train_step(model_cfg, loss_cfg: LossConfig, optim_cfg: OptimConfig, mes
 
         def pick(new, old):
             # The whole update is selected at once: a non-finite step leaves every leaf as it was.
-            return jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+            return jax.lax.cond(finite, lambda: new, lambda: old)
 
         skipped = (~finite).astype(jnp.int32)
         new_state = {
