@@ -77,11 +77,10 @@ class ModelConfig(Checked):
     tie_embeddings: bool = field(True, "unembedding = embedding table (scaled by d_model**-0.5 if scale_tied_unembed)",
                                  boolean)
     remat: bool = field(False, "rematerialise each block in the backward pass (saves activation memory)", boolean)
-    scan_layers: bool = field(False, "run the blocks as one lax.scan over their stacked weights instead of unrolled "
-                                     "(forward passes and gradients; decoding stays unrolled): the program holds one "
-                                     "block instead of n_layers (SmolLM2's LoRA train step still compiled in "
-                                     "~11 min: its per-weight work outside the blocks dominates); a model that "
-                                     "mixes dense and MoE blocks runs unrolled", boolean)
+    scan_layers: bool = field(True, "run each group of stacked blocks (models/layer_stack.py) as one lax.scan (forward "
+                                    "passes and gradients; the sampler's decode steps always run unrolled); False "
+                                    "unrolls every block over slices of the stacked weights (a program n_layers "
+                                    "blocks long: for comparisons)", boolean)
     logits_chunk: int = field(0, "train step: logprobs + entropy N positions at a time, no [B, T, V] logits (0 = full)",
                               integer(0, 2**24))
     # Fields that pretrained checkpoints need (models/hf.py sets them); the defaults reproduce the from-scratch model.

@@ -47,7 +47,7 @@ from flax import traverse_util
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from models import gguf_file, sharding
+from models import gguf_file, layer_stack, sharding
 from models import lora as lora_adapters
 from models.config import ModelConfig
 from models.transformer import init, param_shardings
@@ -387,35 +387,46 @@ def _gguf_config(path: Path, hf_cfg: dict, dtype: str, param_dtype: str | None) 
 def _assemble(cfg: ModelConfig, model_type: str, weight_map: dict, handles: dict, mesh, rules, *, where: str,
               root: Path):
     """The params pytree read through safetensors-like handles (get_slice(name)[index], .get_shape())."""
-    specs = _tensor_specs(cfg, model_type)
-    shapes = traverse_util.flatten_dict(jax.eval_shape(partial(init, cfg), jax.random.key(0)))
-    assert set(shapes) == set(specs), sorted(set(shapes) ^ set(specs))  # the mapping covers the whole pytree
+    specs = _tensor_specs(cfg, model_type)  # per-layer keys ("block_i", ...), one per checkpoint tensor (group)
+    abstract = jax.eval_shape(partial(init, cfg), jax.random.key(0))
+    per_layer = set(traverse_util.flatten_dict(layer_stack.per_layer(abstract, cfg)))
+    assert per_layer == set(specs), sorted(per_layer ^ set(specs))  # the mapping covers the whole pytree
+    shapes = traverse_util.flatten_dict(abstract)  # stacked keys ("stack_k", ...)
+    layers_of = {name: layers for name, layers, _ in layer_stack.stacks(layer_stack.layer_groups(cfg))}
     target = np.dtype(jnp.dtype(cfg.param_dtype))
     shardings = None
     if mesh is not None:
         rules = sharding.DEFAULT_RULES if rules is None else rules
         shardings = traverse_util.flatten_dict(param_shardings(cfg, mesh, rules))
     _check_tensors(specs, weight_map, handles, cfg, model_type, where)
+
+    def read(spec, index):
+        host = _read(handles, weight_map, spec, index)
+        require_finite(host, spec.names, where_file(root, weight_map, spec))  # NaN weights never load silently
+        return host.astype(target)
+
+    def read_leaf(key, index):
+        """The part `index` of our array `key`: a stacked leaf reads its layers' tensors one by one."""
+        if key[0] not in layers_of:
+            return read(specs[key], index)
+        layers = layers_of[key[0]]
+        l0, l1 = _bounds(index[0], len(layers))
+        return np.stack([read(specs[(f"block_{layers[r]}", *key[1:])], index[1:]) for r in range(l0, l1)])
+
     leaves = {}
-    for key, spec in specs.items():
-        shape = shapes[key].shape
+    for key, sd in shapes.items():
         if shardings is None:
-            full = tuple(slice(None) for _ in shape)
-            host = _read(handles, weight_map, spec, full)
-            require_finite(host, spec.names, where_file(root, weight_map, spec))  # NaN weights never load silently
-            leaves[key] = jnp.asarray(host.astype(target))
+            leaves[key] = jnp.asarray(read_leaf(key, tuple(slice(None) for _ in sd.shape)))
             continue
         cache = {}  # devices holding the same slice (replicated dims) share one read
 
-        def shard(index, spec=spec, shape=shape, cache=cache):
+        def shard(index, key=key, shape=sd.shape, cache=cache):
             key_ = tuple(_bounds(s, n) for s, n in zip(index, shape))
             if key_ not in cache:
-                host = _read(handles, weight_map, spec, index)
-                require_finite(host, spec.names, where_file(root, weight_map, spec))
-                cache[key_] = host.astype(target)
+                cache[key_] = read_leaf(key, index)
             return cache[key_]
 
-        leaves[key] = jax.make_array_from_callback(shape, shardings[key], shard)
+        leaves[key] = jax.make_array_from_callback(sd.shape, shardings[key], shard)
     return traverse_util.unflatten_dict(leaves)
 
 
@@ -443,6 +454,8 @@ def save(path, cfg: ModelConfig, params, *, model_type: str | None = None, max_s
         params = lora_adapters.merge(params, lora, cfg)
     model_type = model_type or infer_model_type(cfg)
     hf_cfg = config_to_hf(cfg, model_type)
+    if not layer_stack.is_per_layer(params):  # the checkpoint's tensors are per layer
+        params = layer_stack.per_layer(params, cfg)
     flat = traverse_util.flatten_dict(params)
     if cfg.tie_embeddings and cfg.scale_tied_unembed:  # an explicit lm_head computes the same logits
         out_cfg = cfg.replace(tie_embeddings=False)

@@ -4,7 +4,7 @@
 adds to every targeted weight W a low-rank update: W' = W + (alpha / r) * A @ B, with A [in, r] and B [r, out].
 Only A and B are trained; W stays frozen.
 
-    adapters = lora.init(base, cfg, key)             # {"block_0": {"attn": {"wq": {"a", "b"}, ...}}, ...}; B = 0
+    adapters = lora.init(base, cfg, key)             # {"stack_0": {"attn": {"wq": {"a", "b"}, ...}}, ...}; B = 0
     merged = lora.merge(base, adapters, cfg)         # plain params, same tree/shapes/dtypes as base
     logits, aux = transformer.forward(merged, tokens, cfg)            # the trainer's and the sampler's forward
     trainable, frozen = lora.split({**base, "lora": adapters}, cfg)   # optimizer over trainable only
@@ -15,9 +15,12 @@ Only A and B are trained; W stays frozen.
 Targets are block-relative paths of the params tree (models/transformer.py): "attn/wq", "attn/wk", "attn/wv",
 "attn/wo", the dense SwiGLU "mlp/w_gate", "mlp/w_up", "mlp/w_down", the routed experts "moe/w_gate", "moe/w_up",
 "moe/w_down" (one adapter per expert: A [E, D, r], B [E, r, F]) and the shared experts "moe/shared/w_gate" etc.
-A target applies in every block that has that array; one that matches no array of the model is an error.
+A target applies in every block that has that array; one that matches no array of the model is an error. The
+blocks' weights are stacked (models/layer_stack.py), and so are the adapters: one adapter per target and stack, with
+the stack's leading layer axis first (A [L, D, r], B [L, r, N, H] for the wq of an L-layer stack).
 
-Shapes: a weight is [*lead, *in, *out] (lead = the expert axis of routed experts; in = the contracted dims, e.g.
+Shapes: a weight is [*lead, *in, *out] (lead = the stack's layer axis, then the expert axis of routed experts; in = the
+contracted dims, e.g.
 (N, H) for wo; out = the rest, e.g. (N, H) for wq); its adapter is a [*lead, *in, r], b [*lead, r, *out].
 Initialisation (the paper's): A ~ normal(0, 1 / fan_in) (the same fan-in scale as the base weights'
 models/transformer.py init), B = 0, so the merged weights, and hence the logits, equal the base's bit for bit at
@@ -46,11 +49,11 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
 
-from models import sharding
+from models import layer_stack, sharding
 from models.adaptation import DEFAULT_TARGETS, TARGETS, LoraConfig  # noqa: F401 (DEFAULT_TARGETS re-exported)
 
 ADAPTER_KEY = "lora"  # the adapters' key in a combined tree {**base, "lora": adapters}
-_BLOCK = re.compile(r"block_\d+")
+_STACK = layer_stack.STACK_KEY
 
 
 def _config(cfg) -> LoraConfig:
@@ -60,9 +63,9 @@ def _config(cfg) -> LoraConfig:
 
 
 def _targeted(base, lcfg: LoraConfig):
-    """[(block key, target path, weight)] for every array of base that a target names, in a fixed order."""
+    """[(stack key, target path, weight)] for every array of base that a target names, in a fixed order."""
     found, used = [], set()
-    for block in sorted((k for k in base if _BLOCK.fullmatch(k)), key=lambda k: int(k.split("_")[1])):
+    for block in sorted((k for k in base if _STACK.fullmatch(k)), key=lambda k: int(k.split("_")[1])):
         for target in lcfg.targets:
             node = _get(base, block, target)
             if node is not None:
@@ -76,14 +79,17 @@ def _targeted(base, lcfg: LoraConfig):
 
 
 def targeted_weights(base, cfg) -> list[tuple[str, str, object]]:
-    """[(block key, target path, leaf)] of every weight of base that cfg.lora adapts, in init's order. base may
+    """[(stack key, target path, leaf)] of every weight of base that cfg.lora adapts, in init's order. base may
     hold arrays, shapes (jax.eval_shape) or logical axis names (transformer.param_axes): e.g. what the merge copies,
     for rl/memory_plan.py."""
     return _targeted(base, _config(cfg))
 
 
-def _split_dims(shape, target: str):
+def _split_dims(shape, target: str, stacked: bool = True):
+    """(lead, in, out) dims of a weight's shape (or axes): with stacked, the stack's layer axis, then TARGETS' own
+    lead dims."""
     n_lead, n_in = TARGETS[target]
+    n_lead += int(stacked)
     return shape[:n_lead], shape[n_lead:n_lead + n_in], shape[n_lead + n_in:]
 
 
@@ -109,19 +115,28 @@ def _adapter_shapes(w_shape, target: str, rank: int) -> tuple[tuple, tuple]:
 
 
 def init(base, cfg, key) -> dict:
-    """Fresh adapters for the targeted weights of base: A ~ normal(0, 1/fan_in), B = 0 (float32)."""
+    """Fresh adapters for the targeted weights of base: A ~ normal(0, 1/fan_in), B = 0 (float32). Each layer's A
+    draws from its own key, layer by layer, so the values do not depend on how the layers are stacked."""
     lcfg = _config(cfg)
     spec = tuple((block, target, tuple(w.shape)) for block, target, w in _targeted(base, lcfg))
-    return _init_arrays(spec, lcfg.rank, key)
+    layers = tuple((name, lay) for name, lay, _ in layer_stack.stacks(layer_stack.layer_groups(cfg)))
+    return _init_arrays(spec, layers, lcfg.targets, lcfg.rank, key)
 
 
-@partial(jax.jit, static_argnums=(0, 1))  # one compiled program, not one per adapter shape
-def _init_arrays(spec, rank: int, key) -> dict:
+@partial(jax.jit, static_argnums=(0, 1, 2, 3))  # one compiled program, not one per adapter shape
+def _init_arrays(spec, layers, targets, rank: int, key) -> dict:
+    layers = dict(layers)  # stack key -> the model layers on its leading axis
+    # One key per (layer, target) in the order layer by layer, then targets; each stack's A drawn in one vmapped call.
+    draws = sorted((layers[block][r], targets.index(target)) for block, target, w_shape in spec
+                   for r in range(w_shape[0]))
+    index = {d: i for i, d in enumerate(draws)}
+    keys = jax.random.split(key, len(draws))
     adapters = {}
-    for k, (block, target, w_shape) in zip(jax.random.split(key, len(spec)), spec):
+    for block, target, w_shape in spec:
         a_shape, b_shape = _adapter_shapes(w_shape, target, rank)
         fan_in = math.prod(_split_dims(w_shape, target)[1])
-        a = jax.random.normal(k, a_shape, jnp.float32) * fan_in ** -0.5
+        mine = keys[jnp.asarray([index[(layer, targets.index(target))] for layer in layers[block]])]
+        a = jax.vmap(lambda k, s=a_shape[1:]: jax.random.normal(k, s, jnp.float32))(mine) * fan_in ** -0.5
         _set(adapters, block, target, {"a": a, "b": jnp.zeros(b_shape, jnp.float32)})
     return adapters
 
@@ -133,9 +148,10 @@ def is_identity(adapters) -> bool:
     return not any(bool(jnp.any(x != 0)) for path, x in leaves if getattr(path[-1], "key", None) == "b")
 
 
-def _delta(w_shape, ad: dict, target: str, scale: float):
-    """The float32 update (alpha / r) * A @ B of one weight, in the weight's shape."""
-    lead, ins, outs = _split_dims(tuple(w_shape), target)
+def _delta(w_shape, ad: dict, target: str, scale: float, stacked: bool = True):
+    """The float32 update (alpha / r) * A @ B of one weight, in the weight's shape (stacked: with the stack's layer
+    axis first; False for one layer's block)."""
+    lead, ins, outs = _split_dims(tuple(w_shape), target, stacked)
     r = ad["a"].shape[-1]
     a = ad["a"].astype(jnp.float32).reshape(*lead, math.prod(ins), r)
     b = ad["b"].astype(jnp.float32).reshape(*lead, r, math.prod(outs))
@@ -143,15 +159,9 @@ def _delta(w_shape, ad: dict, target: str, scale: float):
     return (scale * jnp.matmul(a, b, precision=jax.lax.Precision.HIGHEST)).reshape(w_shape)
 
 
-def merge(base, adapters, cfg) -> dict:
-    """base with every adapted weight replaced by W + (alpha / r) A @ B (sum in float32, cast to W's dtype).
-
-    Untargeted arrays are passed through (not copied). The result is plain params: transformer.forward,
-    sampling.generate and hf.save take it as they take base."""
-    lcfg = _config(cfg)
-    merged = {k: v for k, v in base.items() if k != ADAPTER_KEY}
-    targeted = _targeted(base, lcfg)
-    pairs = []
+def _checked_pairs(base, adapters, lcfg: LoraConfig) -> list:
+    """[((stack key, target, weight), adapter)] of every targeted weight, each adapter's shapes checked."""
+    targeted, pairs = _targeted(base, lcfg), []
     for block, target, w in targeted:
         ad = _get(adapters, block, target)
         if ad is None:
@@ -160,14 +170,26 @@ def merge(base, adapters, cfg) -> dict:
         if (tuple(ad["a"].shape), tuple(ad["b"].shape)) != want:
             raise ValueError(f"adapter {block}/{target} has shapes {tuple(ad['a'].shape)} / {tuple(ad['b'].shape)}, "
                              f"the model and lora.rank imply {want[0]} / {want[1]}")
-        pairs.append((w, ad))
+        pairs.append(((block, target, w), ad))
     n_adapters = len(jax.tree.leaves(adapters)) // 2
     if n_adapters != len(targeted):
         raise ValueError(f"adapters hold {n_adapters} weights, lora.targets name {len(targeted)} in this model")
+    return pairs
+
+
+def merge(base, adapters, cfg) -> dict:
+    """base with every adapted weight replaced by W + (alpha / r) A @ B (sum in float32, cast to W's dtype).
+
+    Untargeted arrays are passed through (not copied). The result is plain params: transformer.forward,
+    sampling.generate and hf.save take it as they take base. (The train step and the logprob passes take
+    attach(base, adapters) instead, which merges one layer at a time inside the forward.)"""
+    lcfg = _config(cfg)
+    merged = {k: v for k, v in base.items() if k != ADAPTER_KEY}
+    pairs = _checked_pairs(base, adapters, lcfg)
     # Only the new weights go through the jitted sum: the untargeted arrays are passed through, not copied.
-    news = _merged_weights([w for w, _ in pairs], [ad for _, ad in pairs], tuple(t for _, t, _ in targeted),
-                           lcfg.scale)
-    for (block, target, _), new in zip(targeted, news):
+    news = _merged_weights([w for (_, _, w), _ in pairs], [ad for _, ad in pairs],
+                           tuple(t for (_, t, _), _ in pairs), lcfg.scale)
+    for ((block, target, _), _), new in zip(pairs, news):
         merged[block] = _replaced(merged[block], target.split("/"), new)
     return merged
 
@@ -176,6 +198,40 @@ def merge(base, adapters, cfg) -> dict:
 def _merged_weights(ws, ads, targets, scale):
     return [(w.astype(jnp.float32) + _delta(w.shape, ad, t, scale)).astype(w.dtype)
             for w, ad, t in zip(ws, ads, targets)]
+
+
+def attach(base, adapters, cfg) -> dict:
+    """base with each stack's adapters beside its weights ({"stack_k": {..., "lora": adapters of stack_k}}): the
+    params the train step and the logprob passes run, unmerged. transformer.forward merges each layer's adapters
+    into its weights as it reaches that layer (merge_block), so no merged copy of the stacked weights exists, and the
+    backward forms one layer's merged-weight gradient at a time. The shapes are checked as merge checks them."""
+    _checked_pairs(base, adapters, _config(cfg))
+    out = {k: v for k, v in base.items() if k != ADAPTER_KEY}
+    for block in adapters:
+        out[block] = {**out[block], ADAPTER_KEY: adapters[block]}
+    return out
+
+
+def merge_block(p: dict, cfg) -> dict:
+    """One layer's block params with its attached adapters (p["lora"], a slice of attach's) merged into its weights:
+    W + (alpha / r) A @ B in float32, cast to W's dtype."""
+    lcfg = _config(cfg)
+    ads = p[ADAPTER_KEY]
+    out = {k: v for k, v in p.items() if k != ADAPTER_KEY}
+    for target in lcfg.targets:
+        ad = _get({"b": ads}, "b", target)
+        if ad is None:
+            continue
+        w = _get({"b": out}, "b", target)
+        new = (w.astype(jnp.float32) + _delta(w.shape, ad, target, lcfg.scale, stacked=False)).astype(w.dtype)
+        out = _replaced(out, target.split("/"), new)
+    return out
+
+
+def merge_blocks(params: dict, cfg) -> dict:
+    """params (stacked, per-layer or attached) with every block's attached adapters merged (per layer view: the
+    sampler's, merged once per call)."""
+    return {k: merge_block(v, cfg) if isinstance(v, dict) and ADAPTER_KEY in v else v for k, v in params.items()}
 
 
 def _replaced(node: dict, path: list[str], value) -> dict:
@@ -187,7 +243,7 @@ def _replaced(node: dict, path: list[str], value) -> dict:
 
 # ---- trainable / frozen ----------------------------------------------------------------------------------------------
 def _is_model_key(key: str) -> bool:
-    return key in ("embed", "final_norm", "unembed") or bool(_BLOCK.fullmatch(key))
+    return key in ("embed", "final_norm", "unembed") or bool(_STACK.fullmatch(key))
 
 
 def split(params, cfg) -> tuple[dict, dict]:
@@ -208,9 +264,10 @@ def combine(trainable, frozen) -> dict:
 
 
 def model_params(trainable, frozen, cfg) -> dict:
-    """The params the forward takes: merge(frozen, trainable["lora"]) plus trainable's other entries (value head)."""
+    """The params the forward takes: attach(frozen, trainable["lora"]) (merged layer by layer inside the forward)
+    plus trainable's other entries (value head)."""
     rest = {k: v for k, v in trainable.items() if k != ADAPTER_KEY}
-    return {**merge(frozen, trainable[ADAPTER_KEY], cfg), **rest}
+    return {**attach(frozen, trainable[ADAPTER_KEY], cfg), **rest}
 
 
 def value_and_grad(loss_fn: Callable, trainable, frozen, cfg, *args, has_aux: bool = False):

@@ -162,9 +162,11 @@ def _generate(params, prompts_BP, mask_BP, key, temperature, top_p, top_k, eos_i
     B, P = prompts_BP.shape
     K, N = num_samples, max_new_tokens
     R = B * K  # rows after repeating each prompt K times
-    # Decode steps stay unrolled whatever cfg.scan_layers: a scan would stack and unstack the whole cache per token.
-    fwd = partial(transformer.forward, cfg=cfg, mesh=mesh, rules=rules, return_routes=return_routes,
-                  scan_layers=False)
+    # Prefill and decode run unrolled over the per-layer view, sliced from the stacks once per call: a scan over the
+    # layers would stack and unstack the whole KV cache per token, and slices inside the loop are taken per token
+    # (SmolLM2, 32 rows: 345 decode tokens/s this way, 264 slicing per step).
+    params = transformer.decode_params(params, cfg)
+    fwd = partial(transformer.forward, cfg=cfg, mesh=mesh, rules=rules, return_routes=return_routes)
 
     mask_BP = mask_BP.astype(bool)
     prompt_len_B = jnp.sum(mask_BP, axis=1, dtype=jnp.int32)

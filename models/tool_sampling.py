@@ -154,7 +154,7 @@ def _decode(params, s: _State, sp: _Sampling, *, cfg, max_new_tokens, mesh, rule
         kv_valid = s.kv_valid.at[:, s.end].set(True)
         logits_R1V, aux = transformer.forward(params, s.prev[:, None], cfg, positions=s.ctx[:, None],
                                               attn_mask=live_R[:, None], cache=s.cache, cache_index=s.end,
-                                              kv_valid=kv_valid, mesh=mesh, rules=rules, scan_layers=False)
+                                              kv_valid=kv_valid, mesh=mesh, rules=rules)
         s = s._replace(cache=aux["cache"], kv_valid=kv_valid, end=s.end + 1, ctx=s.ctx + live_R.astype(jnp.int32))
         tok_R, logp_R = _choose(logits_R1V[:, 0], s, sp)
         return _record(s, sp, live_R, tok_R, logp_R, P=C - N, N=N)
@@ -221,7 +221,7 @@ def _append(params, s: _State, sp: _Sampling, chunk_RW, lens_R, sample_R, *, cfg
     _, aux = transformer.forward(params, chunk_RW, cfg, positions=s.ctx[:, None] + j_W[:, :w],
                                  attn_mask=j_W[:, :w] < lens_R[:, None],
                                  cache=s.cache, cache_index=jnp.int32(C), kv_valid=kv_valid, return_logits=False,
-                                 mesh=mesh, rules=rules, scan_layers=False)
+                                 mesh=mesh, rules=rules)
     last_R = jnp.maximum(lens_R - 1, 0)
     h_R1D = jnp.take_along_axis(aux["hidden"], last_R[:, None, None], axis=1)
     logits_R1V = transformer.logits_from_hidden(params, h_R1D, cfg, mesh=mesh, rules=rules)
@@ -273,6 +273,8 @@ def generate_with_tools(params, cfg, prompts, key, *, tool_fn: Callable[[list[in
                    is_call_end=jnp.zeros((cfg.vocab_size,), bool).at[jnp.asarray(call_ids)].set(True),
                    max_turns=jnp.asarray(max_turns, jnp.int32))
     static = dict(cfg=cfg, max_new_tokens=N, mesh=mesh, rules=rules)
+    # The per-layer view once for the whole call (models/sampling.py says why decoding runs unrolled over it).
+    params = jax.jit(transformer.decode_params, static_argnums=1)(params, cfg)
     s, row_keys = _start(params, prompts, prompt_mask, key, sp, jnp.asarray(pad_id, jnp.int32), num_samples=K,
                          scratch=min(SCRATCH_SLOTS, N), **static)
     sp = sp._replace(row_keys=row_keys)

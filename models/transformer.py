@@ -1,10 +1,15 @@
 """The policy: a decoder-only (MoE) transformer as pure functions over a plain dict of arrays.
 
-    params = init(cfg, key)                        # {"embed", "block_0", ..., "final_norm"[, "unembed"]}
+    params = init(cfg, key)                        # {"embed", "stack_0", ..., "final_norm"[, "unembed"]}
     params = init_sharded(cfg, key, mesh, rules)   # the same, created in its sharded layout (param_shardings)
     logits_BTV, aux = forward(params, tokens_BT, cfg)
     cache = init_cache(cfg, batch, max_len)        # {"k", "v": one array per layer (see init_cache)}; then
                                                    # forward(..., cache=cache, cache_index=i, kv_valid=...)
+
+Parameters of the blocks are stored stacked (models/layer_stack.py): params["stack_k"] holds the weights of one run
+of identical blocks with a leading layer axis (SmolLM2: one stack of 30), and forward runs each group of stacks as one
+lax.scan, so XLA compiles one block per group whatever the depth. `layer_stack.per_layer(params, cfg)` is the
+per-layer view ("block_i" keys) that checkpoint files use.
 
 Block i: x += attention(rms_norm(x)); x += ffn(rms_norm(x)), where ffn is a MoE layer iff cfg.is_moe_layer(i)
 (n_experts > 0, moe_every > 0, (i + 1) % moe_every == 0 and i not in cfg.dense_layers), else a dense SwiGLU.
@@ -22,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
 
-from models import sharding
+from models import layer_stack, lora, sharding
 from models.config import ModelConfig
 from models.layers import attention, cache_layout, causal_mask, rms_norm, rope_tables, swiglu
 from models.moe import moe_layer
@@ -70,9 +75,11 @@ def _block_axes(cfg: ModelConfig, i: int):
 
 
 def param_axes(cfg: ModelConfig):
-    """Same tree as init(cfg, key), with a tuple of logical axis names (or None) per array dimension."""
+    """Same tree as init(cfg, key), with a tuple of logical axis names (or None) per array dimension; a stack's
+    leading layer axis is None (replicated)."""
     axes = {"embed": ("vocab", "embed"), "final_norm": (None,)}
-    axes.update({f"block_{i}": _block_axes(cfg, i) for i in range(cfg.n_layers)})
+    for name, layers, _ in layer_stack.stacks(layer_stack.layer_groups(cfg)):
+        axes[name] = jax.tree.map(lambda a: (None, *a), _block_axes(cfg, layers[0]), is_leaf=_is_axes)
     if not cfg.tie_embeddings:
         axes["unembed"] = ("embed", "vocab")
     return axes
@@ -116,15 +123,16 @@ def _init_group(key, shapes, dtype):
 
 @partial(jax.jit, static_argnums=0)  # one compiled program instead of one dispatch per parameter
 def init(cfg: ModelConfig, key):
-    """Random parameters: normal(0, 1/fan_in) weights, unit embeddings, unit norm scales."""
+    """Random parameters: normal(0, 1/fan_in) weights, unit embeddings, unit norm scales; each block draws from its
+    own key (the values do not depend on how the blocks are stacked)."""
     top = {"embed": (cfg.vocab_size, cfg.d_model), "final_norm": (cfg.d_model,)}
     if not cfg.tie_embeddings:
         top["unembed"] = (cfg.d_model, cfg.vocab_size)
     keys = jax.random.split(key, cfg.n_layers + 1)
     dtype = jnp.dtype(cfg.param_dtype)
     params = _init_group(keys[0], top, dtype)
-    for i in range(cfg.n_layers):
-        params[f"block_{i}"] = _init_group(keys[i + 1], _block_shapes(cfg, i), dtype)
+    blocks = [_init_group(keys[i + 1], _block_shapes(cfg, i), dtype) for i in range(cfg.n_layers)]
+    params.update(layer_stack.stack_blocks(blocks, layer_stack.layer_groups(cfg)))
     return params
 
 
@@ -180,37 +188,104 @@ def _block(p, x_BTD, positions_BT, rope, mask_BTS, token_mask_BT, cache, cache_i
     return constrain(x_BTD + y_BTD), cache, stats
 
 
-def _scanned_blocks(params, x_BTD, args, cache, cache_index, routes, cfg: ModelConfig, block):
-    """The blocks as one lax.scan (cfg.scan_layers; every block of one kind): the per-block weights, a KV cache's
-    per-layer buffers and the recorded routes are stacked on a leading layer axis and each scan step runs one block
-    on its slice, so XLA compiles one block instead of n_layers. The stacking copies the weights once per call (small
-    next to a forward over a batch), which is why decoding, a forward per token, stays unrolled. Returns (x, cache
-    (per-layer tuples again), router statistics stacked per layer, experts used [L, B, T, k] or None)."""
+def _run_blocks(params, x_BTD, args, cache, cache_index, routes, cfg: ModelConfig, block, scan: bool):
+    """Every block, group by group (models/layer_stack.py): a group of several repeats runs as one lax.scan over its
+    stacks' leading axis when `scan`, else unrolled over slices of the stacked weights; params in the per-layer view
+    (layer_stack.per_layer: the sampler's, sliced once per generate call) always run unrolled. Each block sees a one-layer
+    cache; a scanned group's per-layer KV buffers are stacked for the scan and split again after it (a copy per call:
+    the sampler's decode steps run unrolled instead). Returns (x, cache (per-layer tuples), router statistics stacked
+    in cfg.moe_layers order, experts used [n_moe_layers, B, T, k] or None)."""
     B, T = x_BTD.shape[:2]
-    stacked = jax.tree.map(lambda *ws: jnp.stack(ws), *[params[f"block_{i}"] for i in range(cfg.n_layers)])
-    xs = {"p": stacked}
-    if cache is not None:
-        xs["k"], xs["v"] = jnp.stack(cache["k"]), jnp.stack(cache["v"])
-    if routes is not None and cfg.moe_layers:
-        xs["routes"] = jnp.moveaxis(routes, 2, 0)  # [L, B, T, k]: every block is an MoE block here
-    layer_fn = partial(block, layer=0)  # each step sees a one-layer cache
-    if cfg.remat and cache is None:
-        layer_fn = jax.checkpoint(layer_fn)
+    new_k = None if cache is None else list(cache["k"])
+    new_v = None if cache is None else list(cache["v"])
+    moe_index = {layer: j for j, layer in enumerate(cfg.moe_layers)}
+    stats, used = {}, {}  # layer -> its router statistics / experts [B, T, k]
+    remat = cfg.remat and cache is None
+    per_layer_view = "block_0" in params  # layer_stack.per_layer's view: unrolled over its per-layer blocks
 
-    def step(x, xs_i):
-        one = None if cache is None else {"k": (xs_i["k"],), "v": (xs_i["v"],)}
-        x, one, layer_stats = layer_fn(xs_i["p"], x, *args, one, cache_index, xs_i.get("routes"))
-        ys = {} if one is None else {"k": one["k"][0], "v": one["v"][0]}
+    def run_block(p, x, one_cache, routes_BTK):
+        if lora.ADAPTER_KEY in p:  # attached LoRA adapters (lora.attach): this layer's weights merged here
+            p = lora.merge_block(p, cfg)
+        return block(p, x, *args, one_cache, cache_index, routes_BTK, layer=0)
+
+    stacks = [params[name] for name in params if layer_stack.STACK_KEY.fullmatch(name)]
+    if remat:
+        run_block = jax.checkpoint(run_block)
+    elif any(lora.ADAPTER_KEY in st for st in stacks):
+        # Attached adapters: the backward recomputes each layer's merged weights from W, A and B instead of keeping
+        # a copy of every layer's (a scan would stack them as residuals); activations are saved as usual.
+        weight_shapes = {tuple(w.shape[1:]) for st in stacks for w in jax.tree.leaves(st) if w.ndim >= 3}
+        run_block = jax.checkpoint(run_block, policy=_saves_no_value_shaped_like(weight_shapes))
+
+    def layer_fn(p, x, one_cache, routes_BTK):
+        return run_block(p, x, one_cache, routes_BTK)
+
+    def moe_routes(layers):
+        if routes is None or layers[0] not in moe_index:
+            return None
+        return jnp.moveaxis(routes[:, :, jnp.asarray([moe_index[i] for i in layers])], 2, 0)  # [R, B, T, k]
+
+    def keep(layer, layer_stats):
         if layer_stats is not None:
-            ys["experts"] = layer_stats.pop("experts").reshape(B, T, cfg.experts_per_token)
-            ys["stats"] = layer_stats
-        return x, ys
+            used[layer] = layer_stats.pop("experts").reshape(B, T, cfg.experts_per_token)
+            stats[layer] = layer_stats
 
-    x_BTD, ys = jax.lax.scan(step, x_BTD, xs)
-    if cache is not None:
-        cache = {"k": tuple(ys["k"]), "v": tuple(ys["v"])}
-    aux = dict(ys["stats"]) if "stats" in ys else _stack_stats([], cfg.n_experts)
-    return x_BTD, cache, aux, ys.get("experts")
+    for g in layer_stack.layer_groups(cfg):
+        if scan and g.repeats > 1 and not per_layer_view:
+            xs = {"p": tuple(params[name] for name in g.names),
+                  "routes": tuple(moe_routes(g.layers(j)) for j in range(g.period))}
+            if cache is not None:
+                xs["k"] = tuple(jnp.stack([new_k[i] for i in g.layers(j)]) for j in range(g.period))
+                xs["v"] = tuple(jnp.stack([new_v[i] for i in g.layers(j)]) for j in range(g.period))
+
+            def step(x, xs_i):
+                ys = {"k": [], "v": [], "stats": [], "experts": []}
+                for j in range(len(xs_i["p"])):
+                    one = None if cache is None else {"k": (xs_i["k"][j],), "v": (xs_i["v"][j],)}
+                    x, one, layer_stats = layer_fn(xs_i["p"][j], x, one, xs_i["routes"][j])
+                    ys["k"].append(None if one is None else one["k"][0])
+                    ys["v"].append(None if one is None else one["v"][0])
+                    ys["experts"].append(None if layer_stats is None else layer_stats.pop("experts"))
+                    ys["stats"].append(layer_stats)
+                return x, ys
+
+            x_BTD, ys = jax.lax.scan(step, x_BTD, xs)
+            for j in range(g.period):
+                for r, layer in enumerate(g.layers(j)):
+                    if cache is not None:
+                        new_k[layer], new_v[layer] = ys["k"][j][r], ys["v"][j][r]
+                    if ys["stats"][j] is not None:
+                        keep(layer, {**{n: a[r] for n, a in ys["stats"][j].items()}, "experts": ys["experts"][j][r]})
+            continue
+        for r in range(g.repeats):
+            for j, name in enumerate(g.names):
+                layer = g.start + r * g.period + j
+                p = params[f"block_{layer}"] if per_layer_view else jax.tree.map(lambda w, r=r: w[r], params[name])
+                one = None if cache is None else {"k": (new_k[layer],), "v": (new_v[layer],)}
+                routes_BTK = routes[:, :, moe_index[layer]] if routes is not None and layer in moe_index else None
+                x_BTD, one, layer_stats = layer_fn(p, x_BTD, one, routes_BTK)
+                if one is not None:
+                    new_k[layer], new_v[layer] = one["k"][0], one["v"][0]
+                keep(layer, layer_stats)
+    cache = None if cache is None else {"k": tuple(new_k), "v": tuple(new_v)}
+    order = [i for i in cfg.moe_layers if i in stats]
+    aux = _stack_stats([stats[i] for i in order], cfg.n_experts)
+    used_LBTK = jnp.stack([used[i] for i in order]) if order else None
+    return x_BTD, cache, aux, used_LBTK
+
+
+def _saves_no_value_shaped_like(shapes: set):
+    """A jax.checkpoint policy: save every intermediate except those whose shape is one of `shapes` (a block's
+    weight shapes: the merged LoRA weights and their float32 intermediates, recomputed in the backward pass)."""
+    def policy(prim, *avals, **params):
+        try:
+            out = prim.abstract_eval(*avals, **params)
+        except Exception:  # noqa: BLE001 - a primitive without a plain abstract rule: save as usual
+            return True
+        out = out[0] if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], (set, frozenset)) else out
+        outs = out if isinstance(out, (list, tuple)) else [out]
+        return not any(tuple(getattr(o, "shape", ())) in shapes for o in outs)
+    return policy
 
 
 def _stack_stats(stats, n_experts: int):
@@ -243,7 +318,8 @@ def forward(params, tokens, cfg: ModelConfig, *, positions=None, attn_mask=None,
     weights recomputed from the current router (models/moe.py); either way aux gains "replay_differ" and
     "replay_compared" per MoE layer, the token routes the router's own top-k would choose differently / compared.
     moe_impl: the MoE layers' expert kernel (models/moe.py moe_layer's impl; "auto" for forward passes and gradients).
-    scan_layers: run the blocks as one lax.scan (None = cfg.scan_layers; the sampler's decode steps pass False).
+    scan_layers: run each group of stacked blocks as one lax.scan (None = cfg.scan_layers); params in the per-layer
+    view (layer_stack.per_layer, as the sampler passes them) always run unrolled.
     """
     B, T = tokens.shape
     dtype = jnp.dtype(cfg.dtype)
@@ -269,30 +345,17 @@ def forward(params, tokens, cfg: ModelConfig, *, positions=None, attn_mask=None,
     token_mask_BT = None if attn_mask is None else attn_mask.astype(bool)
     rope = rope_tables(positions, cfg.head_dim, cfg.rope_theta)  # shared by every layer
 
-    moe_index = {layer: j for j, layer in enumerate(cfg.moe_layers)}
-    if routes is not None and tuple(routes.shape) != (B, T, len(moe_index), cfg.experts_per_token):
+    n_moe = len(cfg.moe_layers)
+    if routes is not None and tuple(routes.shape) != (B, T, n_moe, cfg.experts_per_token):
         raise ValueError(f"routes must be [batch, time, n_moe_layers, experts_per_token] = "
-                         f"{(B, T, len(moe_index), cfg.experts_per_token)}, got {tuple(routes.shape)}")
+                         f"{(B, T, n_moe, cfg.experts_per_token)}, got {tuple(routes.shape)}")
 
     x_BTD = constrain(jnp.take(params["embed"], tokens, axis=0).astype(dtype))
     block = partial(_block, cfg=cfg, constrain=constrain, mesh=mesh, rules=rules, replay=replay_routes,
                     moe_impl=moe_impl)
     args = (positions, rope, mask_BTS, token_mask_BT)
-    if (cfg.scan_layers if scan_layers is None else scan_layers) and len(moe_index) in (0, cfg.n_layers):
-        x_BTD, cache, aux, used_LBTK = _scanned_blocks(params, x_BTD, args, cache, cache_index, routes, cfg, block)
-    else:
-        stats, used = [], []
-        for i in range(cfg.n_layers):
-            layer_fn = partial(block, layer=i)
-            if cfg.remat and cache is None:
-                layer_fn = jax.checkpoint(layer_fn)
-            routes_BTK = routes[:, :, moe_index[i]] if routes is not None and i in moe_index else None
-            x_BTD, cache, layer_stats = layer_fn(params[f"block_{i}"], x_BTD, *args, cache, cache_index, routes_BTK)
-            if layer_stats is not None:
-                used.append(layer_stats.pop("experts").reshape(B, T, cfg.experts_per_token))
-                stats.append(layer_stats)
-        aux = _stack_stats(stats, cfg.n_experts)
-        used_LBTK = jnp.stack(used) if used else None
+    scan = cfg.scan_layers if scan_layers is None else scan_layers
+    x_BTD, cache, aux, used_LBTK = _run_blocks(params, x_BTD, args, cache, cache_index, routes, cfg, block, scan)
     h_BTD = rms_norm(x_BTD, params["final_norm"], cfg.norm_eps)
     if return_routes:
         aux["routes"] = (jnp.moveaxis(used_LBTK, 0, 2) if used_LBTK is not None
@@ -304,6 +367,13 @@ def forward(params, tokens, cfg: ModelConfig, *, positions=None, attn_mask=None,
     if not return_logits:
         return None, aux
     return logits_from_hidden(params, h_BTD, cfg, mesh=mesh, rules=rules), aux
+
+
+def decode_params(params, cfg: ModelConfig) -> dict:
+    """The per-layer view the sampler decodes with (layer_stack.per_layer: "block_i" slices, taken once per call
+    rather than in every decode step), with attached LoRA adapters merged into each layer's weights."""
+    return lora.merge_blocks(layer_stack.per_layer(params, cfg), cfg) if cfg.lora is not None else \
+        layer_stack.per_layer(params, cfg)
 
 
 def logits_from_hidden(params, h_BTD, cfg: ModelConfig, *, mesh=None, rules=None):

@@ -7,7 +7,7 @@ of that block's MLP, next to a freshly initialised router; every other weight is
     moe_cfg = upcycle.moe_config(dense_cfg)                      # dense_cfg.upcycle = UpcycleConfig(...) (or a dict)
     moe_params = upcycle.upcycle_params(dense_params, dense_cfg, key)
     logits, aux = transformer.forward(moe_params, tokens, moe_cfg)   # == the dense model's logits at init
-    upcycle.expert_spread(trained_params)        # {"block_i/w_up": ...}: how far training moved the copies apart
+    upcycle.expert_spread(trained_params, moe_cfg)   # {"block_i/w_up": ...}: how far training moved the copies apart
 
 The choices taken (UpcycleConfig fields):
 * n_experts experts per MoE block, each an exact copy of the dense block's SwiGLU (w_gate, w_up, w_down stacked on
@@ -31,6 +31,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from models import layer_stack
 from models.adaptation import UpcycleConfig  # noqa: F401 (re-exported)
 
 
@@ -56,9 +57,10 @@ def moe_config(dense_cfg):
 def upcycle_params(dense_params, dense_cfg, key) -> dict:
     """The upcycled params (models.transformer.init(moe_config(dense_cfg))'s tree): in each MoE block the dense
     "mlp" becomes "moe" = {router: normal(0, router_init_std) [D, E], w_gate/w_up [E, D, F], w_down [E, F, D]},
-    every expert a copy of the dense MLP; every other array is the dense one (not copied)."""
+    every expert a copy of the dense MLP; every other weight is the dense one. The blocks are restacked for the MoE
+    model's layer plan (models/layer_stack.py: a dense stack and an MoE stack for moe_every=2)."""
     up, moe_cfg = _upcycle_config(dense_cfg), moe_config(dense_cfg)
-    params = dict(dense_params)
+    params = layer_stack.per_layer(dense_params, dense_cfg)
     keys = jax.random.split(key, len(moe_cfg.moe_layers))
     for k, i in zip(keys, moe_cfg.moe_layers):
         block = dict(params[f"block_{i}"])
@@ -71,15 +73,16 @@ def upcycle_params(dense_params, dense_cfg, key) -> dict:
         experts = {name: jnp.broadcast_to(w[None], (up.n_experts, *w.shape)) for name, w in mlp.items()}
         block["moe"] = {"router": router, **{name: jnp.array(w) for name, w in experts.items()}}
         params[f"block_{i}"] = block
-    return params
+    return layer_stack.stacked(params, moe_cfg)
 
 
-def expert_spread(params) -> dict[str, float]:
+def expert_spread(params, cfg) -> dict[str, float]:
     """How far apart the experts of each MoE block are: ||W - mean_e W|| / ||mean_e W repeated E times|| of every
     routed expert weight W (w_gate, w_up, w_down, E experts stacked on axis 0), keyed "block_i/name". 0 at upcycling
     (exact copies); routing replay can only matter once this is not small, since a flipped route then picks another
-    function."""
+    function. cfg: the MoE model's config (which layer each stacked block is)."""
     out = {}
+    params = layer_stack.per_layer(params, cfg)
     for name_b in sorted((k for k in params if k.startswith("block_")), key=lambda k: int(k.split("_")[1])):
         moe_p = params[name_b].get("moe")
         if moe_p is None:

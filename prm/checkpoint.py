@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from models import layer_stack
 from models.config import ModelConfig
 from prm.model import PRM
 from rl.checkpoint import Checkpointer, CheckpointError
@@ -65,8 +66,11 @@ def _meta(prm: PRM) -> dict:
 
 
 def _prm(meta: dict, params: dict) -> PRM:
-    return PRM(ModelConfig.from_dict(meta["model_cfg"]), params, meta["calib"], float(meta["threshold"]),
-               meta["agg"], meta["meta"], bool(meta.get("likelihood", False)), meta.get("calibs", {}))
+    model_cfg = ModelConfig.from_dict(meta["model_cfg"])
+    if layer_stack.is_per_layer(params):  # written before the blocks were stored stacked
+        params = layer_stack.to_stacked(params, layer_stack.layer_groups(model_cfg))
+    return PRM(model_cfg, params, meta["calib"], float(meta["threshold"]), meta["agg"], meta["meta"],
+               bool(meta.get("likelihood", False)), meta.get("calibs", {}))
 
 
 def is_checkpoint(path) -> bool:

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models import transformer
+from models import layer_stack, transformer
 from prm import checkpoint, metrics
 from prm.calibration import evaluate, fit_calibrations, fit_threshold, scored_steps
 from prm.checkpoint import load, save
@@ -70,7 +70,8 @@ def policy(policy_cfg, workdir: str):
         run_train(policy_cfg, pdir, config_path="prm policy")
     cfg = cv.to_dict(policy_cfg)
     ctx = build_context(cfg, pdir, with_services=False)
-    best = ck.Checkpointer(os.path.join(pdir, "checkpoints", "best_policy"), keep=1, keep_best=False)
+    best = ck.Checkpointer(os.path.join(pdir, "checkpoints", "best_policy"), keep=1, keep_best=False,
+                           layers=layer_stack.layer_groups(ctx.model_cfg))
     template = {"policy": jax.tree.map(np.asarray, transformer.init(ctx.model_cfg, jax.random.key(0)))}
     params = jax.tree.map(jnp.asarray, best.restore(best.latest_step(), template)["policy"])
     best.close()

@@ -16,6 +16,10 @@ plus `checksums.json`: the SHA-256 and size of every file orbax wrote, and a has
     tree = ck.restore(step, template_tree)            # arrays restored into the template's structure
     step, meta, tree = ck.restore_latest(template_fn) # the three above in one call (template_fn(meta) -> tree)
 
+Layout: a checkpoint written before the blocks were stored stacked holds per-layer "block_i" trees; a Checkpointer
+given the model's layer plan (`layers=layer_stack.layer_groups(model_cfg)`) restores it into the per-layer view of
+the template and converts the result (models/layer_stack.py to_stacked), so old run directories resume exactly.
+
 Damage: every restore first checks each file against checksums.json. A step directory without checksums (a
 kill between orbax's rename and the checksums; hashing a large model takes seconds) is not yet written: latest_step()
 passes over it with one line, so the run resumes from the previous state, or starts afresh when it was the first.
@@ -51,7 +55,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from models import lora, transformer
+from models import layer_stack, lora, transformer
 
 __all__ = ["Checkpointer", "CheckpointError", "verify_checkpoint", "written_steps", "load_policy", "find_policy"]
 
@@ -184,7 +188,9 @@ def written_steps(root: str) -> list[int]:
 class Checkpointer:
     """The `last` checkpoints (keep N most recent) and a `best` copy (max validation pass@1), verified on read."""
 
-    def __init__(self, directory: str, keep: int = 2, keep_best: bool = True):
+    def __init__(self, directory: str, keep: int = 2, keep_best: bool = True, layers=None):
+        """layers: the model's layer plan (layer_stack.layer_groups), so checkpoints of the per-layer layout
+        convert on read; None restores only what matches the template."""
         if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
             raise ValueError(f"Checkpointer.keep must be an int >= 1, got {keep!r}")
         self.directory = os.path.abspath(directory)
@@ -199,6 +205,7 @@ class Checkpointer:
         else:
             self.removed_tmp = []
         self._ckptr = ocp.Checkpointer(ocp.CompositeCheckpointHandler())
+        self.layers = None if layers is None else tuple(layers)
         self._verified: dict[str, tuple] = {}  # path -> (file signature, damaged list)
         self._reported: set[str] = set()
         self.damaged: dict[int, list[str]] = {}  # step of `last` -> its damaged files, as found
@@ -326,8 +333,13 @@ class Checkpointer:
         """Arrays of checkpoint `step` in the structure (and dtypes) of `template`, as host NumPy."""
         template = _to_numpy(template)
         abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), template)
-        out = self._restore(self._path(step, best), ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
-        return jax.tree.map(np.asarray, out["state"])
+        path = self._path(step, best)
+        convert = self.layers is not None and saved_per_layer(path) and not layer_stack.is_per_layer(abstract)
+        if convert:  # written before the stacked layout: restored per layer, then stacked
+            abstract = layer_stack.to_per_layer(abstract, self.layers)
+        out = self._restore(path, ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
+        state = jax.tree.map(np.asarray, out["state"])
+        return layer_stack.to_stacked(state, self.layers) if convert else state
 
     def restore_latest(self, template_fn):
         """(step, meta, tree) of the newest intact checkpoint, or None on a fresh directory.
@@ -387,6 +399,18 @@ class Checkpointer:
         close = getattr(self._ckptr, "close", None)
         if close is not None:
             close()
+
+
+def saved_per_layer(path: str) -> bool:
+    """Whether the checkpoint directory `path` holds trees of the per-layer layout ("block_i" keys), from orbax's
+    tree metadata (no array is read)."""
+    handler = ocp.CompositeCheckpointHandler(state=ocp.StandardCheckpointHandler(), meta=ocp.JsonCheckpointHandler())
+    try:
+        tree = ocp.Checkpointer(handler).metadata(os.path.abspath(path)).item_metadata["state"]
+    except Exception as e:  # noqa: BLE001 - orbax raises many types; the caller gets one with the path
+        raise CheckpointError(f"checkpoint {path}: its tree metadata could not be read: {type(e).__name__}: {e}") \
+            from None
+    return layer_stack.is_per_layer(getattr(tree, "tree", tree))
 
 
 # ------------------------------------------------------------------------------------------ loading a policy
@@ -466,6 +490,8 @@ def load_policy(workdir: str, which: str | int = "best"):
         raise CheckpointError(f"checkpoint {path} could not be restored: {type(e).__name__}: {e}") from None
     params = state["policy"] if "policy" in state else state["train_state"]["params"]
     params = {k: v for k, v in params.items() if k != "value_head"}
+    if layer_stack.is_per_layer(params):  # written before the stacked layout
+        params = layer_stack.to_stacked(params, layer_stack.layer_groups(model_cfg))
     if model_cfg.lora is not None:  # a LoRA run's checkpoint holds adapters: merged into the base rebuilt here
         if "lora" not in params:
             raise CheckpointError(f"checkpoint {path} holds no LoRA adapters, but {workdir}/config.json sets model.lora")

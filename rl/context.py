@@ -34,7 +34,7 @@ import os
 import jax
 import numpy as np
 
-from models import hf, hf_checks, kernels, lora, sampling, sharding, transformer, upcycle
+from models import hf, hf_checks, kernels, layer_stack, lora, sampling, sharding, transformer, upcycle
 from models import pretrained as pretrained_models
 from models.config import ModelConfig, num_params
 from models.tokenizer import ByteTokenizer, HFTokenizer
@@ -510,5 +510,6 @@ def build_context(prep: Prepared | cv.RunConfig | dict, workdir: str, *, with_se
                   "raised to cover the code sandbox's limit)", flush=True)
         ctx.scorer = rollout.Scorer(make_reward_pool(cfg, problems))
         ctx.ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), keep=cfg.checkpoint.keep,
-                                         keep_best=cfg.checkpoint.keep_best)
+                                         keep_best=cfg.checkpoint.keep_best,
+                                         layers=layer_stack.layer_groups(ctx.model_cfg))
     return ctx

@@ -232,6 +232,11 @@ def has_checkpoint(workdir: str | None) -> bool:
     return bool(written_steps(last))
 
 
+# How the model is computed, not what it computes: a run may resume with another value (model.scan_layers changed
+# its default when the blocks came to be stored stacked; an older run directory records False).
+RESUMABLE_MODEL_FIELDS = ("scan_layers",)
+
+
 def check_resume_compatible(workdir: str, config) -> None:
     """A workdir's existing config.json must match the new config except run.* / log.* (resume safety). An old run's
     config.json is read as validate() reads an old config: renamed fields under their new names (ALIASES), fields
@@ -253,13 +258,19 @@ def check_resume_compatible(workdir: str, config) -> None:
                              "of the run in that workdir - restore it or use a new --workdir")
     if not has_checkpoint(workdir):
         return  # a run that stopped before its first checkpoint was written: nothing to resume, the config may differ
-    # run.* / log.* may change on resume; "kernels" (cv.RECORD_KEYS) is a fact about the machine, not config
-    strip = lambda d: {k: v for k, v in d.items() if k not in ("run", "log", *cv.RECORD_KEYS)}  # noqa: E731
+    # run.* / log.* may change on resume, and model fields that say how the same model is computed
+    # (RESUMABLE_MODEL_FIELDS); "kernels" (cv.RECORD_KEYS) is a fact about the machine, not config
+    def strip(d):
+        out = {k: v for k, v in d.items() if k not in ("run", "log", *cv.RECORD_KEYS)}
+        if isinstance(out.get("model"), dict):
+            out["model"] = {k: v for k, v in out["model"].items() if k not in RESUMABLE_MODEL_FIELDS}
+        return out
+
     old = prefix.with_added_defaults(cv.upgrade(old, quiet=True), cfg_dict)  # fields added since, at their default
     if json.loads(json.dumps(strip(old))) != json.loads(json.dumps(strip(cfg_dict))):
         raise cv.ConfigError(
             f"{workdir} holds a run with a different config (config.json); resume needs the same config "
-            "(only run.* and log.* may change) - use a new --workdir"
+            f"(only run.*, log.* and model.{', model.'.join(RESUMABLE_MODEL_FIELDS)} may change) - use a new --workdir"
         )
 
 

@@ -49,7 +49,7 @@ from rl import evaluation as ev
 from rl import hacking
 from rl import metrics as mlib
 from rl import stages as stage_lib
-from models import transformer
+from models import layer_stack, transformer
 from rl import plots, preflight, tool_rollout
 from rl.context import Prepared, backend_kernels, build_context
 
@@ -115,7 +115,8 @@ class Loop:
         self.cache_dir: str | None = None
         self.clock = mlib.Clock()
         self.best_ck = ckpt_lib.Checkpointer(os.path.join(ctx.workdir, "checkpoints", "best_policy"), keep=1,
-                                             keep_best=False) if ctx.cfg.checkpoint.keep_best else None
+                                             keep_best=False, layers=layer_stack.layer_groups(ctx.model_cfg)) \
+            if ctx.cfg.checkpoint.keep_best else None
 
     def meta(self, run, si: int, u_next: int) -> dict:
         """Checkpoint meta: the tree belongs to stage `si`, whose next unit is `u_next` (== units: stage done)."""

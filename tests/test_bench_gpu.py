@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from experiments.bench import gpu
-from models import transformer
+from models import layer_stack, transformer
 from models.config import ModelConfig
 
 
@@ -16,7 +16,7 @@ def _matmul_weights_per_token(cfg: ModelConfig) -> int:
     """Weights a token multiplies, counted from the arrays init creates: attention projections, the router, k of the
     E experts (each expert's three matrices), the untied unembedding. The input embedding is a lookup; norms are
     elementwise."""
-    params = transformer.init(cfg, jax.random.key(0))
+    params = layer_stack.per_layer(transformer.init(cfg, jax.random.key(0)), cfg)
     total = params["unembed"].size
     for i in range(cfg.n_layers):
         block = params[f"block_{i}"]

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models import sampling, transformer
+from models import layer_stack, sampling, transformer
 from models.config import ModelConfig
 from models.moe import route
 from rl.train_step import LossConfig, OptimConfig, init_train_state, make_logprob_fn, make_loss_fn, make_train_step
@@ -114,11 +114,12 @@ def test_train_step_dtypes_and_master_weights(params32):
 def test_router_logits_and_statistics_are_float32():
     cfg = MOE32.replace(dtype="bfloat16", param_dtype="bfloat16")
     p16 = transformer.init(cfg, jax.random.key(0))
+    router = layer_stack.per_layer(p16, cfg)["block_0"]["moe"]["router"]
     x = jax.random.normal(jax.random.key(2), (6, cfg.d_model), jnp.bfloat16)
-    logits, weights, experts = route(p16["block_0"]["moe"]["router"], x, 2)
+    logits, weights, experts = route(router, x, 2)
     assert logits.dtype == weights.dtype == jnp.float32 and experts.dtype == jnp.int32
     # the same logits as a float32 router on the same (bf16-valued) inputs
-    ref = np.asarray(x, np.float64) @ np.asarray(p16["block_0"]["moe"]["router"], np.float64)
+    ref = np.asarray(x, np.float64) @ np.asarray(router, np.float64)
     np.testing.assert_allclose(np.asarray(logits), ref, rtol=1e-5, atol=1e-5)
     out, aux = jax.jit(transformer.forward, static_argnums=2)(p16, jnp.asarray(_batch()["tokens"]), cfg)
     assert out.dtype == jnp.float32

@@ -136,7 +136,7 @@ def worker(part: str, process_id: int, port: int, workdir: str) -> None:
         # expert parallelism across the processes: data 4 x expert 2, each expert pair on two processes
         ep_mesh = sharding.make_mesh({"data": 4, "expert": 2}, devices=expert_mesh_devices(jax.devices()))
         ep_state, _, _ = run_steps(ep_mesh, n_experts=8)
-        w_gate = ep_state["params"]["block_0"]["moe"]["w_gate"]
+        w_gate = ep_state["params"]["stack_0"]["moe"]["w_gate"]
         out["ep_local_expert_shapes"] = np.array(sorted({s.data.shape for s in w_gate.addressable_shards}))
         out.update(_flat(_to_host(ep_state["params"]), "ep"))
         np.savez(os.path.join(workdir, f"result_{process_id}.npz"), **out)
@@ -237,7 +237,7 @@ def test_two_processes_expert_parallel(tmp_path):
     procs = _start_workers("ep", tmp_path)
     reference = _host_params(run_steps(sharding.make_mesh({"data": 4, "expert": 2}), n_experts=8)[0])
     for i, res in enumerate(_wait(procs, tmp_path)):
-        assert res["ep_local_expert_shapes"].tolist() == [[4, 16, 32]]
+        assert res["ep_local_expert_shapes"].tolist() == [[1, 4, 16, 32]]  # [layer, experts of the shard, D, F]
         for name, ref in reference.items():
             np.testing.assert_allclose(res["ep" + name], ref, rtol=1e-5, atol=1e-6, err_msg=f"worker {i} ep {name}")
 

@@ -213,7 +213,7 @@ def test_every_tensor_type_dequantizes_like_the_float64_reference(tmp_path, qtyp
     path = write_gguf(tmp_path / "t.gguf", "llama", llama_meta(c), tensors)
     _, params = hf.load(path)
     want = ref_dequantize(raw.view(np.uint8), qtype, (c["d_model"], c["d_ff"])).T  # ours is [in, out]
-    got = np.asarray(params["block_0"]["mlp"]["w_down"])
+    got = np.asarray(params["stack_0"]["mlp"]["w_down"][0])
     assert got.dtype == np.float32 and np.abs(want).max() > 0
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
 
@@ -244,7 +244,7 @@ def test_tiny_llama_gguf_equals_the_same_weights_in_a_llama_folder(tmp_path, tie
     jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-6), p_g, p_f)
     # The stored Q rows are in llama.cpp's order; the loaded ones are not (a missed undo would leave them permuted).
     stored_q = gguf.quants.dequantize(stored["blk.0.attn_q.weight"][0], Q.Q4_1)
-    loaded_q = np.asarray(p_g["block_0"]["attn"]["wq"]).reshape(LLAMA["d_model"], -1).T
+    loaded_q = np.asarray(p_g["stack_0"]["attn"]["wq"][0]).reshape(LLAMA["d_model"], -1).T
     assert np.abs(stored_q - loaded_q).max() > 1e-2
     tokens = jnp.asarray(np.random.default_rng(2).integers(0, LLAMA["vocab"], (2, 11)), jnp.int32)
     np.testing.assert_allclose(np.asarray(FWD(p_g, tokens, cfg=cfg_g)[0]), np.asarray(FWD(p_f, tokens, cfg=cfg_f)[0]),

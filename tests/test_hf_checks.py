@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from experiments import launch
-from models import hf, hf_checks
+from models import hf, hf_checks, layer_stack
 from rl import config_validation as cv
 from rl import preflight
 from tests.hf_folders import run_ready_folder
@@ -134,7 +134,7 @@ def test_missing_shard_and_an_index_that_lies(folder):
 
 def test_nan_weights_are_refused_by_the_dry_run_and_by_the_loader(folder):
     cfg, params = hf.load(folder)
-    params = jax.tree.map(np.asarray, params)
+    params = layer_stack.per_layer(jax.tree.map(np.asarray, params), cfg)  # hf.save takes either layout
     params["block_1"]["mlp"]["w_up"] = params["block_1"]["mlp"]["w_up"].copy()
     params["block_1"]["mlp"]["w_up"][3, 5] = np.nan
     hf.save(folder, cfg, params)

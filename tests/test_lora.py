@@ -14,7 +14,7 @@ import numpy as np
 import optax
 import pytest
 
-from models import hf, lora, sampling, sharding, transformer
+from models import hf, layer_stack, lora, sampling, sharding, transformer
 from models.config import ModelConfig
 
 jax.config.update("jax_default_matmul_precision", "highest")
@@ -23,7 +23,7 @@ LLAMA = Path(__file__).parent / "data" / "hf" / "llama"
 FWD = jax.jit(transformer.forward, static_argnames=("cfg",))
 ALL_TARGETS = ("attn/wq", "attn/wk", "attn/wv", "attn/wo", "mlp/w_gate", "mlp/w_up", "mlp/w_down", "moe/w_gate",
                "moe/w_up", "moe/w_down")
-# Block 0 dense, block 1 MoE: every target kind, the experts' included.
+# Block 0 dense (stack_0), block 1 MoE (stack_1): every target kind, the experts' included.
 CFG = ModelConfig(vocab_size=40, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=24, n_experts=4,
                   experts_per_token=2, moe_every=2, max_seq_len=16, lora=dict(rank=3, alpha=6.0, targets=ALL_TARGETS))
 
@@ -55,9 +55,14 @@ def test_adapters_at_init_leave_logits_unchanged(base):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(ref))
     assert lora.is_identity(adapters)  # what tells a stage its reference is the base itself
     one_b = jax.tree_util.tree_map_with_path(
-        lambda path, x: x.at[(0,) * x.ndim].set(1e-3) if path[-1].key == "b" and path[0].key == "block_1" else x,
+        lambda path, x: x.at[(0,) * x.ndim].set(1e-3) if path[-1].key == "b" and path[0].key == "stack_1" else x,
         adapters)
     assert not lora.is_identity(one_b)
+
+
+def _pl(tree, cfg=CFG):
+    """The per-layer view ("block_i") of stacked params or adapters (models/layer_stack.py)."""
+    return layer_stack.per_layer(tree, cfg)
 
 
 def _pairs(adapters):
@@ -68,7 +73,8 @@ def test_adapter_shapes_follow_the_weights(base):
     adapters = lora.init(base, CFG, jax.random.key(1))
     r, E = 3, CFG.n_experts
     D, N, K, H, F = CFG.d_model, CFG.n_heads, CFG.n_kv_heads, CFG.head_dim, CFG.d_ff
-    b0, b1 = adapters["block_0"], adapters["block_1"]
+    b0, b1 = _pl(adapters)["block_0"], _pl(adapters)["block_1"]
+    assert adapters["stack_0"]["attn"]["wq"]["a"].shape == (1, D, r)  # stacked: the stack's layer axis first
     assert b0["attn"]["wq"]["a"].shape == (D, r) and b0["attn"]["wq"]["b"].shape == (r, N, H)
     assert b0["attn"]["wk"]["b"].shape == (r, K, H)
     assert b0["attn"]["wo"]["a"].shape == (N, H, r) and b0["attn"]["wo"]["b"].shape == (r, D)
@@ -80,8 +86,10 @@ def test_adapter_shapes_follow_the_weights(base):
 def test_merged_projection_matches_float64_reference(base):
     """wo (two contracted dims) and a routed expert's w_down: merge against NumPy float64, and x @ merged against
     the unmerged x W + s (x A) B."""
-    adapters = _perturbed(lora.init(base, CFG, jax.random.key(1)))
-    merged = lora.merge(base, adapters, CFG)
+    stacked_base = base
+    adapters_s = _perturbed(lora.init(base, CFG, jax.random.key(1)))
+    merged_s = lora.merge(base, adapters_s, CFG)
+    base, adapters, merged = _pl(base), _pl(adapters_s), _pl(merged_s)  # the reference works layer by layer
     s = 6.0 / 3
     x = np.random.default_rng(2).normal(size=(5, CFG.n_heads * CFG.head_dim))
     w = np.asarray(base["block_0"]["attn"]["wo"], np.float64).reshape(-1, CFG.d_model)
@@ -98,9 +106,11 @@ def test_merged_projection_matches_float64_reference(base):
     b_e = np.asarray(adapters["block_1"]["moe"]["w_down"]["b"][e], np.float64)
     np.testing.assert_allclose(np.asarray(merged["block_1"]["moe"]["w_down"][e]), w_e + s * a_e @ b_e, atol=1e-6)
     # The merged model's logits differ from the base's (the adapters do something), untargeted arrays are the base's.
-    assert merged["embed"] is base["embed"] and merged["block_1"]["moe"]["router"] is base["block_1"]["moe"]["router"]
+    assert merged_s["embed"] is stacked_base["embed"]
+    assert merged_s["stack_1"]["moe"]["router"] is stacked_base["stack_1"]["moe"]["router"]
     tokens = _tokens(CFG)
-    assert not np.allclose(np.asarray(FWD(merged, tokens, cfg=CFG)[0]), np.asarray(FWD(base, tokens, cfg=CFG)[0]))
+    assert not np.allclose(np.asarray(FWD(merged_s, tokens, cfg=CFG)[0]),
+                           np.asarray(FWD(stacked_base, tokens, cfg=CFG)[0]))
 
 
 def _nll(params, tokens):
@@ -132,14 +142,15 @@ def test_gradients_and_optimizer_state_reach_only_adapters(base):
     assert float(loss2) < float(loss)
     assert all(np.any(np.asarray(g["a"])) for g in _pairs(grads2["lora"]))  # B != 0 now: A learns too
     # A finite-difference check of one B entry: the gradient is that of the merged model's loss.
-    ad = trainable["lora"]["block_0"]["attn"]["wv"]["b"]
+    ad = trainable["lora"]["stack_0"]["attn"]["wv"]["b"]  # [layer, r, K, H]
     eps = 1e-3
-    bump = lambda d: {"lora": {**trainable["lora"], "block_0": {**trainable["lora"]["block_0"], "attn": {  # noqa: E731
-        **trainable["lora"]["block_0"]["attn"], "wv": {"a": trainable["lora"]["block_0"]["attn"]["wv"]["a"],
-                                                         "b": ad.at[0, 1, 2].add(d)}}}}}
+    bump = lambda d: {"lora": {**trainable["lora"], "stack_0": {**trainable["lora"]["stack_0"], "attn": {  # noqa: E731
+        **trainable["lora"]["stack_0"]["attn"], "wv": {"a": trainable["lora"]["stack_0"]["attn"]["wv"]["a"],
+                                                         "b": ad.at[0, 0, 1, 2].add(d)}}}}}
     fd = (float(VALUE_AND_GRAD(bump(eps), frozen, tokens)[0])
           - float(VALUE_AND_GRAD(bump(-eps), frozen, tokens)[0])) / (2 * eps)
-    np.testing.assert_allclose(float(grads2["lora"]["block_0"]["attn"]["wv"]["b"][0, 1, 2]), fd, rtol=2e-2, atol=1e-5)
+    np.testing.assert_allclose(float(grads2["lora"]["stack_0"]["attn"]["wv"]["b"][0, 0, 1, 2]), fd, rtol=2e-2,
+                               atol=1e-5)
 
 
 def test_value_head_stays_trainable_next_to_adapters(base):
@@ -173,9 +184,9 @@ def test_checkpoint_item_round_trip_and_mismatch(base):
     assert jax.tree.structure(restored) == jax.tree.structure(trainable)
     with pytest.raises(ValueError, match="lora=LoraConfig"):
         lora.restore_item(tree, {"lora": {**meta["lora"], "rank": 4}}, base, CFG)
-    wrong = {**tree["lora"], "block_0": {**tree["lora"]["block_0"], "attn": {
-        **tree["lora"]["block_0"]["attn"], "wq": {"a": jnp.zeros((16, 2)), "b": jnp.zeros((2, 4, 8))}}}}
-    with pytest.raises(ValueError, match="block_0/attn/wq has shapes"):
+    wrong = {**tree["lora"], "stack_0": {**tree["lora"]["stack_0"], "attn": {
+        **tree["lora"]["stack_0"]["attn"], "wq": {"a": jnp.zeros((1, 16, 2)), "b": jnp.zeros((1, 2, 4, 8))}}}}
+    with pytest.raises(ValueError, match="stack_0/attn/wq has shapes"):
         lora.restore_item({"lora": wrong}, meta, base, CFG)
 
 
@@ -184,8 +195,10 @@ def test_param_axes_mirror_the_adapters(base):
     adapters = lora.init(base, CFG, jax.random.key(1))
     is_axes = lambda x: isinstance(x, tuple)  # noqa: E731
     assert jax.tree.structure(axes, is_leaf=is_axes) == jax.tree.structure(adapters)
-    assert axes["block_1"]["moe"]["w_gate"] == {"a": ("expert", "embed", None), "b": ("expert", None, "mlp")}
-    assert axes["block_0"]["attn"]["wo"] == {"a": ("heads", "head_dim", None), "b": (None, "embed")}
+    # the stack's layer axis first (replicated), then the weight's own
+    assert axes["stack_1"]["moe"]["w_gate"] == {"a": (None, "expert", "embed", None),
+                                                "b": (None, "expert", None, "mlp")}
+    assert axes["stack_0"]["attn"]["wo"] == {"a": (None, "heads", "head_dim", None), "b": (None, None, "embed")}
 
 
 @pytest.mark.parametrize("section, message", [
@@ -230,6 +243,7 @@ def _np_forward_unmerged(params, adapters, tokens, cfg):
         x1, x2 = x[..., :H // 2], x[..., H // 2:]
         return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
 
+    params, adapters = layer_stack.per_layer(params, cfg), layer_stack.per_layer(adapters, cfg)
     x = f(params["embed"])[tokens]
     for i in range(cfg.n_layers):
         p, ad = params[f"block_{i}"], adapters[f"block_{i}"]
@@ -276,7 +290,7 @@ def test_sharded_adapters_merge_into_the_base_layout(base):
     adapters = _perturbed(lora.init(base, CFG, jax.random.key(1)))
     base_sh = transformer.param_shardings(CFG, mesh)
     ad_sh = lora.shardings(adapters, transformer.param_axes(CFG), CFG, mesh)
-    assert ad_sh["block_1"]["moe"]["w_up"]["a"].spec[0] == "expert"  # experts' adapters live with their experts
+    assert ad_sh["stack_1"]["moe"]["w_up"]["a"].spec[1] == "expert"  # experts' adapters live with their experts
     merge = jax.jit(lambda b, a: lora.merge(b, a, CFG), out_shardings=base_sh)
     got = merge(jax.device_put(base, base_sh), jax.device_put(adapters, ad_sh))
     want = lora.merge(base, adapters, CFG)
@@ -294,7 +308,7 @@ def test_bf16_base_keeps_its_dtype_and_float32_adapters(base):
         assert m.dtype == b.dtype
         np.testing.assert_array_equal(np.asarray(m, np.float32), np.asarray(b, np.float32))  # B = 0: exact
     adapters = _perturbed(adapters)
-    w, got = base["block_0"]["attn"]["wq"], lora.merge(base, adapters, cfg)["block_0"]["attn"]["wq"]
-    a, b = (np.asarray(adapters["block_0"]["attn"]["wq"][k], np.float64) for k in ("a", "b"))
+    w, got = _pl(base)["block_0"]["attn"]["wq"], _pl(lora.merge(base, adapters, cfg))["block_0"]["attn"]["wq"]
+    a, b = (np.asarray(_pl(adapters)["block_0"]["attn"]["wq"][k], np.float64) for k in ("a", "b"))
     want = np.asarray(w, np.float64) + 2.0 * (a @ b.reshape(3, -1)).reshape(w.shape)
     np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=2 ** -8, atol=1e-6)  # one bf16 rounding

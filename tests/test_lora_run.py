@@ -17,7 +17,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from experiments.configs import qwen_gsm8k, quickstart
-from models import hf, lora, transformer
+from models import hf, layer_stack, lora, transformer
 from models.config import ModelConfig
 from rl import checkpoint as ckpt_lib
 from rl import config_validation as cv
@@ -83,13 +83,15 @@ def test_lora_grpo_trains_only_the_adapters_against_the_base(tmp_path):
         assert m["kl"] > 1e-6  # the adapters moved the policy away from the base
         adapters = st.base.carry.state["params"]["lora"]
         assert any(np.abs(np.asarray(x)).max() > 0 for x in jax.tree.leaves(adapters) if x.ndim) and \
-            np.abs(np.asarray(adapters["block_0"]["attn"]["wq"]["b"])).max() > 0
+            np.abs(np.asarray(adapters["stack_0"]["attn"]["wq"]["b"][0])).max() > 0
         base = ctx.frozen_base()  # bit-identical after the run (never donated, never updated)
         jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b), base, base0)
-        merged = stages.policy_params(st)
-        want = lora.merge(base0, adapters, ctx.model_cfg)
-        jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), merged, want)
-        np.testing.assert_array_equal(np.asarray(merged["embed"]), base0["embed"])  # untargeted: the base's
+        policy = stages.policy_params(st)  # the base with the adapters attached, merged layer by layer in forward
+        assert policy["stack_0"]["lora"] is adapters["stack_0"] and policy["embed"] is base["embed"]
+        merged = lora.merge(base0, adapters, ctx.model_cfg)
+        tokens = jnp.arange(12)[None] % ctx.model_cfg.vocab_size
+        np.testing.assert_allclose(np.asarray(transformer.forward(policy, tokens, ctx.model_cfg)[0]),
+                                   np.asarray(transformer.forward(merged, tokens, ctx.model_cfg)[0]), atol=1e-5)
         tree, meta = stages.tree(st), stages.meta(st)
         assert "ref_params" not in tree and set(tree["train_state"]["params"]) == {"lora"}
         assert meta["lora"] == {"rank": 2, "alpha": 4.0, "targets": list(LORA["targets"])}
@@ -151,7 +153,7 @@ def test_lora_run_resumes_exactly_checkpoints_adapters_and_loads_merged(tmp_path
     base = context.start_weights(cfg, model_cfg)
     want = lora.merge(base, jax.tree.map(jnp.asarray, saved["train_state"]["params"]["lora"]), model_cfg)
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), params, want)
-    assert not np.array_equal(np.asarray(params["block_0"]["attn"]["wq"]), np.asarray(base["block_0"]["attn"]["wq"]))
+    assert not np.array_equal(np.asarray(params["stack_0"]["attn"]["wq"]), np.asarray(base["stack_0"]["attn"]["wq"]))
 
 
 def _cold_start_config():
@@ -180,8 +182,8 @@ def test_after_a_lora_cold_start_the_kl_reference_is_the_cold_started_policy(tmp
         st = stages.init(ctx, 1, cfg.stages[1], stages.carried_params(st))
         assert set(st.ref_params) == {"lora"} and st.ref_params["lora"] is not st.base.carry.state["params"]["lora"]
         base = ctx.frozen_base()
-        ref = ctx.policy_weights(st.ref_params)
-        assert not np.array_equal(np.asarray(ref["block_0"]["attn"]["wq"]), np.asarray(base["block_0"]["attn"]["wq"]))
+        ref = lora.merge(base, st.ref_params["lora"], ctx.model_cfg)
+        assert not np.array_equal(np.asarray(ref["stack_0"]["attn"]["wq"]), np.asarray(base["stack_0"]["attn"]["wq"]))
         st, m0 = stages.unit(st, 0)  # the reference is the cold-started policy: KL 0, not the distance to the base
         assert abs(m0["kl"]) < 1e-6 and abs(m0["kl/train"]) < 1e-6 and np.isfinite(m0["loss"])
         for u in (1, 2):  # a batch sampled ahead (run.overlap) still has the reference's params at iteration 1
@@ -243,6 +245,7 @@ def test_lora_step_gradient_is_the_chain_rule_through_the_merge():
     g_full = jax.jit(jax.grad(lambda p, b: fn(p, b, 0.0, None)[0]))(st_full["params"], batch)
     s = DENSE.lora.scale
     want = 0.0
+    ad, g_full = layer_stack.per_layer(ad, DENSE), layer_stack.per_layer(g_full, DENSE)  # per layer, as the algebra
     for blk in ("block_0", "block_1"):
         for path in (("attn", "wq"), ("mlp", "w_down")):
             a = np.asarray(ad[blk][path[0]][path[1]]["a"], np.float64)
@@ -253,7 +256,8 @@ def test_lora_step_gradient_is_the_chain_rule_through_the_merge():
             want += np.sum((s * g2 @ b2.T) ** 2) + np.sum((s * a2.T @ g2) ** 2)
     norms = []
     for micro in (1, 2):
-        state = init_train_state(DENSE, loss_cfg, opt_cfg, jax.random.key(3), params={"lora": jax.tree.map(jnp.copy, ad)})  # donated
+        state = init_train_state(DENSE, loss_cfg, opt_cfg, jax.random.key(3),
+                                 params={"lora": layer_stack.stacked(ad, DENSE)})  # donated: a fresh copy
         step = make_train_step(DENSE, loss_cfg, opt_cfg, microbatches=micro)
         new, m = step(state, batch, {"lr": 1e-3}, base)
         norms.append(float(m["grad_norm"]))
@@ -271,7 +275,9 @@ def test_an_upcycled_start_computes_the_dense_checkpoint():
     model_cfg = context.build_model_cfg(cfg)
     params = context.start_weights(cfg, model_cfg)
     dense_cfg, dense = hf.load(QWEN3)
-    assert "moe" in params["block_1"] and "mlp" in params["block_0"]  # moe_every 2: every other block
+    blocks = layer_stack.per_layer(params, model_cfg)
+    assert "moe" in blocks["block_1"] and "mlp" in blocks["block_0"]  # moe_every 2: every other block
+    assert set(k for k in params if k.startswith("stack_")) == {"stack_0", "stack_1"}  # dense and MoE stacks
     tokens = jnp.arange(12)[None] % dense_cfg.vocab_size
     np.testing.assert_allclose(np.asarray(transformer.forward(params, tokens, model_cfg)[0]),
                                np.asarray(transformer.forward(dense, tokens, dense_cfg)[0]), atol=2e-5)
@@ -322,4 +328,4 @@ def test_upcycled_checkpoint_runs_grpo_with_routing_replay(tmp_path):
     path, _, _ = ckpt_lib.find_policy(str(tmp_path), "last")
     saved = ocp.Checkpointer(ocp.CompositeCheckpointHandler()).restore(
         os.path.abspath(path), args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
-    assert saved["train_state"]["params"]["block_0"]["moe"]["w_up"].shape[0] == 4  # the MoE is what is saved
+    assert saved["train_state"]["params"]["stack_0"]["moe"]["w_up"].shape[1] == 4  # the MoE is what is saved

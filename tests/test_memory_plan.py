@@ -186,9 +186,9 @@ def _nbytes(tree) -> int:
 
 
 def _targeted_bytes(base, targets) -> int:
-    """Bytes of the base's arrays at block_i/<target> (what the merge copies), by walking the tree."""
+    """Bytes of the base's arrays at stack_k/<target> (what the merge copies), by walking the tree."""
     total = 0
-    for block in (k for k in base if k.startswith("block_")):
+    for block in (k for k in base if k.startswith("stack_")):
         for t in targets:
             node = base[block]
             for part in t.split("/"):
@@ -278,7 +278,7 @@ def test_upcycled_plan_counts_the_moe_it_trains():
     cfg = _upcycled_config(lora=dict(rank=2, alpha=4.0, targets=targets))
     moe_cfg = context.build_model_cfg(cfg)
     adapters = lora.init(moe, moe_cfg, jax.random.key(2))
-    assert adapters["block_0"]["moe"]["w_up"]["a"].shape[0] == 4  # per expert
+    assert adapters["stack_0"]["moe"]["w_up"]["a"].shape[1] == 4  # per expert (after the stack's layer axis)
     p = mp.plan_for_config(cfg, moe_cfg, ONE)
     assert (p.parts["params"], p.parts["adapters"], p.parts["optimizer"]) == \
         (_nbytes(moe), _nbytes(adapters), 2 * _nbytes(adapters))

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models import layers, transformer
+from models import layer_stack, layers, transformer
 from models.config import ModelConfig, active_params_per_token, flops_per_token, num_params
 
 jax.config.update("jax_default_matmul_precision", "highest")
@@ -88,6 +88,7 @@ def np_moe(p, x, k, norm_topk_prob=True):
 
 
 def np_forward(params, tokens, cfg, positions, allowed):
+    params = layer_stack.per_layer(params, cfg)  # the reference runs block by block
     x = np.asarray(params["embed"], F64)[np.asarray(tokens)]
     for i in range(cfg.n_layers):
         p = params[f"block_{i}"]
@@ -259,11 +260,13 @@ def test_forward_with_padding_matches_numpy_reference(cfg):
     params = transformer.init(cfg, jax.random.key(1))
     if cfg.attn_bias or cfg.qk_norm:  # zero biases and unit norm scales at init would hide mistakes: randomise them
         rng = np.random.default_rng(3)
+        params = layer_stack.per_layer(params, cfg)
         for i in range(cfg.n_layers):
             attn = params[f"block_{i}"]["attn"]
             for name in ("bq", "bk", "bv", "q_norm", "k_norm"):
                 attn[name] = jnp.asarray(rng.normal(size=attn[name].shape) * 0.5 + (name.endswith("norm")),
                                          jnp.float32)
+        params = layer_stack.stacked(params, cfg)
     tokens = _tokens()
     logits, aux = FWD(params, tokens, cfg=cfg, positions=jnp.asarray(POSITIONS), attn_mask=jnp.asarray(MASK))
     allowed = np.tril(np.ones((T, T), bool))[None] & MASK.astype(bool)[:, None, :]
@@ -323,6 +326,7 @@ def _loss(p, tokens, cfg):
 def test_gradients_finite(params):
     grads = jax.jit(jax.grad(_loss), static_argnums=2)(params, _tokens(), CFG)
     assert all(np.all(np.isfinite(g)) for g in jax.tree.leaves(grads))
+    grads = layer_stack.per_layer(grads, CFG)
     for name in ("router", "w_gate", "w_up", "w_down"):
         assert np.abs(grads["block_1"]["moe"][name]).sum() > 0
     assert np.abs(grads["block_0"]["attn"]["wq"]).sum() > 0

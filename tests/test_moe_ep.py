@@ -220,9 +220,9 @@ def test_model_on_expert_mesh(mesh):
     each device holds 2 of the 8 experts, and the experts are never gathered whole."""
     params = transformer.init(MODEL_CFG, jax.random.key(0))
     sharded = transformer.init_sharded(MODEL_CFG, jax.random.key(0), mesh, sharding.DEFAULT_RULES)
-    w_gate = sharded["block_0"]["moe"]["w_gate"]
-    assert {s.data.shape for s in w_gate.addressable_shards} == {(2, D, F)}
-    assert {(s.index[0].start, s.index[0].stop) for s in w_gate.addressable_shards} == {(0, 2), (2, 4), (4, 6), (6, 8)}
+    w_gate = sharded["stack_0"]["moe"]["w_gate"]  # both blocks stacked: [2 layers, E, D, F], experts over 4
+    assert {s.data.shape for s in w_gate.addressable_shards} == {(2, 2, D, F)}
+    assert {(s.index[1].start, s.index[1].stop) for s in w_gate.addressable_shards} == {(0, 2), (2, 4), (4, 6), (6, 8)}
 
     rng = np.random.default_rng(0)
     tokens = jnp.asarray(rng.integers(3, 64, size=(4, 8)), jnp.int32)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from models import moe, sampling, sharding, transformer
+from models import layer_stack, moe, sampling, sharding, transformer
 from models.config import ModelConfig
 
 SMALL = dict(vocab_size=32, d_model=32, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=32, n_experts=4,
@@ -50,6 +50,7 @@ def test_replaying_the_own_routes_is_exact_and_keeps_router_gradients():
     g_own, g_rep = grad(params, None), grad(params, routes)
     for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(g_own)[0], jax.tree.leaves(g_rep)):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-6, atol=1e-7, err_msg=jax.tree_util.keystr(path))
+    g_rep = layer_stack.per_layer(g_rep, cfg)
     for i in range(cfg.n_layers):
         assert float(jnp.abs(g_rep[f"block_{i}"]["moe"]["router"]).max()) > 0
 
@@ -218,7 +219,7 @@ def test_train_step_replays_logs_disagreement_and_needs_routes():
     fn = make_loss_fn(cfg, replay, None, None)
     (_, met), grads = jax.value_and_grad(fn, has_aux=True)(params, batch, 0.0)
     assert float(met["router/replay_disagreement"]) == pytest.approx(4 / float(mask.sum()))
-    assert float(jnp.abs(grads["block_0"]["moe"]["router"]).max()) > 0
+    assert float(jnp.abs(layer_stack.per_layer(grads, cfg)["block_0"]["moe"]["router"]).max()) > 0
     # the replayed forward is the one trained: its loss differs from the recomputed one's
     (_, met_own), _ = jax.value_and_grad(make_loss_fn(cfg, LossConfig(mode="grpo"), None, None), has_aux=True)(
         params, batch, 0.0)

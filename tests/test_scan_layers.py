@@ -1,7 +1,8 @@
-"""model.scan_layers (models/transformer.py _scanned_blocks): the blocks as one lax.scan give the unrolled model's
-logits, router statistics, recorded routes, KV cache, gradients and sampler outputs, for dense and all-MoE models,
-with and without remat, in the flat and the grouped (shared-prompt) layout; a mixed model runs unrolled; and the
-scanned program holds one block where the unrolled one holds n_layers."""
+"""model.scan_layers over the stacked blocks (models/layer_stack.py, models/transformer.py _run_blocks): each group
+of stacks as one lax.scan gives the unrolled model's logits, router statistics, recorded routes, KV cache, gradients
+and sampler outputs, for dense, all-MoE and interleaved (dense / MoE every other block) models, with and without
+remat, in the flat and the grouped (shared-prompt) layout; and the scanned program holds one period of blocks where
+the unrolled one holds n_layers. (tests/test_model.py checks the scanned forward against a float64 NumPy model.)"""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,11 +13,13 @@ from models.config import ModelConfig
 
 BASE = dict(vocab_size=48, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=48, max_seq_len=32,
             capacity_factor=None)
-KINDS = {"dense": dict(n_experts=0), "moe": dict(n_experts=4, experts_per_token=2, moe_every=1)}
+KINDS = {"dense": dict(n_experts=0), "moe": dict(n_experts=4, experts_per_token=2, moe_every=1),
+         "mixed": dict(n_experts=4, experts_per_token=2, moe_every=2, n_layers=6)}
 
 
 def cfgs(kind, **kw):
-    cfg = ModelConfig(**{**BASE, **KINDS[kind], **kw})
+    """(unrolled, scanned) configs of one model."""
+    cfg = ModelConfig(**{**BASE, **KINDS[kind], **kw, "scan_layers": False})
     return cfg, cfg.replace(scan_layers=True)
 
 
@@ -32,7 +35,7 @@ def close(a, b, tol=2e-5):
     np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64), rtol=tol, atol=tol)
 
 
-@pytest.mark.parametrize("kind", ["dense", "moe"])
+@pytest.mark.parametrize("kind", ["dense", "moe", "mixed"])
 def test_forward_logits_stats_and_routes_match_the_unrolled_model(kind):
     cfg, scan = cfgs(kind)
     params = transformer.init(cfg, jax.random.key(0))
@@ -53,7 +56,7 @@ def test_forward_logits_stats_and_routes_match_the_unrolled_model(kind):
         close(g, w)
 
 
-@pytest.mark.parametrize("kind,remat", [("dense", False), ("dense", True), ("moe", True)])
+@pytest.mark.parametrize("kind,remat", [("dense", False), ("dense", True), ("moe", True), ("mixed", False)])
 def test_gradients_match_the_unrolled_model(kind, remat):
     cfg, scan = cfgs(kind, remat=remat)
     params = transformer.init(cfg, jax.random.key(1))
@@ -70,7 +73,7 @@ def test_gradients_match_the_unrolled_model(kind, remat):
     jax.tree.map(lambda a, b: close(a, b, 5e-5), gg, gw)
 
 
-@pytest.mark.parametrize("kind", ["dense", "moe"])
+@pytest.mark.parametrize("kind", ["dense", "moe", "mixed"])
 def test_cache_path_and_grouped_layout_match(kind):
     """The cache path (a prefill into per-layer buffers, then the shared-prompt answers) scans too."""
     cfg, scan = cfgs(kind)
@@ -103,23 +106,21 @@ def test_sampler_output_is_unchanged():
     close(a.logprobs, b.logprobs)
 
 
-def test_a_mixed_model_runs_unrolled_and_the_scan_compiles_one_block():
-    mixed, mixed_scan = cfgs("moe", moe_every=2)
-    params = transformer.init(mixed, jax.random.key(5))
-    toks, mask = tokens_and_mask()
-    close(transformer.forward(params, toks, mixed_scan, attn_mask=mask)[0],
-          transformer.forward(params, toks, mixed, attn_mask=mask)[0])
-    cfg, scan = cfgs("dense", n_layers=6)
+@pytest.mark.parametrize("kind, fewer", [("dense", 3), ("mixed", 2)])
+def test_the_scan_compiles_one_period_of_blocks(kind, fewer):
+    cfg, scan = cfgs(kind, n_layers=6)
     params = transformer.init(cfg, jax.random.key(6))
+    toks, mask = tokens_and_mask()
 
     def n_dots(c):
         text = jax.jit(lambda p: transformer.forward(p, toks, c, attn_mask=mask)[0]).lower(params).as_text()
         return text.count("dot_general")
 
-    assert n_dots(scan) < n_dots(cfg) / 3  # one block's projections instead of six blocks'
+    # one block's projections instead of six blocks' (dense); one dense + one MoE block instead of six (mixed)
+    assert n_dots(scan) < n_dots(cfg) / fewer
 
 
-@pytest.mark.parametrize("kind", ["dense", "moe"])
+@pytest.mark.parametrize("kind", ["dense", "moe", "mixed"])
 def test_sharded_scan_matches_unsharded(kind):
     """Weights in transformer.param_shardings over a data x fsdp x expert x tensor mesh of 8 CPU devices: the
     scanned forward and its gradient equal the unsharded unrolled ones."""

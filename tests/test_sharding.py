@@ -73,12 +73,14 @@ def test_init_sharded_matches_init_and_splits_experts(setup):
     mesh, params, sharded, _, _ = setup
     for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(sharded)):
         np.testing.assert_array_equal(a, b)
-    w_gate = sharded["block_1"]["moe"]["w_gate"]  # [E=4, D=16, F=24]: expert over 2, mlp over tensor 2
-    assert w_gate.sharding.spec == P("expert", "fsdp", "tensor")
-    assert {s.data.shape for s in w_gate.addressable_shards} == {(2, 16, 12)}
-    expert_halves = {(s.index[0].start, s.index[0].stop) for s in w_gate.addressable_shards}
+    # block 1 is the MoE block, stack_1 (models/layer_stack.py): [1 layer, E=4, D=16, F=24], the layer axis
+    # replicated, experts over expert 2, mlp over tensor 2
+    w_gate = sharded["stack_1"]["moe"]["w_gate"]
+    assert w_gate.sharding.spec == P(None, "expert", "fsdp", "tensor")
+    assert {s.data.shape for s in w_gate.addressable_shards} == {(1, 2, 16, 12)}
+    expert_halves = {(s.index[1].start, s.index[1].stop) for s in w_gate.addressable_shards}
     assert expert_halves == {(0, 2), (2, 4)}
-    assert {s.data.shape for s in sharded["block_0"]["attn"]["wq"].addressable_shards} == {(16, 2, 8)}
+    assert {s.data.shape for s in sharded["stack_0"]["attn"]["wq"].addressable_shards} == {(1, 16, 2, 8)}
     assert {s.data.shape for s in sharded["unembed"].addressable_shards} == {(16, 32)}
 
 

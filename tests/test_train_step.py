@@ -401,5 +401,5 @@ def test_sharded_step_equals_unsharded(grpo):
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5),
                  host(sharded["params"]), host(plain["params"]))
     # The state keeps its explicit shardings through the donated step: the experts are split.
-    w_gate = sharded["params"]["block_0"]["moe"]["w_gate"]
-    assert len(w_gate.sharding.device_set) == 8 and w_gate.sharding.spec[0] == "expert"
+    w_gate = sharded["params"]["stack_0"]["moe"]["w_gate"]  # [layers, E, D, F]
+    assert len(w_gate.sharding.device_set) == 8 and w_gate.sharding.spec[1] == "expert"

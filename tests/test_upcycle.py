@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models import hf, moe, sharding, transformer, upcycle
+from models import hf, layer_stack, moe, sharding, transformer, upcycle
 from models.config import ModelConfig
 
 jax.config.update("jax_default_matmul_precision", "highest")
@@ -50,16 +50,18 @@ def test_upcycled_logits_equal_the_dense_logits(dense_params):
     # The upcycled tree is exactly the one the MoE config initialises, every expert a copy of the dense MLP.
     want = jax.eval_shape(lambda: transformer.init(moe_cfg, jax.random.key(0)))
     assert jax.tree.map(lambda a: (a.shape, a.dtype), params) == jax.tree.map(lambda a: (a.shape, a.dtype), want)
+    blocks, dense_blocks = layer_stack.per_layer(params, moe_cfg), layer_stack.per_layer(dense_params, DENSE)
     for i in range(3):
-        for name, w in dense_params[f"block_{i}"]["mlp"].items():
-            np.testing.assert_array_equal(np.asarray(params[f"block_{i}"]["moe"][name]),
+        for name, w in dense_blocks[f"block_{i}"]["mlp"].items():
+            np.testing.assert_array_equal(np.asarray(blocks[f"block_{i}"]["moe"][name]),
                                           np.broadcast_to(np.asarray(w), (4, *w.shape)))
-        assert params[f"block_{i}"]["attn"] is dense_params[f"block_{i}"]["attn"]
+        for name, w in dense_blocks[f"block_{i}"]["attn"].items():
+            np.testing.assert_array_equal(np.asarray(blocks[f"block_{i}"]["attn"][name]), np.asarray(w))
     tokens = _tokens(DENSE)
     dense_logits, _ = FWD(dense_params, tokens, cfg=DENSE.replace(upcycle=None))
     logits, aux = FWD(params, tokens, cfg=moe_cfg)
     np.testing.assert_allclose(np.asarray(logits), np.asarray(dense_logits), rtol=0, atol=2e-5)
-    spread = upcycle.expert_spread(params)
+    spread = upcycle.expert_spread(params, moe_cfg)
     assert set(spread) == {f"block_{i}/{n}" for i in range(3) for n in ("w_gate", "w_up", "w_down")}
     assert max(spread.values()) == 0.0  # exact copies
     # The router really routes: tokens go to different experts (the equality is not a degenerate single route).
@@ -72,12 +74,13 @@ def test_one_upcycled_layer_matches_a_float64_dense_swiglu(dense_params):
     params = upcycle.upcycle_params(dense_params, DENSE, jax.random.key(1))
     x = np.random.default_rng(3).normal(size=(2, 5, 16))
     layer = jax.jit(lambda p, x: moe.moe_layer(p, x, moe_cfg)[0])
-    y = layer(params["block_1"]["moe"], jnp.asarray(x, jnp.float32))
-    mlp = {k: np.asarray(v, np.float64) for k, v in dense_params["block_1"]["mlp"].items()}
+    block_1 = layer_stack.per_layer(params, moe_cfg)["block_1"]
+    y = layer(block_1["moe"], jnp.asarray(x, jnp.float32))
+    mlp = {k: np.asarray(v, np.float64) for k, v in layer_stack.per_layer(dense_params, DENSE)["block_1"]["mlp"].items()}
     g, u = x @ mlp["w_gate"], x @ mlp["w_up"]
     want = (g / (1 + np.exp(-g)) * u) @ mlp["w_down"]
     np.testing.assert_allclose(np.asarray(y), want, rtol=0, atol=1e-5)
-    _, weights, _ = moe.route(params["block_1"]["moe"]["router"], jnp.asarray(x.reshape(10, 16), jnp.float32), 2)
+    _, weights, _ = moe.route(block_1["moe"]["router"], jnp.asarray(x.reshape(10, 16), jnp.float32), 2)
     np.testing.assert_allclose(np.asarray(weights).sum(-1), 1.0, rtol=0, atol=1e-6)  # gates sum to one
 
 
@@ -140,13 +143,14 @@ def test_upcycle_needs_a_dense_model_with_an_moe_block():
 
 
 def test_expert_spread_against_float64(dense_params):
-    params = upcycle.upcycle_params(dense_params, DENSE, jax.random.key(1))
+    moe_cfg = upcycle.moe_config(DENSE)
+    params = layer_stack.per_layer(upcycle.upcycle_params(dense_params, DENSE, jax.random.key(1)), moe_cfg)
     w = np.asarray(params["block_1"]["moe"]["w_up"], np.float64)
     w = w + 0.01 * np.random.default_rng(0).standard_normal(w.shape)
     moe_1 = {**params["block_1"]["moe"], "w_up": jnp.asarray(w, jnp.float32)}
-    params = {**params, "block_1": {**params["block_1"], "moe": moe_1}}
+    params = layer_stack.stacked({**params, "block_1": {**params["block_1"], "moe": moe_1}}, moe_cfg)
     mean = w.mean(0)
     want = np.sqrt(((w - mean) ** 2).sum()) / np.sqrt(w.shape[0] * (mean ** 2).sum())
-    got = upcycle.expert_spread(params)
+    got = upcycle.expert_spread(params, moe_cfg)
     np.testing.assert_allclose(got["block_1/w_up"], want, rtol=1e-4)
     assert got["block_1/w_gate"] == 0.0 and got["block_0/w_up"] == 0.0

@@ -38,7 +38,7 @@ import numpy as np
 from experiments.bench import common
 from experiments.bench.model_step import forward_flops_per_token
 from experiments.bench.w1 import W1_MODEL
-from models import moe, transformer
+from models import layer_stack, moe, transformer
 from models.layers import swiglu
 from models.config import ModelConfig
 
@@ -89,7 +89,7 @@ def weight_read_table(params, cfg, parts, reps, moe_layer) -> dict:
     print(f"read bandwidth: jax {out['read_gb_s']['jax']:.1f} GB/s, numpy {out['read_gb_s']['numpy']:.1f} GB/s")
     if "decode_moe" not in parts:
         return out
-    p = params["block_0"]["moe"]
+    p = layer_stack.per_layer(params, cfg)["block_0"]["moe"]
     x = jax.random.normal(jax.random.PRNGKey(4), (64, 1, cfg.d_model), jnp.float32)
     expert_bytes = sum(p[k].size * p[k].dtype.itemsize for k in ("w_gate", "w_up", "w_down"))
     fwd = jax.jit(lambda p, x: moe_layer(p, x, cfg)[0])
@@ -130,7 +130,8 @@ def decode_loop_table(params, cfg, parts, reps, moe_layer, steps: int) -> dict:
     layer's weights everywhere (cached), and the NumPy peer on the cycled weights; all at 64 rows x 1 token."""
     if "decode_loop" not in parts:
         return {}
-    moes = [params[f"block_{i}"]["moe"] for i in range(cfg.n_layers) if "moe" in params[f"block_{i}"]]
+    blocks = layer_stack.per_layer(params, cfg)
+    moes = [blocks[f"block_{i}"]["moe"] for i in range(cfg.n_layers) if "moe" in blocks[f"block_{i}"]]
     n = len(moes)
     x0 = jax.random.normal(jax.random.PRNGKey(5), (64, 1, cfg.d_model), jnp.float32)
 
@@ -214,7 +215,7 @@ def main(argv=None):
     x = jax.random.normal(jax.random.PRNGKey(2), (args.rows, SEQ, cfg.d_model), jnp.float32)
     moe_flops = 3 * n_tok * 2 * 3 * cfg.d_model * cfg.expert_ff * cfg.experts_per_token
     if "moe" in args.parts:
-        p = params["block_0"]["moe"]
+        p = layer_stack.per_layer(params, cfg)["block_0"]["moe"]
         f = jax.jit(jax.value_and_grad(lambda p, x: jnp.sum(moe_layer(p, x, cfg)[0] ** 2), argnums=(0, 1)))
         w, c = timed(f, p, x, reps=args.reps)
         rows.append(["1 MoE layer fwd+bwd", w, c, moe_flops / 1e9, moe_flops / c / 1e9 / peak["peak_gflops_per_cpu_s"]])
