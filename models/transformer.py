@@ -299,7 +299,7 @@ def _stack_stats(stats, n_experts: int):
 
 def forward(params, tokens, cfg: ModelConfig, *, positions=None, attn_mask=None, cache=None, cache_index=None,
             kv_valid=None, return_hidden=False, return_logits=True, mesh=None, rules=None, routes=None,
-            replay_routes=True, return_routes=False, moe_impl="auto", scan_layers=None):
+            replay_routes=True, return_routes=False, moe_impl="auto", scan_layers=None, causal=True):
     """Logits [B, T, vocab] (float32) and aux (router statistics per MoE layer, "hidden", "cache", "routes").
 
     return_hidden: aux["hidden"] = the final-normed hidden states [B, T, d_model] (compute dtype).
@@ -320,6 +320,8 @@ def forward(params, tokens, cfg: ModelConfig, *, positions=None, attn_mask=None,
     moe_impl: the MoE layers' expert kernel (models/moe.py moe_layer's impl; "auto" for forward passes and gradients).
     scan_layers: run each group of stacked blocks as one lax.scan (None = cfg.scan_layers); params in the per-layer
     view (layer_stack.per_layer, as the sampler passes them) always run unrolled.
+    causal=False (with a cache and kv_valid): the queries see exactly the kv_valid slots, whatever their order (a
+    ring-buffer cache whose write slot wraps around: models/slot_sampling.py).
     """
     B, T = tokens.shape
     dtype = jnp.dtype(cfg.dtype)
@@ -337,9 +339,14 @@ def forward(params, tokens, cfg: ModelConfig, *, positions=None, attn_mask=None,
     else:
         cache_index = jnp.asarray(0 if cache_index is None else cache_index, jnp.int32)
         slots_T = cache_index + jnp.arange(T, dtype=jnp.int32)
-        mask_BTS = causal_mask(slots_T, jnp.arange(cache_slots(cache), dtype=jnp.int32))[None]
-        if kv_valid is not None:
-            mask_BTS = mask_BTS & kv_valid.astype(bool)[:, None, :]
+        if causal:
+            mask_BTS = causal_mask(slots_T, jnp.arange(cache_slots(cache), dtype=jnp.int32))[None]
+            if kv_valid is not None:
+                mask_BTS = mask_BTS & kv_valid.astype(bool)[:, None, :]
+        elif kv_valid is None:
+            raise ValueError("forward(causal=False) needs kv_valid: the slots each query may see")
+        else:
+            mask_BTS = jnp.broadcast_to(kv_valid.astype(bool)[:, None, :], (B, T, kv_valid.shape[1]))
     if positions is None:
         positions = jnp.broadcast_to(slots_T, (B, T))
     token_mask_BT = None if attn_mask is None else attn_mask.astype(bool)
@@ -371,9 +378,15 @@ def forward(params, tokens, cfg: ModelConfig, *, positions=None, attn_mask=None,
 
 def decode_params(params, cfg: ModelConfig) -> dict:
     """The per-layer view the sampler decodes with (layer_stack.per_layer: "block_i" slices, taken once per call
-    rather than in every decode step), with attached LoRA adapters merged into each layer's weights."""
-    return lora.merge_blocks(layer_stack.per_layer(params, cfg), cfg) if cfg.lora is not None else \
-        layer_stack.per_layer(params, cfg)
+    rather than in every decode step), with attached LoRA adapters merged into each layer's weights and the weight
+    matrices in the compute dtype cfg.dtype (bfloat16 sampling of float32 weights reads half the bytes per token;
+    norm scales and biases keep their dtype, as the forward casts them)."""
+    view = layer_stack.per_layer(params, cfg)
+    if cfg.lora is not None:
+        view = lora.merge_blocks(view, cfg)
+    dtype = jnp.dtype(cfg.dtype)
+    return jax.tree.map(lambda w: w.astype(dtype) if w.ndim >= 2 and jnp.issubdtype(w.dtype, jnp.floating) else w,
+                        view)
 
 
 def logits_from_hidden(params, h_BTD, cfg: ModelConfig, *, mesh=None, rules=None):

@@ -143,8 +143,17 @@ class SamplingSection(Checked):
     top_p: float = field(1.0, "nucleus sampling (1.0 = off; must be off with a grpo/ppo stage)",
                               num(0.0, 1.0, lo_open=True))
     top_k: int = field(0, "top-k sampling (0 = off; must be off with a grpo/ppo stage)", integer(0, 10**7))
-    batch_rows: int = field(128, "rows (answers) per sampler call; every call has this shape, so the sampler compiles "
-                                 "once", integer(1, 10**6))
+    batch_rows: int = field(128, "rows (answers) decoded at once: the sampler's slots (continuous batching) or rows "
+                                 "per call (static); one shape, so the sampler compiles once", integer(1, 10**6))
+    batching: str = field("continuous", "continuous: a finished answer's slot takes the next one, each prompt "
+                                         "prefilled once per refill (models/slot_sampling.py) | static: calls of "
+                                         "batch_rows rows that run until their longest answer ends "
+                                         "(models/sampling.py; always with recorded MoE routes or a multi-device "
+                                         "mesh)", choice("continuous", "static"))
+    dtype: str = field("", "compute dtype of every sampler call, evaluation and rollouts ('' = model.dtype), e.g. "
+                           "bfloat16 sampling of float32 weights: the behaviour logprobs stay the sampler's own; "
+                           "stages[i].sampler_dtype overrides it for one RL stage's rollouts",
+                       choice("", "float32", "bfloat16", "float16"))
 
 
 def rl_sampling_errors(smp: dict, where: str):

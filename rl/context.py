@@ -34,7 +34,7 @@ import os
 import jax
 import numpy as np
 
-from models import hf, hf_checks, kernels, layer_stack, lora, sampling, sharding, transformer, upcycle
+from models import hf, hf_checks, kernels, layer_stack, lora, sampling, sharding, slot_sampling, transformer, upcycle
 from models import pretrained as pretrained_models
 from models.config import ModelConfig, num_params
 from models.tokenizer import ByteTokenizer, HFTokenizer
@@ -111,15 +111,27 @@ class RunContext:
     def generate(self, params, mcfg, prompts, key, **kw):
         return sampling.generate(params, mcfg, prompts, key, mesh=self.mesh, rules=self.rules, **kw)
 
+    def generate_slots(self, params, mcfg, prompts, key, **kw):
+        return slot_sampling.generate_slots(params, mcfg, prompts, key, mesh=self.mesh, rules=self.rules, **kw)
+
+    @property
+    def sampler_cfg(self):
+        """The model config every sampler call runs: the run's, at sampling.dtype when that is set."""
+        dtype = self.cfg.sampling.dtype
+        return self.model_cfg.replace(dtype=dtype) if dtype else self.model_cfg
+
     def sample(self, params, prompts: list[str], ks, key, *, temperature: float, model_cfg=None,
                return_routes: bool = False) -> rollout.Samples:
-        """ks[i] answers per prompt at `temperature` with the config's max_new_tokens / top_p / top_k; model_cfg
-        overrides the run's (e.g. another compute dtype for the sampler), return_routes keeps the MoE experts."""
+        """ks[i] answers per prompt at `temperature` with the config's max_new_tokens / top_p / top_k and batching;
+        model_cfg overrides sampler_cfg (e.g. an RL stage's sampler_dtype), return_routes keeps the MoE experts
+        (static batching). Continuous batching runs on one device (a larger mesh samples in static calls)."""
         smp = self.cfg.sampling
-        return rollout.sample(self.generate, params, model_cfg or self.model_cfg, self.tok, prompts, ks, key,
+        slots = smp.batching == "continuous" and (self.mesh is None or self.mesh.size == 1)
+        return rollout.sample(self.generate, params, model_cfg or self.sampler_cfg, self.tok, prompts, ks, key,
                               temperature=temperature, max_new_tokens=smp.max_new_tokens, top_p=smp.top_p,
                               top_k=smp.top_k, max_prompt_len=self.cfg.tasks.max_prompt_len,
-                              rows_per_call=smp.batch_rows, return_routes=return_routes)
+                              rows_per_call=smp.batch_rows, return_routes=return_routes,
+                              generate_slots=self.generate_slots if slots else None)
 
     @property
     def logprob_fn(self):

@@ -3,9 +3,9 @@
 Pieces (used by the trainer's rejection and RL stages, and by evaluation):
 
   encode_prompts(tok, texts)           LEFT-padded prompt ids for the sampler
-  sample(gen, params, texts, ks, ...)  K_i samples of prompt i, in fixed-size sampler calls (rows = prompt
-                                       repeated K_i times, prompts padded to max_prompt_len): the sampler
-                                       compiles once per run
+  sample(gen, params, texts, ks, ...)  K_i samples of prompt i through the sampler's slots (continuous
+                                       batching) or in fixed-size calls (static), prompts padded to
+                                       max_prompt_len: the sampler compiles once per run
   build_batch(prompt_ids, samples, T)  train-step rows: BOS + prompt + response (+EOS), right-padded to T;
                                        loss_mask on the response tokens, the sampler's logprobs beside them
                                        (and, when sampled with return_routes, its expert choices: `routes`)
@@ -81,14 +81,16 @@ def sample(
     max_prompt_len: int,
     rows_per_call: int = 128,
     return_routes: bool = False,
+    generate_slots: Callable | None = None,
 ) -> Samples:
-    """Draw ks[i] answers for prompt i.
+    """Draw ks[i] answers for prompt i; row r of the result answers prompt row_prompt[r] (a prompt's rows together).
 
-    Every prompt is repeated ks[i] times and the rows go to the sampler in calls of exactly
-    `rows_per_call` rows (the last call padded) with prompts left-padded to `max_prompt_len`, so
-    the sampler compiles once per run whatever the batch, K or eval size. Deterministic in `key`
-    (call c uses fold_in(key, c); the sampler folds in the row). return_routes: also keep the sampler's expert
-    choices (models.sampling.generate), for routing replay.
+    With `generate_slots` (models.slot_sampling.generate_slots, continuous batching; not for return_routes) the rows
+    go through `rows_per_call` slots, each distinct prompt prefilled once per refill, and row r draws from
+    fold_in(key, r). Otherwise (static batching) every prompt is repeated ks[i] times and the rows go to `generate`
+    in calls of exactly `rows_per_call` rows (the last call padded), call c with fold_in(key, c). Prompts are
+    left-padded to `max_prompt_len` either way, so the sampler compiles once per run whatever the batch, K or eval
+    size. return_routes: also keep the sampler's expert choices (models.sampling.generate), for routing replay.
     """
     ks = np.asarray(ks, np.int64)
     n = len(prompt_texts)
@@ -97,22 +99,28 @@ def sample(
     prompts, pmask, _ = encode_prompts(tok, prompt_texts, multiple=max_prompt_len, max_len=max_prompt_len)
     row_prompt = np.repeat(np.arange(n), ks)
     R = len(row_prompt)
-    toks, lps, lens, routes = [], [], [], []
-    for c, start in enumerate(range(0, R, rows_per_call)):
-        sel = row_prompt[start : start + rows_per_call]
-        real = len(sel)
-        sel = np.concatenate([sel, np.full((rows_per_call - real,), sel[-1])])
-        o = generate(
-            params, model_cfg, prompts[sel], jax.random.fold_in(key, c), prompt_mask=pmask[sel], num_samples=1,
-            max_new_tokens=int(max_new_tokens), temperature=float(temperature), top_p=float(top_p),
-            top_k=int(top_k), eos_id=list(tok.stop_ids), pad_id=tok.PAD, **({"return_routes": True} if return_routes else {}),
-        )
+    kw = dict(max_new_tokens=int(max_new_tokens), temperature=float(temperature), top_p=float(top_p),
+              top_k=int(top_k), eos_id=list(tok.stop_ids), pad_id=tok.PAD)
+    routes = []
+    if generate_slots is not None and not return_routes and R:
+        o = generate_slots(params, model_cfg, prompts, key, row_prompt=row_prompt, prompt_mask=pmask,
+                           slots=int(rows_per_call), **kw)
         t, lp, ln = (np.asarray(x) for x in jax.device_get((o.tokens, o.logprobs, o.lengths)))
-        toks.append(t[:real])
-        lps.append(lp[:real])
-        lens.append(ln[:real])
-        if return_routes:
-            routes.append(np.asarray(jax.device_get(o.routes))[:real])
+        toks, lps, lens = [t], [lp], [ln]
+    else:
+        toks, lps, lens = [], [], []
+        for c, start in enumerate(range(0, R, rows_per_call)):
+            sel = row_prompt[start : start + rows_per_call]
+            real = len(sel)
+            sel = np.concatenate([sel, np.full((rows_per_call - real,), sel[-1])])
+            o = generate(params, model_cfg, prompts[sel], jax.random.fold_in(key, c), prompt_mask=pmask[sel],
+                         num_samples=1, **kw, **({"return_routes": True} if return_routes else {}))
+            t, lp, ln = (np.asarray(x) for x in jax.device_get((o.tokens, o.logprobs, o.lengths)))
+            toks.append(t[:real])
+            lps.append(lp[:real])
+            lens.append(ln[:real])
+            if return_routes:
+                routes.append(np.asarray(jax.device_get(o.routes))[:real])
     tokens = np.concatenate(toks, 0).astype(np.int32)
     return Samples(
         prompt_index=row_prompt, tokens=tokens, logprobs=np.concatenate(lps, 0).astype(np.float32),

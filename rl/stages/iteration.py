@@ -91,8 +91,9 @@ class IterationConfig(Checked):
     # Sampler / trainer mismatch (docs/training.md): routes, precision, staleness (routing_replay: LossConfig's).
     record_routes: bool = field(False, "record the sampler's experts and log router/replay_disagreement without "
                                        "replaying them (implied by routing_replay)", boolean)
-    sampler_dtype: str = field("", "compute dtype the sampler runs the policy in ('' = model.dtype), e.g. bfloat16 "
-                                   "sampling against float32 training", choice("", "float32", "bfloat16", "float16"))
+    sampler_dtype: str = field("", "compute dtype this stage's rollouts run the policy in ('' = sampling.dtype, else "
+                                   "model.dtype), e.g. bfloat16 sampling against float32 training",
+                               choice("", "float32", "bfloat16", "float16"))
     max_staleness: int = field(1, "bounded staleness: the sampler runs up to k updates ahead (k batches sampled "
                                   "ahead, while rewards are computed; needs run.overlap and no curriculum); 0 = each "
                                   "batch sampled right before its update", integer(0, 64))
@@ -195,7 +196,7 @@ def init(ctx, index: int, cfg, params, *, advantages: Callable, value_head: bool
     base = common.init_base(ctx, index, cfg, params, loss_cfg)
     st = State(base=base, advantages=advantages, value_head=value_head, kl_ctl=kl_ctl,
                max_rows=rollout.rows_for_budget(cfg.rl.token_budget, ctx.seq_len, ctx.row_multiple),
-               sample_cfg=ctx.model_cfg.replace(dtype=cfg.rl.sampler_dtype) if cfg.rl.sampler_dtype else ctx.model_cfg,
+               sample_cfg=ctx.model_cfg.replace(dtype=cfg.rl.sampler_dtype) if cfg.rl.sampler_dtype else ctx.sampler_cfg,
                prm=reward_terms.scorer(ctx, cfg, f"stages[{index}]"))  # reward.prm_path: the PRM wing's, else None
     return dataclasses.replace(
         st, ref_params=common.reference_params(st) if cfg.kl.uses_reference else None,
