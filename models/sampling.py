@@ -116,17 +116,20 @@ def argmax_rows(x_BV):
 def choose_tokens(logits_BV, keys_B, temperature, top_p, top_k):
     """One token per row and its logprob under softmax(logits / T).
 
-    temperature == 0 -> argmax (and logprobs under T = 1). Sampling draws from the
-    top-k / top-p truncated, renormalised softmax(logits / T) (sample_rows). Only the branch asked for runs
-    (lax.cond on the traced temperature), and the logprob is the chosen logit minus one logsumexp, so no
-    [rows, vocab] log-softmax is written.
+    temperature: one for every row, or one per row [B]. A row at T == 0 takes the argmax (its logprob under T = 1);
+    the others draw from the top-k / top-p truncated, renormalised softmax(logits / T) (sample_rows). Only the
+    branches the rows ask for run (lax.cond on the traced temperatures), and the logprob is the chosen logit minus
+    one logsumexp, so no [rows, vocab] log-softmax is written.
     """
     logits_BV = logits_BV.astype(jnp.float32)
-    greedy = temperature <= 0.0
-    t_eff = jnp.where(greedy, 1.0, temperature).astype(jnp.float32)
-    scaled_BV = logits_BV / t_eff
-    tokens_B = jax.lax.cond(greedy, argmax_rows,
-                            lambda x: sample_rows(keys_B, _filter_logits(x, top_k, top_p)), scaled_BV)
+    t_B = jnp.broadcast_to(jnp.asarray(temperature, jnp.float32), logits_BV.shape[:1])
+    greedy_B = t_B <= 0.0
+    scaled_BV = logits_BV / jnp.where(greedy_B, 1.0, t_B)[:, None]
+    draw = lambda x: sample_rows(keys_B, _filter_logits(x, top_k, top_p))  # noqa: E731
+    tokens_B = jax.lax.cond(
+        jnp.all(greedy_B), argmax_rows,
+        lambda x: jax.lax.cond(jnp.any(greedy_B), lambda y: jnp.where(greedy_B, argmax_rows(y), draw(y)), draw, x),
+        scaled_BV)
     chosen_B = jnp.take_along_axis(scaled_BV, tokens_B[:, None], axis=-1)[:, 0]
     return tokens_B, chosen_B - jax.nn.logsumexp(scaled_BV, axis=-1)
 
@@ -251,7 +254,8 @@ def generate(params, cfg, prompts, key, *, prompt_mask=None, num_samples=1, max_
 
     prompts [B, P] int32; prompt_mask [B, P] (1 = real token; None = no padding). Returns a
     SampleOutput(tokens [B*K, N], logprobs [B*K, N], lengths [B*K]); row b*K + k is sample k
-    of prompt b. temperature 0 is greedy; top_k 0 and top_p 1 disable those filters. eos_id: one id or a list
+    of prompt b. temperature 0 is greedy (one value, or one per row [B*K]); top_k 0 and top_p 1 disable those
+    filters. eos_id: one id or a list
     (chat checkpoints stop at any of several, e.g. Qwen's <|im_end|> and <|endoftext|>); -1 never stops.
     mesh/rules are passed through to transformer.forward for sharded models.
     return_routes (MoE, for routing replay): also return `routes` [B*K, P + N, n_moe_layers, k], the experts every
@@ -293,7 +297,12 @@ def check_args(cfg, prompts, prompt_mask, num_samples, max_new_tokens, temperatu
         raise ValueError(
             f"max_new_tokens: prompt length {prompts.shape[1]} + max_new_tokens {max_new_tokens} "
             f"exceeds cfg.max_seq_len {cfg.max_seq_len}")
-    _check_scalar("temperature", temperature, 0.0, float("inf"))
+    t = _host_value(temperature)
+    if t is not None and (np.ndim(t) > 1 or (np.ndim(t) == 1 and len(t) != prompts.shape[0] * int(num_samples))):
+        raise ValueError(f"temperature must be one value or one per row ({prompts.shape[0] * int(num_samples)}), "
+                         f"got shape {np.shape(t)}")
+    if t is not None and (np.any(~np.isfinite(t)) or np.any(np.asarray(t) < 0)):
+        raise ValueError(f"temperature must be in [0, inf), got {temperature}")
     _check_scalar("top_p", top_p, 0.0, 1.0, low_open=True)
     eos_ids = jnp.atleast_1d(jnp.asarray(eos_id, jnp.int32))
     if eos_ids.ndim != 1 or eos_ids.shape[0] < 1:

@@ -38,7 +38,8 @@ from models import transformer
 from models.layers import cache_layout
 from models.sampling import SampleOutput, check_args, choose_tokens, prefill
 
-REFILL = 16  # slots refilled per refill call (fewer when fewer rows wait)
+REFILL = 8  # slots refilled per refill call (fewer when fewer rows wait)
+MIN_SLOTS = 8  # with the queue empty, the tail halves the slot array down to this many slots
 
 
 class _State(NamedTuple):
@@ -48,6 +49,7 @@ class _State(NamedTuple):
     row: jax.Array  # [S] int32 row served (-1: none)
     pos: jax.Array  # [S] int32 rotary position of the token fed next
     n: jax.Array  # [S] int32 tokens generated
+    temp: jax.Array  # [S] float32 the row's sampling temperature (0 = greedy)
     done: jax.Array  # [S] bool: finished or empty
     prev: jax.Array  # [S] int32 the token fed next
     tokens: jax.Array  # [S, N] int32
@@ -56,7 +58,6 @@ class _State(NamedTuple):
 
 class _Sampling(NamedTuple):
     key: jax.Array
-    temperature: jax.Array
     top_p: jax.Array
     top_k: jax.Array
     eos_ids: jax.Array
@@ -78,15 +79,16 @@ def _init(cfg, slots: int, max_new_tokens: int, prompt_len: int, pad_id):
     S, N, L = slots, max_new_tokens, prompt_len + max_new_tokens
     return _State(cache=transformer.init_cache(cfg, S, L), kv_valid=jnp.zeros((S, L), bool), t=jnp.int32(0),
                   row=jnp.full((S,), -1, jnp.int32), pos=jnp.zeros((S,), jnp.int32), n=jnp.zeros((S,), jnp.int32),
-                  done=jnp.ones((S,), bool), prev=jnp.zeros((S,), jnp.int32),
+                  temp=jnp.zeros((S,), jnp.float32), done=jnp.ones((S,), bool), prev=jnp.zeros((S,), jnp.int32),
                   tokens=jnp.full((S, N), pad_id, jnp.int32), logprobs=jnp.zeros((S, N), jnp.float32))
 
 
 @partial(jax.jit, static_argnames=("cfg", "mesh", "rules"), donate_argnums=(1,))
-def _refill(params, s: _State, sp: _Sampling, prompts_UP, mask_UP, slot_F, src_F, rows_F, *, cfg, mesh, rules):
+def _refill(params, s: _State, sp: _Sampling, prompts_UP, mask_UP, slot_F, src_F, rows_F, temp_F, *, cfg, mesh,
+            rules):
     """Prefill U prompts and start them in slots slot_F (S = no slot: padding), slot f taking prompt src_F[f] as row
-    rows_F[f]: its ring row gets the prompt's keys and values in the P slots before the write slot, nothing else
-    valid; its first token is sampled from the prompt's last logits."""
+    rows_F[f] at temperature temp_F[f]: its ring row gets the prompt's keys and values in the P slots before the
+    write slot, nothing else valid; its first token is sampled from the prompt's last logits."""
     S, L = s.kv_valid.shape
     F, P, N = slot_F.shape[0], prompts_UP.shape[1], s.tokens.shape[1]
     last_U1V, _, aux = prefill(params, prompts_UP, mask_UP, P, cfg=cfg, mesh=mesh, rules=rules)
@@ -105,12 +107,12 @@ def _refill(params, s: _State, sp: _Sampling, prompts_UP, mask_UP, slot_F, src_F
     mask_FP = jnp.take(mask_UP.astype(bool), src_F, axis=0)
     valid_FL = jnp.zeros((F, L), bool).at[:, ring_P].set(mask_FP)
     tok_F, logp_F = choose_tokens(jnp.take(last_U1V[:, 0], src_F, axis=0),
-                                  _row_keys(sp.key, rows_F, jnp.zeros_like(rows_F)), sp.temperature, sp.top_p,
-                                  sp.top_k)
+                                  _row_keys(sp.key, rows_F, jnp.zeros_like(rows_F)), temp_F, sp.top_p, sp.top_k)
     set_ = lambda x, v: x.at[slot_F].set(v, mode="drop")  # noqa: E731
     return s._replace(
         cache=cache, kv_valid=set_(s.kv_valid, valid_FL), row=set_(s.row, rows_F),
         pos=set_(s.pos, jnp.sum(mask_FP, axis=1, dtype=jnp.int32)), n=set_(s.n, jnp.ones_like(rows_F)),
+        temp=set_(s.temp, temp_F),
         done=set_(s.done, _is_eos(tok_F, sp.eos_ids) | (N <= 1)), prev=set_(s.prev, tok_F),
         tokens=set_(s.tokens, jnp.full((F, N), sp.pad_id, jnp.int32).at[:, 0].set(tok_F)),
         logprobs=set_(s.logprobs, jnp.zeros((F, N), jnp.float32).at[:, 0].set(logp_F)))
@@ -132,8 +134,8 @@ def _decode(params, s: _State, sp: _Sampling, need, *, cfg, mesh, rules):
         logits_S1V, aux = transformer.forward(params, s.prev[:, None], cfg, positions=s.pos[:, None],
                                               attn_mask=live[:, None], cache=s.cache, cache_index=slot,
                                               kv_valid=kv_valid, mesh=mesh, rules=rules, causal=False)
-        tok, logp = choose_tokens(logits_S1V[:, 0], _row_keys(sp.key, jnp.maximum(s.row, 0), s.n), sp.temperature,
-                                  sp.top_p, sp.top_k)
+        tok, logp = choose_tokens(logits_S1V[:, 0], _row_keys(sp.key, jnp.maximum(s.row, 0), s.n), s.temp, sp.top_p,
+                                  sp.top_k)
         col = jnp.where(live, s.n, N)  # finished slots write out of range: dropped
         tokens = s.tokens.at[jnp.arange(S), col].set(tok, mode="drop")
         logprobs = s.logprobs.at[jnp.arange(S), col].set(logp, mode="drop")
@@ -143,6 +145,15 @@ def _decode(params, s: _State, sp: _Sampling, need, *, cfg, mesh, rules):
                           n=n, done=done, prev=jnp.where(live, tok, s.prev), tokens=tokens, logprobs=logprobs)
 
     return jax.lax.while_loop(cond, body, s)
+
+
+@jax.jit  # not donated: the smaller arrays cannot reuse the larger ones' buffers
+def _compact(s: _State, keep) -> _State:
+    """The slots `keep` of state s (a smaller slot array: the rows still running, in slot order)."""
+    take = lambda x: jnp.take(x, keep, axis=0)  # noqa: E731
+    return s._replace(cache=jax.tree.map(take, s.cache), kv_valid=take(s.kv_valid), row=take(s.row),
+                      pos=take(s.pos), n=take(s.n), temp=take(s.temp), done=take(s.done), prev=take(s.prev), tokens=take(s.tokens),
+                      logprobs=take(s.logprobs))
 
 
 @partial(jax.jit, static_argnums=1)
@@ -163,18 +174,24 @@ def generate_slots(params, cfg, prompts, key, *, row_prompt, prompt_mask=None, s
                    max_new_tokens: int = 64, temperature=1.0, top_p=1.0, top_k=0, eos_id=2, pad_id=0, mesh=None,
                    rules=None, refill: int = REFILL) -> SampleOutput:
     """Continuations of LEFT-padded prompts [U, P] (prompt_mask as in sampling.generate), row r of the output
-    continuing prompt row_prompt[r], through `slots` slots (see the module docstring). Returns SampleOutput(tokens
+    continuing prompt row_prompt[r] at temperature (one value, or one per row: e.g. a greedy answer and k samples of
+    each prompt in one call, the prompt prefilled once for all of them), through `slots` slots (see the module
+    docstring). Returns SampleOutput(tokens
     [N, max_new_tokens], logprobs, lengths) in row order, as sampling.generate's for the same rows."""
     row_prompt = np.asarray(row_prompt, np.int64)
-    prompts, prompt_mask, eos_ids = check_args(cfg, prompts, prompt_mask, 1, max_new_tokens, temperature, top_p,
-                                               top_k, eos_id)
+    prompts, prompt_mask, eos_ids = check_args(cfg, prompts, prompt_mask, 1, max_new_tokens, 0.0, top_p, top_k,
+                                               eos_id)
+    temps = np.broadcast_to(np.asarray(temperature, np.float32), row_prompt.shape) \
+        if np.ndim(temperature) == 0 or np.shape(temperature) == row_prompt.shape else None
+    if temps is None or not np.all(np.isfinite(temps)) or np.any(temps < 0):
+        raise ValueError(f"temperature must be one value >= 0 or one per row ({len(row_prompt)}), got {temperature!r}")
     U, P = prompts.shape
     if row_prompt.ndim != 1 or not len(row_prompt) or row_prompt.min() < 0 or row_prompt.max() >= U:
         raise ValueError(f"row_prompt must be a non-empty list of prompt indices in [0, {U}), got {row_prompt!r}")
     S, N, F = int(slots), int(max_new_tokens), int(min(refill, slots))
     if S < 1 or F < 1:
         raise ValueError(f"slots and refill must be >= 1, got {slots}, {refill}")
-    sp = _Sampling(key=key, temperature=jnp.asarray(temperature, jnp.float32), top_p=jnp.asarray(top_p, jnp.float32),
+    sp = _Sampling(key=key, top_p=jnp.asarray(top_p, jnp.float32),
                    top_k=jnp.asarray(top_k, jnp.int32), eos_ids=eos_ids, pad_id=jnp.asarray(pad_id, jnp.int32))
     static = dict(cfg=cfg, mesh=mesh, rules=rules)
     view = _views(params, cfg)
@@ -209,12 +226,20 @@ def generate_slots(params, cfg, prompts, key, *, row_prompt, prompt_mask=None, s
             src_F[:len(rows)] = src
             rows_F = np.zeros((F,), np.int32)
             rows_F[:len(rows)] = rows
+            temp_F = np.zeros((F,), np.float32)
+            temp_F[:len(rows)] = temps[rows]
             served[take[:len(rows)]] = rows
             s = _refill(params, s, sp, jnp.asarray(prompts_np[pick]), jnp.asarray(mask_np[pick]), jnp.asarray(slot_F),
-                        jnp.asarray(src_F), jnp.asarray(rows_F), **static)
+                        jnp.asarray(src_F), jnp.asarray(rows_F), jnp.asarray(temp_F), **static)
         if next_row >= R and (served < 0).all():
             break
-        # decode until the next refill has enough slots (or, with the queue empty, until every slot is done)
-        need = S if next_row >= R else S - int((served >= 0).sum()) + min(F, R - next_row)
+        live = int((served >= 0).sum())
+        if next_row >= R and S > MIN_SLOTS and live <= S // 2:  # the queue is empty: the tail runs on fewer slots
+            S //= 2
+            keep = np.concatenate([np.nonzero(served >= 0)[0], np.nonzero(served < 0)[0]])[:S]
+            s, served = _compact(s, jnp.asarray(keep, jnp.int32)), served[keep]
+        # decode until the next refill has enough free slots; with the queue empty, until half the slots are done
+        # (then the tail moves to half as many), or all of them at the smallest slot array
+        need = (S - live + min(F, R - next_row)) if next_row < R else (S - S // 2 if S > MIN_SLOTS else S)
         s = _decode(view, s, sp, jnp.int32(need), **static)
     return SampleOutput(tokens=jnp.asarray(out_tok), logprobs=jnp.asarray(out_lp), lengths=jnp.asarray(out_len))

@@ -229,11 +229,16 @@ def evaluate(ctx, params, problems, key, k: int, temperature: float, samples_out
                                        cfg=tools)
         return ctx.sample(params, prompts, counts, sub, temperature=temp)
 
-    greedy = draw([1] * n, jax.random.fold_in(key, 0), 0.0)
-    fut_g = ctx.scorer.submit(greedy.texts, problems, greedy.lengths)
     samples, s_scores = None, None
+    if k > 0 and not with_tools:  # one sampler call: each prompt's greedy answer and its k samples share a prefill
+        both = draw([1 + k] * n, jax.random.fold_in(key, 0), np.tile([0.0] + [temperature] * k, n))
+        greedy, samples = both.split(1)
+    else:
+        greedy = draw([1] * n, jax.random.fold_in(key, 0), 0.0)
+    fut_g = ctx.scorer.submit(greedy.texts, problems, greedy.lengths)
     if k > 0:
-        samples = draw([k] * n, jax.random.fold_in(key, 1), temperature)
+        if samples is None:
+            samples = draw([k] * n, jax.random.fold_in(key, 1), temperature)
         s_scores = ctx.scorer.result(ctx.scorer.submit(samples.texts, [p for p in problems for _ in range(k)],
                                                        samples.lengths))
     g_scores = ctx.scorer.result(fut_g)

@@ -65,9 +65,11 @@ from types import SimpleNamespace
 import jax
 import psutil
 
-from models import lora, transformer
+from models import layer_stack, lora, transformer
+from models.slot_sampling import REFILL
 from models.sharding import DEFAULT_RULES, logical_to_spec
 from rl import config_validation as cv
+from rl import grouped_batch
 from rl.rollout import rows_for_budget
 from rl.stages.sft import sft_rows
 
@@ -85,6 +87,7 @@ REMEDY = {
                  "bfloat16 (model.param_dtype, which also stores the Adam moments in bfloat16)",
     "reference": "shard over more devices (mesh.fsdp) or drop the reference policy (stages[i].kl_coef=0)",
     "gradients": "shard the parameters over more devices (mesh.fsdp; mesh.expert for MoE experts)",
+    "update": "shard the parameters over more devices (mesh.fsdp; mesh.expert for MoE experts)",
     "activations": "lower the rows per optimizer step (stages[i].token_budget for grpo/ppo, stages[i].batch_size "
                    "for sft/rejection), set model.remat=True, or add data/fsdp devices",
     "logits": "set model.logits_chunk (e.g. 128: logprobs chunk by chunk, never the full logits), lower the rows "
@@ -92,13 +95,20 @@ REMEDY = {
     "kv cache": "lower sampling.batch_rows, or sampling.max_new_tokens / tasks.max_prompt_len",
     "sampler temps": "lower sampling.batch_rows",
     "adapters": "lower model.lora.rank or name fewer model.lora.targets",
+    "runtime": "nothing in the config: it is the process itself",
+    "decode view": "store the parameters in bfloat16 (model.param_dtype) or shard them over more devices (mesh.fsdp)",
     "merged weights": "name fewer model.lora.targets (each targeted weight is copied by the merge) or shard the "
                       "parameters over more devices (mesh.fsdp; mesh.expert for MoE experts)",
 }
 # The phase each part lives in; "transient" parts (LoRA's merged weights) count in both the train step and sampling.
-PHASES = {"params": "resident", "adapters": "resident", "optimizer": "resident", "reference": "resident",
-          "gradients": "train step", "activations": "train step", "logits": "train step",
-          "merged weights": "transient", "kv cache": "sampling", "sampler temps": "sampling"}
+PHASES = {"runtime": "resident", "params": "resident", "adapters": "resident", "optimizer": "resident",
+          "reference": "resident", "gradients": "train step", "update": "train step", "activations": "train step",
+          "logits": "train step",
+          "merged weights": "train step", "kv cache": "sampling", "decode view": "sampling",
+          "sampler temps": "sampling"}
+# What the process holds besides its arrays: Python, JAX / XLA, the libraries, the compiled programs and the heap
+# they leave (measured: RSS of a SmolLM2 run at its first unit less its arrays; BENCHMARKS.md "memory plan").
+RUNTIME_BYTES = int(0.75 * GIB)
 
 
 # ---- pieces (pure functions of shapes and sizes) -----------------------------------------------------------------
@@ -167,6 +177,24 @@ def activation_bytes_per_token(m, seq_len: int, tensor: int = 1) -> int:
     return sum(blocks) + 2 * c * D  # + the embedding output and the final norm
 
 
+def decode_view_bytes(m, mesh_sizes: dict, rules, dtype: str) -> int:
+    """Bytes per device of the sampler's per-layer view (models.transformer.decode_params): every stacked block
+    weight sliced per layer, the matrices in the sampler's dtype (norm scales and biases in their own); the
+    embedding tables too when that dtype differs from the params' (cast; otherwise passed through, not copied)."""
+    shapes = jax.eval_shape(lambda k: transformer.init(m, k), jax.random.key(0))
+    axes = transformer.param_axes(m)
+    total = 0
+    for key in shapes:
+        stacked = bool(layer_stack.STACK_KEY.fullmatch(key))
+        for s, a in zip(jax.tree.leaves(shapes[key]), jax.tree.leaves(axes[key], is_leaf=_is_axes)):
+            matrix = len(s.shape) - int(stacked) >= 2
+            if not stacked and not (matrix and dtype != m.param_dtype):
+                continue
+            item = DTYPE_BYTES[dtype] if matrix else DTYPE_BYTES[m.param_dtype]
+            total += math.prod(s.shape) // shard_factor(s.shape, a, mesh_sizes, rules) * item
+    return total
+
+
 def kv_cache_bytes(m, rows: int, length: int, mesh_sizes: dict) -> int:
     """Bytes per device of the sampler's KV cache for `rows` rows of `length` slots."""
     batch = int(mesh_sizes.get("data", 1)) * int(mesh_sizes.get("fsdp", 1))
@@ -222,38 +250,75 @@ def _in_phase(part: str, name: str) -> bool:
     return PHASES[part] == name or (PHASES[part] == "transient" and name in ("train step", "sampling"))
 
 
+@dataclasses.dataclass(frozen=True)
+class StepShape:
+    """What one optimizer step computes: `passes`, (query tokens, keys each query's attention row spans) of each
+    forward pass (flat: rows x T queries over T keys; grouped: G x P prompt queries over P keys, then G x K x C
+    answer queries over P + C keys), and `logit_rows` x `logit_len` positions of logits (the answers only when
+    grouped). `note` says which it is."""
+
+    passes: tuple[tuple[int, int], ...]
+    logit_rows: int
+    logit_len: int
+    note: str
+
+    @classmethod
+    def flat(cls, rows: int, seq_len: int) -> "StepShape":
+        return cls(passes=((rows * seq_len, seq_len),), logit_rows=rows, logit_len=seq_len,
+                   note=f"{rows} rows x {seq_len} tokens")
+
+    @classmethod
+    def grouped(cls, groups: int, k: int, prompt_len: int, answer_len: int) -> "StepShape":
+        return cls(passes=((groups * prompt_len, prompt_len), (groups * k * answer_len, prompt_len + answer_len)),
+                   logit_rows=groups * k, logit_len=answer_len,
+                   note=f"{groups} prompt(s) x {k} answers, grouped ({prompt_len} + {answer_len} tokens)")
+
+
 def plan(m, mesh_sizes: dict, rules, *, leaves, train_rows: int, seq_len: int, sample_rows: int, prompt_len: int,
          new_tokens: int, reference: bool, budget: int, budget_note: str = "", lora_sizes=None,
-         adapters_reference: bool = False) -> MemoryPlan:
+         adapters_reference: bool = False, step: StepShape | None = None, sample_dtype: str = "",
+         prefill_rows: int | None = None, runtime: int = RUNTIME_BYTES) -> MemoryPlan:
     """The plan from sizes alone (see the module docstring). leaves: model_leaves(m); train_rows: the largest
     rows per optimizer step of any stage; sample_rows: sampling.batch_rows; lora_sizes: lora_leaves(m), needed
-    when m.lora is set; adapters_reference: with LoRA, an RL stage's reference is a copy of trained adapters."""
+    when m.lora is set; adapters_reference: with LoRA, an RL stage's reference is a copy of trained adapters.
+    step: the largest step's shape (step_shape; default: train_rows flat rows of seq_len); sample_dtype: the
+    sampler's compute dtype ('' = m.dtype); prefill_rows: prompts prefilled at once (continuous batching's refill;
+    None = sample_rows, static batching); runtime: the process's own bytes (RUNTIME_BYTES)."""
+    step = StepShape.flat(train_rows, seq_len) if step is None else step
     if (m.lora is None) != (lora_sizes is None):
         raise ValueError("lora_sizes (lora_leaves(m)) must be given exactly when the model config sets lora")
     p = sharded_bytes(leaves, mesh_sizes, rules, DTYPE_BYTES[m.param_dtype])
     batch = int(mesh_sizes.get("data", 1)) * int(mesh_sizes.get("fsdp", 1))
     tensor = int(mesh_sizes.get("tensor", 1))
-    rows_dev, sample_dev = -(-train_rows // batch), -(-sample_rows // batch)
+    rows_dev, sample_dev = -(-step.logit_rows // batch), -(-sample_rows // batch)
     vocab_dev = m.vocab_size // tensor if m.vocab_size % tensor == 0 else m.vocab_size
     heads_dev = -(-m.n_heads // tensor)
     length = prompt_len + new_tokens
+    sd = sample_dtype or m.dtype
+    prefill_dev = sample_dev if prefill_rows is None else -(-int(prefill_rows) // batch)
     # the train step's logits-sized float32 temporaries: full [rows, T, V] ones, or one chunk's [rows, C, V] ones
-    logit_copies, logit_len = ((CHUNK_COPIES, min(m.logits_chunk, seq_len)) if m.logits_chunk
-                               else (LOGITS_COPIES, seq_len))
+    logit_copies, logit_len = ((CHUNK_COPIES, min(m.logits_chunk, step.logit_len)) if m.logits_chunk
+                               else (LOGITS_COPIES, step.logit_len))
     c, pd = m.dtype, m.param_dtype
-    parts = {"params": p, "optimizer": 2 * p, "reference": p if reference else 0, "gradients": p,
-             "activations": rows_dev * seq_len * activation_bytes_per_token(m, seq_len, tensor),
+    parts = {"runtime": int(runtime), "params": p, "optimizer": 2 * p, "reference": p if reference else 0,
+             "gradients": p, "update": p,
+             "activations": sum(-(-q // batch) * activation_bytes_per_token(m, keys, tensor) for q, keys in step.passes),
              "logits": logit_copies * rows_dev * logit_len * vocab_dev * 4,
-             "kv cache": kv_cache_bytes(m, sample_rows, length, mesh_sizes),
-             "sampler temps": (sample_dev * heads_dev * prompt_len * length * (4 + DTYPE_BYTES[m.dtype])
+             "kv cache": kv_cache_bytes(m.replace(dtype=sd), sample_rows, length, mesh_sizes),
+             "decode view": decode_view_bytes(m, mesh_sizes, rules, sd),
+             "sampler temps": (prefill_dev * heads_dev * prompt_len * length * (4 + DTYPE_BYTES[sd])
                                + SAMPLER_LOGITS_COPIES * sample_dev * vocab_dev * 4)}
-    notes = {"params": f"{pd}", "optimizer": f"Adam mu + nu, {pd}", "reference": "KL reference copy" if reference else
+    notes = {"runtime": "Python, JAX / XLA, the libraries and the compiled programs (measured)",
+             "params": f"{pd}", "optimizer": f"Adam mu + nu, {pd}",
+             "update": "the step's new parameters, held until the finite check selects them", "reference": "KL reference copy" if reference else
              "no stage keeps a reference", "gradients": f"{pd}",
-             "activations": f"{rows_dev} rows x {seq_len} tokens, {c}{', remat' if m.remat else ''} (estimate)",
+             "activations": f"{step.note}, {c}{', remat' if m.remat else ''} (estimate)",
              "logits": f"{logit_copies} x float32 [{rows_dev}, {logit_len}, {vocab_dev}]"
                        + (" (logits_chunk)" if m.logits_chunk else ""),
-             "kv cache": f"{sample_dev} rows x {length} slots, {c}",
-             "sampler temps": f"prefill scores + {SAMPLER_LOGITS_COPIES} x float32 [{sample_dev}, {vocab_dev}]"}
+             "kv cache": f"{sample_dev} rows x {length} slots, {sd}",
+             "decode view": f"the blocks' weights sliced per layer for decoding, {sd} (transformer.decode_params)",
+             "sampler temps": f"prefill scores of {prefill_dev} prompts + {SAMPLER_LOGITS_COPIES} x float32 "
+                              f"[{sample_dev}, {vocab_dev}]"}
     if m.lora is not None:
         parts, notes = _with_lora(parts, notes, m, lora_sizes, mesh_sizes, rules, reference, adapters_reference)
     return MemoryPlan(parts=parts, notes=notes, budget=int(budget), budget_note=budget_note,
@@ -264,24 +329,47 @@ def _with_lora(parts: dict, notes: dict, m, lora_sizes, mesh_sizes: dict, rules,
                adapters_reference: bool):
     """A LoRA run's parts (docs/lora_upcycling.md, "In the trainer"): the base is held once (the train step's frozen
     argument, the KL reference, what the merge reads); the optimizer and the gradients are the adapters'; the train
-    step and the sampler each merge the targeted weights into a transient copy, one at a time."""
+    step merges one layer's targeted weights at a time inside its scan (models.lora.merge_block: the merged layer and
+    its gradient, recomputed in the backward pass); the sampler's decode view holds them merged."""
     adapters, targeted = lora_sizes
     a = sharded_bytes(adapters, mesh_sizes, rules, ADAPTER_BYTES)
     pd, r = m.param_dtype, m.lora.rank
     ref = a if reference and adapters_reference else 0
-    parts = {"params": parts["params"], "adapters": a, "optimizer": 2 * a, "reference": ref, "gradients": a,
-             **{k: parts[k] for k in ("activations", "logits")},
-             "merged weights": sharded_bytes(targeted, mesh_sizes, rules, DTYPE_BYTES[pd]),
-             **{k: parts[k] for k in ("kv cache", "sampler temps")}}
+    per_layer = [(shape[1:], axes[1:]) for shape, axes in targeted]  # one layer of each stacked weight
+    parts = {"runtime": parts["runtime"], "params": parts["params"], "adapters": a, "optimizer": 2 * a,
+             "reference": ref, "gradients": a, "update": a, **{k: parts[k] for k in ("activations", "logits")},
+             "merged weights": 2 * sharded_bytes(per_layer, mesh_sizes, rules, DTYPE_BYTES[pd]),
+             **{k: parts[k] for k in ("kv cache", "decode view", "sampler temps")}}
     notes = {**notes, "params": f"{pd}, the frozen base, held once (train step's frozen argument, KL reference)",
-             "adapters": f"LoRA rank {r}: A + B of {len(targeted)} weights, float32",
+             "adapters": f"LoRA rank {r}: A + B of {len(targeted)} stacked weights, float32",
              "optimizer": "Adam mu + nu of the adapters, float32",
              "reference": ("no stage keeps a reference" if not reference else
                            "LoRA: the stage-start adapters (the base is held once)" if adapters_reference else
                            "LoRA: the KL reference is the frozen base (no copy)"),
-             "gradients": "of the adapters only, float32",
-             "merged weights": f"the {len(targeted)} targeted weights, {pd}: merged by the step or the sampler"}
+             "gradients": "of the adapters only, float32", "update": "the step's new adapters",
+             "merged weights": f"one layer of the {len(targeted)} targeted weights and its gradient, {pd} (merged "
+                               "layer by layer inside the step)"}
     return parts, notes
+
+
+def step_shape(cfg: cv.RunConfig | dict, row_multiple: int) -> StepShape:
+    """The largest optimizer step of any stage (by its activation tokens): an RL stage that trains in the grouped
+    layout (rl/grouped_batch.py: batch_layout auto, one group size, a group fits the step, no recorded routes) steps
+    on whole groups of K answers, each prompt once; everything else on flat rows of prompt + answer."""
+    cfg = cv.typed(cfg)
+    P, N = cfg.tasks.max_prompt_len, cfg.sampling.max_new_tokens
+    shapes = []
+    for s in cfg.stages:
+        if s.kind in ("sft", "rejection"):
+            shapes.append(StepShape.flat(sft_rows(s.batch_size, row_multiple), P + N))
+            continue
+        rows = rows_for_budget(s.token_budget, P + N, row_multiple)
+        sizes = s.group_sizes()
+        layout = None if s.rl.batch_layout == "flat" or s.records_routes or len(set(sizes)) != 1 else \
+            grouped_batch.plan(sizes, rows, row_multiple, P, N, 0)
+        shapes.append(StepShape.flat(rows, P + N) if layout is None else
+                      StepShape.grouped(layout.groups, layout.k, P, N))
+    return max(shapes, key=lambda st: sum(q * keys for q, keys in st.passes) + sum(q for q, _ in st.passes))
 
 
 def train_rows(cfg: cv.RunConfig | dict, row_multiple: int) -> int:
@@ -328,7 +416,10 @@ def plan_for_config(cfg: cv.RunConfig | dict, model_cfg, mesh_sizes: dict, rules
     P, N = cfg.tasks.max_prompt_len, cfg.sampling.max_new_tokens
     reference = any(getattr(s, "uses_reference", False) for s in cfg.stages)
     after_training = any(getattr(s, "uses_reference", False) for s in cfg.stages[1:])  # LoRA: trained adapters
+    continuous = cfg.sampling.batching == "continuous" and n_dev == 1
     return plan(model_cfg, mesh_sizes, rules, leaves=model_leaves(model_cfg), train_rows=train_rows(cfg, row_multiple),
                 seq_len=P + N, sample_rows=cfg.sampling.batch_rows, prompt_len=P, new_tokens=N,
+                step=step_shape(cfg, row_multiple), sample_dtype=cfg.sampling.dtype,
+                prefill_rows=min(REFILL, cfg.sampling.batch_rows) if continuous else None,
                 reference=reference, budget=budget, budget_note=note,
                 lora_sizes=None if model_cfg.lora is None else lora_leaves(model_cfg), adapters_reference=after_training)

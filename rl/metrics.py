@@ -6,6 +6,7 @@
     w.close()
     print(format_table(summary["eval"], ["pass@1", "pass@k", "format_rate"]))
     clock = Clock(); clock.say("evaluating the initial policy")          # "[   3.1 s] evaluating ..."
+    memory_metrics()   # {"mem/rss_gib", "mem/peak_rss_gib"}: every unit's record carries them (summary: "memory")
 
 `metrics.jsonl` lines are {"step": int, "stage": str, "phase": str, "time": float, ...metrics};
 non-finite floats are written as null so every line is valid JSON. `flatten` turns nested
@@ -25,11 +26,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import resource
 import sys
 import time
 from typing import Any
 
 import numpy as np
+import psutil
 from tensorboardX import FileWriter
 from tensorboardX.proto.summary_pb2 import Summary
 from tensorboardX.summary import text as tb_text
@@ -171,6 +174,18 @@ class Clock:
     def say(self, msg: str) -> None:
         tqdm.write(f"[{time.time() - self.t0:7.1f} s] {msg}", file=sys.stdout)
         sys.stdout.flush()
+
+
+def peak_rss_gib() -> float:
+    """This process's peak resident memory so far, GiB (getrusage: what the kernel counted, the compiler's and the
+    allocator's included)."""
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    return kib / 2**20
+
+
+def memory_metrics() -> dict:
+    """{"mem/rss_gib": now, "mem/peak_rss_gib": the peak so far} of this process, for every unit's record."""
+    return {"mem/rss_gib": psutil.Process().memory_info().rss / 2**30, "mem/peak_rss_gib": peak_rss_gib()}
 
 
 def read_jsonl(path: str) -> list[dict]:

@@ -64,6 +64,22 @@ class Samples:
     scores: list[dict] = field(default_factory=list)  # filled by the reward pool
     routes: np.ndarray | None = None  # [N, P + max_new, n_moe_layers, k] int32 by sampler cache slot (-1 = none)
 
+    def split(self, first: int) -> tuple["Samples", "Samples"]:
+        """(the first `first` rows of every prompt's group, the rest), each a Samples of its own (groups of equal
+        size: e.g. one call that drew each prompt's greedy answer and its k samples)."""
+        sizes = np.asarray(self.group_sizes)
+        if not np.all(sizes == sizes[0]) or not 0 < first < sizes[0]:
+            raise ValueError(f"split({first}) needs equal groups larger than {first}, got sizes {sizes.tolist()}")
+        head = (np.arange(len(self.texts)) % sizes[0]) < first
+
+        def part(sel, k):
+            return Samples(prompt_index=self.prompt_index[sel], tokens=self.tokens[sel], logprobs=self.logprobs[sel],
+                           lengths=self.lengths[sel], texts=[t for t, s in zip(self.texts, sel) if s],
+                           group_sizes=np.full_like(sizes, k),
+                           routes=None if self.routes is None else self.routes[sel])
+
+        return part(head, first), part(~head, sizes[0] - first)
+
 
 def sample(
     generate: Callable,
@@ -74,7 +90,7 @@ def sample(
     ks: Sequence[int],
     key: jax.Array,
     *,
-    temperature: float,
+    temperature: float | Sequence[float],
     max_new_tokens: int,
     top_p: float = 1.0,
     top_k: int = 0,
@@ -83,7 +99,8 @@ def sample(
     return_routes: bool = False,
     generate_slots: Callable | None = None,
 ) -> Samples:
-    """Draw ks[i] answers for prompt i; row r of the result answers prompt row_prompt[r] (a prompt's rows together).
+    """Draw ks[i] answers for prompt i; row r of the result answers prompt row_prompt[r] (a prompt's rows together)
+    at `temperature` (one value, or one per row: sum(ks) values; 0 = greedy).
 
     With `generate_slots` (models.slot_sampling.generate_slots, continuous batching; not for return_routes) the rows
     go through `rows_per_call` slots, each distinct prompt prefilled once per refill, and row r draws from
@@ -99,12 +116,13 @@ def sample(
     prompts, pmask, _ = encode_prompts(tok, prompt_texts, multiple=max_prompt_len, max_len=max_prompt_len)
     row_prompt = np.repeat(np.arange(n), ks)
     R = len(row_prompt)
-    kw = dict(max_new_tokens=int(max_new_tokens), temperature=float(temperature), top_p=float(top_p),
-              top_k=int(top_k), eos_id=list(tok.stop_ids), pad_id=tok.PAD)
+    temps = np.broadcast_to(np.asarray(temperature, np.float32), (R,)).copy()
+    kw = dict(max_new_tokens=int(max_new_tokens), top_p=float(top_p), top_k=int(top_k), eos_id=list(tok.stop_ids),
+              pad_id=tok.PAD)
     routes = []
     if generate_slots is not None and not return_routes and R:
         o = generate_slots(params, model_cfg, prompts, key, row_prompt=row_prompt, prompt_mask=pmask,
-                           slots=int(rows_per_call), **kw)
+                           slots=int(rows_per_call), temperature=temps, **kw)
         t, lp, ln = (np.asarray(x) for x in jax.device_get((o.tokens, o.logprobs, o.lengths)))
         toks, lps, lens = [t], [lp], [ln]
     else:
@@ -113,8 +131,9 @@ def sample(
             sel = row_prompt[start : start + rows_per_call]
             real = len(sel)
             sel = np.concatenate([sel, np.full((rows_per_call - real,), sel[-1])])
+            t_call = np.concatenate([temps[start:start + real], np.zeros((rows_per_call - real,), np.float32)])
             o = generate(params, model_cfg, prompts[sel], jax.random.fold_in(key, c), prompt_mask=pmask[sel],
-                         num_samples=1, **kw, **({"return_routes": True} if return_routes else {}))
+                         num_samples=1, temperature=t_call, **kw, **({"return_routes": True} if return_routes else {}))
             t, lp, ln = (np.asarray(x) for x in jax.device_get((o.tokens, o.logprobs, o.lengths)))
             toks.append(t[:real])
             lps.append(lp[:real])

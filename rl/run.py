@@ -113,6 +113,7 @@ class Loop:
         self.t_start = time.time()
         self.compile_before, self.compile_start = {}, compile_cache.stats()  # train() resets both before building
         self.cache_dir: str | None = None
+        self.plan_peak_gib = 0.0  # the memory plan's peak per device (rl/memory_plan.py), when it was made
         self.clock = mlib.Clock()
         self.best_ck = ckpt_lib.Checkpointer(os.path.join(ctx.workdir, "checkpoints", "best_policy"), keep=1,
                                              keep_best=False, layers=layer_stack.layer_groups(ctx.model_cfg)) \
@@ -134,11 +135,17 @@ class Loop:
         self.compile_before = self.summary.get("compile", {})  # the processes before this one
 
     def stamp(self) -> None:
-        """Wall time and compile time so far (over every process of the run) into the summary."""
+        """Wall time, compile time and peak memory so far (over every process of the run) into the summary."""
         self.summary["wall_seconds"] = self.wall()
         now = compile_cache.stats()
         c = {k: self.compile_before.get(k, 0) + now[k] - self.compile_start[k] for k in now}
         self.summary["compile"] = {**c, "seconds": round(c["seconds"], 1), "cache_dir": self.cache_dir or "off"}
+        before = self.summary.get("memory", {}).get("peak_rss_gib", 0.0)
+        mem = {"peak_rss_gib": round(max(before, mlib.peak_rss_gib()), 2)}
+        if self.plan_peak_gib:
+            mem.update(plan_peak_gib=round(self.plan_peak_gib, 2),
+                       peak_over_plan=round(mem["peak_rss_gib"] / self.plan_peak_gib, 2))
+        self.summary["memory"] = mem
 
     def wall(self) -> float:
         return self.wall_before + (time.time() - self.t_start)
@@ -215,9 +222,12 @@ class Loop:
         if family_columns(rows):
             print("\nper task family (pass@1: math verified, code all tests pass, instructions all constraints met):")
             print(mlib.format_table(rows, family_columns(rows)))
-        c = self.summary["compile"]
+        c, mem = self.summary["compile"], self.summary["memory"]
+        plan = (f" against a memory plan of {mem['plan_peak_gib']:.2f} GiB ({mem['peak_over_plan']:.2f}x)"
+                if "plan_peak_gib" in mem else "")
         print(f"wall time {self.summary['wall_seconds']:.1f} s, of which compiling {c['seconds']:.1f} s ({c['compiles']} "
-              f"programs, {c['cache_hits']} read from the compilation cache {c['cache_dir']}); summary in "
+              f"programs, {c['cache_hits']} read from the compilation cache {c['cache_dir']}); peak RSS "
+              f"{mem['peak_rss_gib']:.2f} GiB{plan}; summary in "
               f"{os.path.join(ctx.workdir, 'summary.json')}, curves in {os.path.join(ctx.workdir, 'curves.png')}, "
               f"samples in {ctx.writer.samples_path}", flush=True)
         return self.summary
@@ -262,6 +272,7 @@ def train(config, workdir: str, config_path: str = "") -> dict:
     print(preflight.compute_estimate(cfg)[0], flush=True)
     loop = Loop(ctx, list(cfg.stages), config_path)
     loop.clock, loop.compile_start, loop.cache_dir = clock, compile_start, cache_dir
+    loop.plan_peak_gib = prep.plan.peak / 2**30 if prep.plan is not None else 0.0
     try:
         return _run(loop, meta, latest)
     finally:
@@ -313,6 +324,7 @@ def _run(loop: Loop, meta, latest) -> dict:
             t0 = time.time()
             run, m = stage_lib.unit(run, u)
             m["time/unit"] = time.time() - t0
+            m.update(mlib.memory_metrics())
             loop.gunit += 1
             last = u == sc.units - 1
             stop = bool(stop_after) and ran + 1 >= stop_after

@@ -83,3 +83,23 @@ def test_bad_rows_are_refused():
     with pytest.raises(ValueError, match="row_prompt"):
         slot_sampling.generate_slots(params, CFG, prompts, jax.random.key(0), row_prompt=[0, 9], prompt_mask=mask,
                                      max_new_tokens=8)
+
+
+def test_per_row_temperatures_greedy_and_samples_in_one_call():
+    """A greedy answer and k samples of each prompt in one call (evaluation's draw): each row as generate gives it at
+    its own temperature, the greedy rows exactly the greedy call's."""
+    params = transformer.init(CFG, jax.random.key(8))
+    prompts, mask = _prompts(U=3, seed=9)
+    k = 3
+    rows = np.repeat(np.arange(3), 1 + k)
+    temps = np.tile([0.0] + [0.9] * k, 3).astype(np.float32)
+    kw = dict(max_new_tokens=10, eos_id=5, pad_id=0)
+    want = _static(params, CFG, prompts, mask, rows, jax.random.key(9), temperature=temps, **kw)
+    got = slot_sampling.generate_slots(params, CFG, prompts, jax.random.key(9), row_prompt=rows, prompt_mask=mask,
+                                       temperature=temps, slots=4, refill=4, **kw)
+    np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
+    greedy = sampling.generate(params, CFG, prompts, jax.random.key(0), prompt_mask=mask, temperature=0.0, **kw)
+    np.testing.assert_array_equal(np.asarray(got.tokens)[:: 1 + k], np.asarray(greedy.tokens))
+    with pytest.raises(ValueError, match="temperature"):
+        slot_sampling.generate_slots(params, CFG, prompts, jax.random.key(9), row_prompt=rows, prompt_mask=mask,
+                                     temperature=temps[:-1], **kw)

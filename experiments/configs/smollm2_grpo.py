@@ -47,9 +47,7 @@ def smollm2_policy(c, lora: bool, system_prompt: str) -> float:
                         dtype="float32", param_dtype="float32", remat=False, scan_layers=True, logits_chunk=32))
     if lora:
         c.model.lora = dict(LORA)
-    # Off: reading the LoRA train step's 41 MB executable back from the persistent cache took > 20 GB of RAM and was
-    # OOM-killed on the 24 GB machine, three times; compiling it in-process peaks at ~13 GB (REPRODUCING.md).
-    c.run.update(dict(reward_workers=2, compile_cache="off"))
+    c.run.update(dict(reward_workers=2))
     return 2e-4 if lora else 1e-5
 
 
