@@ -5,6 +5,7 @@
     name = kernels.resolve_moe("auto", x_ND, p, k, mesh)          # models/moe.py and models/moe_ep.py
     y_NKD = kernels.moe_kernel(name)(p, x_ND, experts_NK, valid_NK, block_size)
     out = kernels.cached_attention(q_BKMH, k_BKHS, v_BKSH, mask_BTS)  # None: no registered kernel applies
+    kernels.register_phase_end(fn); kernels.phase_end()           # a wing's work between a run's phases (rl/)
 
 Why a registry. The model core (layers, moe, moe_ep, transformer) holds only portable JAX; a backend's own kernels
 and heuristics live in a wing (models/cpu/ for the CPU: compiled C++ kernels, the windowed decode dispatch) that
@@ -15,6 +16,11 @@ An expert kernel has the signature fn(p, x_ND, experts_NK, valid_NK, block_size)
 SwiGLU expert output, zeros elsewhere) and may be differentiable. `auto` is its claim on "auto": a predicate
 (x_ND, p, k, mesh) -> bool; the registered claims are tried by `rank` (lowest first) and the first that holds wins.
 `in_shard_map`: whether it may run inside models/moe_ep.py's shard_map on each device's rows.
+
+A wing may also hook the boundaries between a run's phases (sampling, the reference pass, the update, an
+evaluation: each allocates its own large buffers): `phase_end()` runs what was registered, e.g. the CPU wing hands
+the heap freed by the phase that ended back to the OS (models/cpu/allocator.py), so the next phase's buffers do not
+sit on top of it. Without a wing it does nothing.
 
 Every resolution and attention call made while tracing is counted (`traced()`, per process: runs in one process
 share the counts, and a reused compile adds none), so a run can record which kernels its compiled programs contain
@@ -39,6 +45,7 @@ class MoEKernel(NamedTuple):
 _MOE: dict[str, MoEKernel] = {}
 _ATTENTION: list[tuple[Callable, Callable]] = []  # (applies(q, k, v, mask) -> bool, fn(q, k, v, mask) -> out)
 _WINGS: dict[str, Callable[[], dict]] = {}
+_PHASE_END: list[Callable[[], object]] = []
 _TRACED: Counter = Counter()
 
 
@@ -52,6 +59,18 @@ def register_attention(applies: Callable, fn: Callable) -> None:
     """Add a cached-attention kernel over layers.py's cache layout (q [B, K, M, H] pre-scaled, keys [B, K, H, S],
     values [B, K, S, H], mask [B or 1, T, S]); `applies(q, k, v, mask)` decides per call."""
     _ATTENTION.append((applies, fn))
+
+
+def register_phase_end(fn: Callable[[], object]) -> None:
+    """Run fn() at every phase_end() (once per fn)."""
+    if fn not in _PHASE_END:
+        _PHASE_END.append(fn)
+
+
+def phase_end() -> None:
+    """A run's phase ended (rl/): the registered hooks run, in registration order."""
+    for fn in _PHASE_END:
+        fn()
 
 
 def register_wing(name: str, describe: Callable[[], dict]) -> None:

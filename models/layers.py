@@ -7,6 +7,9 @@ H head_dim, F feed-forward width. Normalisation, softmax and rotary maths run in
 
 from __future__ import annotations
 
+import math
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
@@ -15,6 +18,42 @@ from models import kernels
 # A large finite negative instead of -inf: a query whose keys are all masked (a padding row) gets a uniform
 # distribution rather than NaNs, and NaN-free rows keep gradients finite.
 _MASK_VALUE = -1e30
+
+
+class LowRank(NamedTuple):
+    """A weight W with a low-rank update kept apart: W + scale * A @ B (A [*in, r], B [r, *out]), e.g. a LoRA
+    adapter (models/lora.py). `project` multiplies by it without forming W + scale * A @ B: the backward pass then
+    needs no gradient of W's size (dA and dB come through the rank-r products)."""
+
+    w: jax.Array
+    a: jax.Array
+    b: jax.Array
+    scale: float
+
+
+def project(spec: str, x, w):
+    """jnp.einsum(spec, x, w) in x's dtype, w a weight array or a LowRank (its update as x @ A then @ B, in x's
+    dtype: for LoRA on a bfloat16 base the update is never rounded into a bfloat16 W). spec: "<x dims>,<w dims>-><out
+    dims>" with w's dims its contracted ("in") dims first, then its "out" dims."""
+    dtype = x.dtype
+    if not isinstance(w, LowRank):
+        return jnp.einsum(spec, x, w.astype(dtype))
+    ins, rest = spec.split(",")
+    w_dims, out = rest.split("->")
+    contracted = "".join(d for d in w_dims if d in ins)
+    kept = "".join(d for d in ins if d not in contracted)
+    xa = jnp.einsum(f"{ins},{contracted}R->{kept}R", x, w.a.astype(dtype))
+    update = jnp.einsum(f"{kept}R,R{w_dims[len(contracted):]}->{out}", xa, w.b.astype(dtype))
+    return jnp.einsum(spec, x, w.w.astype(dtype)) + update * jnp.asarray(w.scale, dtype)
+
+
+def flatten_in(w, n_in: int):
+    """w with its first n_in ("in") dims merged into one (a LowRank: its W and A alike)."""
+    def flat(x, lead):
+        return x.reshape(math.prod(x.shape[:lead]), *x.shape[lead:])
+    if isinstance(w, LowRank):
+        return w._replace(w=flat(w.w, n_in), a=flat(w.a, n_in))
+    return flat(w, n_in)
 
 
 def rms_norm(x_BTD, scale_D, eps: float = 1e-6):
@@ -121,9 +160,9 @@ def attention(p, x_BTD, positions_BT, mask_BTS, *, rope_theta: float, cache=None
     Returns (out_BTD, cache).
     """
     dtype = x_BTD.dtype
-    q_BTNH = jnp.einsum("BTD,DNH->BTNH", x_BTD, p["wq"].astype(dtype))
-    k_BTKH = jnp.einsum("BTD,DKH->BTKH", x_BTD, p["wk"].astype(dtype))
-    v_BTKH = jnp.einsum("BTD,DKH->BTKH", x_BTD, p["wv"].astype(dtype))
+    q_BTNH = project("BTD,DNH->BTNH", x_BTD, p["wq"])
+    k_BTKH = project("BTD,DKH->BTKH", x_BTD, p["wk"])
+    v_BTKH = project("BTD,DKH->BTKH", x_BTD, p["wv"])
     if "bq" in p:
         q_BTNH = q_BTNH + p["bq"].astype(dtype)
         k_BTKH = k_BTKH + p["bk"].astype(dtype)
@@ -157,13 +196,12 @@ def attention(p, x_BTD, positions_BT, mask_BTS, *, rope_theta: float, cache=None
     # as two axes let XLA transpose wo to the activation's order on every call, a copy of the weight per layer and
     # decode step (SmolLM2 sampling, docs/model.md).
     B, T, N, H = out_BTNH.shape
-    wo_ED = p["wo"].astype(dtype).reshape(N * H, -1)
-    return jnp.einsum("BTE,ED->BTD", out_BTNH.reshape(B, T, N * H), wo_ED), cache
+    return project("BTE,ED->BTD", out_BTNH.reshape(B, T, N * H), flatten_in(p["wo"], 2)), cache
 
 
 def swiglu(p, x_BTD):
     """SwiGLU feed-forward: (silu(x W_gate) * x W_up) W_down. p: w_gate/w_up [D,F], w_down [F,D]."""
     dtype = x_BTD.dtype
-    gate_BTF = jnp.einsum("BTD,DF->BTF", x_BTD, p["w_gate"].astype(dtype))
-    up_BTF = jnp.einsum("BTD,DF->BTF", x_BTD, p["w_up"].astype(dtype))
-    return jnp.einsum("BTF,FD->BTD", jax.nn.silu(gate_BTF) * up_BTF, p["w_down"].astype(dtype))
+    gate_BTF = project("BTD,DF->BTF", x_BTD, p["w_gate"])
+    up_BTF = project("BTD,DF->BTF", x_BTD, p["w_up"])
+    return project("BTF,FD->BTD", jax.nn.silu(gate_BTF) * up_BTF, p["w_down"])

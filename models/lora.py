@@ -50,6 +50,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 
 from models import layer_stack, sharding
+from models.layers import LowRank
 from models.adaptation import DEFAULT_TARGETS, TARGETS, LoraConfig  # noqa: F401 (DEFAULT_TARGETS re-exported)
 
 ADAPTER_KEY = "lora"  # the adapters' key in a combined tree {**base, "lora": adapters}
@@ -212,9 +213,13 @@ def attach(base, adapters, cfg) -> dict:
     return out
 
 
-def merge_block(p: dict, cfg) -> dict:
+def merge_block(p: dict, cfg, low_rank: bool = False) -> dict:
     """One layer's block params with its attached adapters (p["lora"], a slice of attach's) merged into its weights:
-    W + (alpha / r) A @ B in float32, cast to W's dtype."""
+    W + (alpha / r) A @ B in float32, cast to W's dtype. low_rank=True (the forward of the train step and the
+    logprob passes) keeps the attention and dense-MLP targets apart as models.layers.LowRank(W, A, B, alpha / r),
+    which layers.project multiplies by as x W + s (x A) B: the backward forms no gradient of W's size (a third of
+    those projections' training FLOPs). Routed-expert targets (moe/*) are merged either way (the expert kernels take
+    plain weights)."""
     lcfg = _config(cfg)
     ads = p[ADAPTER_KEY]
     out = {k: v for k, v in p.items() if k != ADAPTER_KEY}
@@ -223,7 +228,10 @@ def merge_block(p: dict, cfg) -> dict:
         if ad is None:
             continue
         w = _get({"b": out}, "b", target)
-        new = (w.astype(jnp.float32) + _delta(w.shape, ad, target, lcfg.scale, stacked=False)).astype(w.dtype)
+        if low_rank and not target.startswith("moe/"):
+            new = LowRank(w, ad["a"], ad["b"], lcfg.scale)
+        else:
+            new = (w.astype(jnp.float32) + _delta(w.shape, ad, target, lcfg.scale, stacked=False)).astype(w.dtype)
         out = _replaced(out, target.split("/"), new)
     return out
 

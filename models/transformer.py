@@ -204,8 +204,8 @@ def _run_blocks(params, x_BTD, args, cache, cache_index, routes, cfg: ModelConfi
     per_layer_view = "block_0" in params  # layer_stack.per_layer's view: unrolled over its per-layer blocks
 
     def run_block(p, x, one_cache, routes_BTK):
-        if lora.ADAPTER_KEY in p:  # attached LoRA adapters (lora.attach): this layer's weights merged here
-            p = lora.merge_block(p, cfg)
+        if lora.ADAPTER_KEY in p:  # attached LoRA adapters (lora.attach): x W + s (x A) B in this layer's matmuls
+            p = lora.merge_block(p, cfg, low_rank=True)
         return block(p, x, *args, one_cache, cache_index, routes_BTK, layer=0)
 
     stacks = [params[name] for name in params if layer_stack.STACK_KEY.fullmatch(name)]

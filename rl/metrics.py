@@ -176,6 +176,12 @@ class Clock:
         sys.stdout.flush()
 
 
+def depends_on_the_machine(key: str) -> bool:
+    """Whether a metric measures the machine (wall times, rates, memory) rather than the run: two runs of one
+    command on one machine agree on every other metric (tests compare records without these)."""
+    return "time" in key or "per_s" in key or key.startswith("mem/")
+
+
 def peak_rss_gib() -> float:
     """This process's peak resident memory so far, GiB (getrusage: what the kernel counted, the compiler's and the
     allocator's included)."""

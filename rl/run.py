@@ -20,6 +20,8 @@ summary.json next to the last stage:
  "best": {"stage", "unit", "global_unit", "val_pass@1", "test": {...}, and "note" when every validation pass@1 was 0},
  "numbering": rl.checkpoint.UNIT_NUMBERING (units from 1 within a stage; global_unit = the checkpoint number),
  "wall_seconds", "compile": {"seconds", "compiles", "cache_hits", "cache_misses", "cache_dir"}, "config",
+ "memory": {"peak_rss_gib": the run's peak resident memory over its processes, "plan_peak_gib": the memory plan's
+            peak per device (rl/memory_plan.py), "peak_over_plan"},
  "kernels": rl.context.backend_kernels() - the expert / attention kernels traced and whether the native CPU kernels
  ran (their library name and SHA-256), as config.json's "kernels" planned them, and with model.upcycle / model.lora
  "model": rl.context.RunContext.adaptation_record() - the checkpoint upcycled and its section, the adapter count}.
@@ -49,7 +51,7 @@ from rl import evaluation as ev
 from rl import hacking
 from rl import metrics as mlib
 from rl import stages as stage_lib
-from models import layer_stack, transformer
+from models import kernels, layer_stack, transformer
 from rl import plots, preflight, tool_rollout
 from rl.context import Prepared, backend_kernels, build_context
 
@@ -163,6 +165,7 @@ class Loop:
             out[split] = ev.evaluate(ctx, params, probs, key, e.k, e.temperature, samples_out=samples,
                                      n_show=n_show, tools=tool_rollout.run_tools(self.stage_cfgs))
             ctx.writer.write_samples(self.gunit, samples or [], stage=stage, split=split)
+        kernels.phase_end()
         first = next((h["validation"] for h in self.history if "validation" in h), None)
         if first is not None and "validation" in out:
             out["validation"].update({f"hacking/{k}": v for k, v in ev.hacking_signs(first, out["validation"]).items()})

@@ -23,6 +23,7 @@ NonFiniteError.
 from __future__ import annotations
 
 import dataclasses
+import resource
 import time
 from typing import Callable, Iterable, NamedTuple
 
@@ -108,7 +109,7 @@ def router_metrics(m: dict) -> dict:
 
 
 STEP_STATS = ("lr", "optimizer_steps", "train/min_rows_per_step", "train/max_rows_per_step", "skipped_steps",
-              "nonfinite_inputs", "time/train")
+              "nonfinite_inputs", "time/train", "time/train_sys")
 
 
 def step_stats(m: dict) -> dict:
@@ -179,7 +180,7 @@ def train_on(trainer: Trainer, carry: Carry, batch: dict, *, epochs: int, rng: n
     (at most grouped.groups), each in the grouped layout, every prompt computed once for its K answers."""
     cfg = trainer.loop
     n = int(batch["tokens"].shape[0])
-    t0 = time.time()
+    t0, sys0 = time.time(), resource.getrusage(resource.RUSAGE_SELF).ru_stime
     lengths = rollout.row_lengths(batch["attn_mask"]) if length_buckets else None
     plan = _plan(n, epochs, max_rows, rng, lengths, grouped)
     steps_in_unit = sum(len(p) for p in plan)
@@ -211,5 +212,7 @@ def train_on(trainer: Trainer, carry: Carry, batch: dict, *, epochs: int, rng: n
     out.update({"lr": float(ms[-1]["lr"]) if ms else None, "optimizer_steps": len(ms),
                 "train/min_rows_per_step": min(sizes) if sizes else 0,
                 "train/max_rows_per_step": max(sizes) if sizes else 0,
-                "skipped_steps": float(sum(skipped)), "time/train": time.time() - t0})
+                "skipped_steps": float(sum(skipped)), "time/train": time.time() - t0,
+                # the kernel's share (backing fresh pages of the steps' buffers: models/cpu/allocator.py)
+                "time/train_sys": resource.getrusage(resource.RUSAGE_SELF).ru_stime - sys0})
     return Carry(state=state, opt_steps=opt_steps, consecutive_skips=skips), out

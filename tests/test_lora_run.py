@@ -23,7 +23,7 @@ from rl import checkpoint as ckpt_lib
 from rl import config_validation as cv
 from rl import context, run, stages
 from rl.losses import LossConfig
-from rl.metrics import read_jsonl
+from rl.metrics import depends_on_the_machine, read_jsonl
 from rl.train_step import OptimConfig, init_train_state, make_loss_fn, make_train_step
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -128,7 +128,7 @@ def test_lora_ppo_and_rejection_stages(tmp_path):
 
 
 def _records(wd):
-    return [{k: v for k, v in r.items() if "time" not in k and "per_s" not in k}
+    return [{k: v for k, v in r.items() if not depends_on_the_machine(k)}
             for r in read_jsonl(os.path.join(wd, "metrics.jsonl")) if r.get("phase") == "train"]
 
 

@@ -20,7 +20,7 @@ import pytest
 from experiments import launch
 from rl import preflight
 from rl.config_validation import to_dict
-from rl.metrics import read_jsonl
+from rl.metrics import depends_on_the_machine, read_jsonl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUICKSTART = os.path.join(ROOT, "experiments/configs/quickstart.py")
@@ -41,7 +41,7 @@ def _run_captured(workdir, *extra) -> str:
 
 
 def _without_wall(summary: dict) -> dict:
-    return {k: v for k, v in summary.items() if k not in ("wall_seconds", "compile")}
+    return {k: v for k, v in summary.items() if k not in ("wall_seconds", "compile", "memory")}
 
 
 def tb_events(tb_dir):
@@ -68,7 +68,7 @@ def _train_records(workdir):
     for r in read_jsonl(os.path.join(workdir, "metrics.jsonl")):
         if r.get("phase") != "train":
             continue
-        out.append({k: v for k, v in r.items() if k != "time" and "time" not in k and "per_s" not in k})
+        out.append({k: v for k, v in r.items() if not depends_on_the_machine(k)})
     return out
 
 
@@ -96,7 +96,8 @@ def full_run(full_output):
 
 def test_tiny_run_writes_everything(full_run, capsys):
     summary = json.loads((full_run / "summary.json").read_text())
-    assert set(summary) == {"eval", "best", "numbering", "wall_seconds", "compile", "config", "hacking", "kernels"}
+    assert set(summary) == {"eval", "best", "numbering", "wall_seconds", "compile", "memory", "config", "hacking",
+                            "kernels"}
     # rl/compile_cache.py; >= 0: programs this pytest worker already traced for another test are not compiled again
     # (a fresh process's counts are tested in tests/test_compile_cache.py)
     assert summary["compile"]["seconds"] >= 0 and summary["compile"]["compiles"] >= 0

@@ -21,11 +21,13 @@ import sys
 import tempfile
 import time
 
+import jax
+import jax.numpy as jnp
+
+from rl import compile_cache
+
 
 def _program(n: int, select: str):
-    import jax
-    import jax.numpy as jnp
-
     def step(tree):
         new = [x * 1.001 + 1.0 for x in tree]
         finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in new]))
@@ -39,10 +41,6 @@ def _program(n: int, select: str):
 
 def _child(n: int, select: str, cache: str) -> dict:
     """Compile (or load from the cache) the program of n leaves in this process; seconds and peak RSS."""
-    import jax
-
-    from rl import compile_cache
-
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     compile_cache.enable(cache)
     fn, tree = _program(n, select)
@@ -78,8 +76,6 @@ def main(argv=None) -> list[dict]:
     if args.child:
         print(json.dumps(_child(int(args.child[0]), args.child[1], args.child[2])))
         return []
-    import jax
-
     rows = []
     for select in args.select:
         for n in args.leaves:

@@ -22,16 +22,17 @@ import sys
 import tempfile
 import time
 
+import jax
+
+from experiments import launch
+from experiments.bench import common
+from rl import config_validation as cv
+from rl import context, evaluation, rollout
+
 SETTINGS = (("static", "float32"), ("continuous", "float32"), ("continuous", "bfloat16"))
 
 
 def _child(config: str, batching: str, dtype: str, quick: bool) -> dict:
-    import jax
-
-    from experiments import launch
-    from rl import config_validation as cv
-    from rl import context, evaluation, rollout
-
     c = launch.get_config(config)
     c.sampling.update(dict(batching=batching, dtype="" if dtype == "float32" else dtype))
     c.run.compile_cache = "off"
@@ -84,8 +85,6 @@ def main(argv=None) -> dict:
     if a.child:
         print("RESULT " + json.dumps(_child(a.config, a.child[0], a.child[1], a.quick)), flush=True)
         return {}
-    from experiments.bench import common
-
     info = common.machine_info()
     rows = []
     for setting in a.settings:

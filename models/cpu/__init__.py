@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from models import kernels, layers
-from models.cpu import native_kernels, windowed
+from models.cpu import allocator, native_kernels, windowed
 
 # The native decode-attention kernel is a loop over query rows: it beats XLA's batched tiny products at a decode
 # step (M = G query rows per kv head) but not a prefill or a training forward, where XLA's products are real GEMMs.
@@ -74,3 +74,5 @@ kernels.register_moe("native", native_experts, auto=_native_claims, rank=0)
 kernels.register_moe("windowed", windowed.experts_windowed, auto=windowed.claims, rank=1)
 kernels.register_attention(_attention_applies, _native_attention)
 kernels.register_wing("cpu", describe)
+if allocator.trims_at_phase_ends():
+    kernels.register_phase_end(allocator.release_free_heap)

@@ -111,6 +111,12 @@ def release_free_heap() -> bool:
     return True
 
 
+def trims_at_phase_ends(env=None) -> bool:
+    """Whether models.kernels.phase_end() should hand the freed heap back (supported, not opted out: MATHRL_TRIM)."""
+    env = os.environ if env is None else env
+    return supported() and env.get(TRIM_OPT_OUT, "1") != "0"
+
+
 def trim_after_compiles(min_seconds: float = 0.5) -> bool:
     """Register (once per process) a JAX event listener that calls `release_free_heap()` after each XLA compile
     taking >= min_seconds, before the compiled program first runs. True if registered now or before; False when

@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from models import kernels
 from rewards.combine import PRM_CALIBRATIONS as CALIBRATIONS
 from rewards.task_score import format_counts
 from rl import advantages as advm
@@ -226,6 +227,7 @@ def unit(st: State, u: int) -> tuple[State, dict]:
         pending.append(b)
     t_overlap = time.time() - t0 if len(ahead) else 0.0
     st = dataclasses.replace(st, pending=tuple(pending))
+    kernels.phase_end()  # sampling and the reference pass are done: their freed buffers go before the update's come
     t0 = time.time()
     scores = ctx.scorer.result(fut)
     t_wait = time.time() - t0
@@ -236,6 +238,7 @@ def unit(st: State, u: int) -> tuple[State, dict]:
     coef = st.kl_ctl.coef_at(st.kl_state, u) if st.kl_ctl is not None else 0.0
     extra, keep_rows = st.advantages(st, a, texts, rewards, coef, kl_tok)
     st, um = update(st, a, extra, keep_rows, coef, u)
+    kernels.phase_end()
     if st.kl_ctl is not None and kl_seq is not None:
         st = dataclasses.replace(st, kl_state=st.kl_ctl.update(st.kl_state, kl_seq, len(rewards)))
         um["kl_controller_finite_input"] = float(np.isfinite(kl_seq))
