@@ -15,10 +15,13 @@ Phases, in this order, in one process:
           clipping) on batch x seq random tokens (a 64-token prompt, the rest response), jitted and donated; the median
           of the timed steps after one compile step. MFU = model FLOPs/s / peak, model FLOPs per step = tokens x
           models.config.flops_per_token(cfg, seq) (PaLM accounting: 6 x active matmul weights + 12 x layers x heads x
-          head_dim x seq per token, full attention not halved for causality);
+          head_dim x seq per token, full attention not halved for causality). Before it, the step is compiled
+          (lower + compile) with the layers unrolled and scanned (model.scan_layers; the same stacked params);
   decode  models.sampling.generate on batch 256 prompts of 64 tokens, 256 new tokens each, temperature 1, EOS off
           (eos_id=-1, every row decodes every token), parameters cast to bf16; tokens/s = 256 x 256 / seconds of the
-          second call (the first compiles). Prefill of the prompts is included.
+          second call (the first compiles). Prefill of the prompts is included. Then the same rows through
+          continuous batching (models/slot_sampling.generate_slots, 256 slots): equal work, so the ratio is what
+          the slot machinery (ring cache, refills, host harvest) costs on the device.
 --json PATH writes every figure; --capacity-factor CF switches the MoE to capacity dispatch for a comparison.
 """
 from __future__ import annotations
@@ -37,7 +40,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from experiments.bench import common  # noqa: E402
-from models import sampling  # noqa: E402
+from models import sampling, slot_sampling  # noqa: E402
 from models.config import ModelConfig, active_params_per_token, flops_per_token, num_params  # noqa: E402
 from rl.train_step import LossConfig, OptimConfig, init_train_state, make_train_step  # noqa: E402
 
@@ -90,9 +93,14 @@ def phase_train(cfg, run: dict) -> tuple[dict, dict]:
     step = make_train_step(cfg, loss_cfg, optim_cfg)
     hparams = {"lr": jnp.float32(1e-5), "kl_coef": jnp.float32(0.0)}
     batches = [_train_batch(cfg, run["batch"], run["seq"], run["prompt"], seed) for seed in range(2)]
+    compile_s = {}
+    for name, scan in (("unrolled", False), ("scanned", True)):  # the same stacked params either way
+        t0 = time.perf_counter()
+        make_train_step(cfg.replace(scan_layers=scan), loss_cfg, optim_cfg).lower(state, batches[0], hparams).compile()
+        compile_s[name] = time.perf_counter() - t0
     t0 = time.perf_counter()
     state, metrics = _block(step(state, batches[0], hparams))
-    compile_s = time.perf_counter() - t0
+    compile_s_first = time.perf_counter() - t0
     times = []
     for i in range(run["steps"]):
         t0 = time.perf_counter()
@@ -102,7 +110,8 @@ def phase_train(cfg, run: dict) -> tuple[dict, dict]:
     tokens = run["batch"] * run["seq"]
     flops = tokens * flops_per_token(cfg, run["seq"], training=True)
     out = {"batch": run["batch"], "seq": run["seq"], "tokens_per_step": tokens, "step_s": sec, "all_step_s": times,
-           "compile_plus_first_s": compile_s, "tokens_per_s": tokens / sec, "model_flops_per_step": flops,
+           "compile_plus_first_s": compile_s_first, "compile_s": compile_s, "tokens_per_s": tokens / sec,
+           "model_flops_per_step": flops,
            "model_tflops_per_s": flops / sec / 1e12, "loss": float(metrics["loss/total"]),
            "skipped": int(metrics["skipped"]) if "skipped" in metrics else None}
     return out, state["params"]
@@ -126,8 +135,23 @@ def phase_decode(cfg, params, run: dict) -> dict:
     sec = time.perf_counter() - t0
     if int(out.lengths.min()) != n:
         raise RuntimeError(f"every row must decode all {n} tokens, shortest {int(out.lengths.min())}")
-    return {"batch": b, "prompt": run["decode_prompt"], "new_tokens": n, "seconds": sec,
-            "compile_plus_first_s": compile_s, "tokens_per_s": b * n / sec}
+    res = {"batch": b, "prompt": run["decode_prompt"], "new_tokens": n, "seconds": sec,
+           "compile_plus_first_s": compile_s, "tokens_per_s": b * n / sec}
+
+    def slots(key):  # the same rows through continuous batching (models/slot_sampling.py): what the slots cost
+        return slot_sampling.generate_slots(params, dcfg, prompts, key, row_prompt=np.arange(b), slots=b,
+                                            max_new_tokens=n, temperature=1.0, eos_id=-1)
+
+    t0 = time.perf_counter()
+    _block(slots(jax.random.key(1)))
+    compile_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    out = _block(slots(jax.random.key(2)))
+    sec = time.perf_counter() - t0
+    if int(out.lengths.min()) != n:
+        raise RuntimeError(f"every slot row must decode all {n} tokens, shortest {int(out.lengths.min())}")
+    res["continuous"] = {"seconds": sec, "compile_plus_first_s": compile_s, "tokens_per_s": b * n / sec}
+    return res
 
 
 def _memory() -> dict:
@@ -178,11 +202,16 @@ def report(res: dict) -> None:
         ["train step (GRPO, AdamW)", f"{tr['step_s'] * 1e3:.1f} ms / step",
          f"{tr['batch']} x {tr['seq']} tokens, {tr['tokens_per_s']:,.0f} tokens/s, compile + first step "
          f"{tr['compile_plus_first_s']:.1f} s"],
+        ["train step compile", f"{tr['compile_s']['scanned']:.1f} s scanned",
+         f"{tr['compile_s']['unrolled']:.1f} s with the layers unrolled (model.scan_layers=False), same params"],
         ["model FLOPs utilisation", f"{100 * tr['mfu']:.1f}%",
          f"{tr['model_tflops_per_s']:.1f} model TFLOP/s / {pk['tflops']:.1f} peak"],
         [f"decode, batch {dec['batch']}", f"{dec['tokens_per_s']:,.0f} tokens/s",
          f"{dec['new_tokens']} new tokens after {dec['prompt']}-token prompts in {dec['seconds']:.2f} s (prefill "
          f"included); compile + first call {dec['compile_plus_first_s']:.1f} s"],
+        [f"decode, {dec['batch']} continuous-batching slots", f"{dec['continuous']['tokens_per_s']:,.0f} tokens/s",
+         f"the same rows through models/slot_sampling.py (refills of {slot_sampling.REFILL}); compile + first call "
+         f"{dec['continuous']['compile_plus_first_s']:.1f} s"],
     ]
     mem = res.get("memory_gib") or {}
     if "peak_bytes_in_use" in mem:
