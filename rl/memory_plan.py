@@ -30,7 +30,7 @@ Parts, per device (the mesh shards them; `mesh_sizes` are the resolved axis size
                                     compute dtype, rows over data x fsdp and kv heads over tensor
                  sampler temps      prefill attention scores (float32 + probabilities) and a few float32
                                     [rows, vocab] decode-step logits
-peak = resident + max(train step, sampling), a transient part counting in both.
+peak = resident + max(train step, sampling).
 
 With model.lora (models/lora.py; docs/lora_upcycling.md "In the trainer") the parts are the adapters' where the
 base is frozen (sizes from lora_leaves: models.lora.init's arrays and the weights its targets name):
@@ -44,12 +44,10 @@ base is frozen (sizes from lora_leaves: models.lora.init's arrays and the weight
                                     (the cold-started policy; merged into the base for each reference pass, as
                                     the sampler merges, one merged copy at a time)
   train step     gradients          the adapters' only (the base is a constant of the differentiated function)
-  transient      merged weights     one copy of the targeted weights, in the params' dtype: the train step merges
-                                    inside its jitted step and the sampler (rl.stages policy_params) before sampling,
-                                    never both at once, so the part counts in both phases (XLA's compiled train step
-                                    on CPU holds one such copy, not also a gradient per merged weight: the LoRA train
-                                    step is 0.88-1.04x of its compiled temporaries, from 1 x 16 tokens of a 4-block
-                                    model to SmolLM2-135M at 14 x 288)
+  train step     merged weights     the routed experts' targeted weights (moe/*) of one layer and their gradient,
+                                    in the params' dtype: the step merges them layer by layer inside its scan; the
+                                    attention and dense-MLP targets stay low-rank (x W + s (x A) B), nothing merged
+                                    (the sampler's merged weights are its decode view)
 An upcycled run (model.upcycle) is planned as the MoE it trains: model_cfg is the upcycled config (E experts per
 MoE block), so params, optimizer, reference and gradients are the MoE's.
 
@@ -100,7 +98,7 @@ REMEDY = {
     "merged weights": "name fewer model.lora.targets (each targeted weight is copied by the merge) or shard the "
                       "parameters over more devices (mesh.fsdp; mesh.expert for MoE experts)",
 }
-# The phase each part lives in; "transient" parts (LoRA's merged weights) count in both the train step and sampling.
+# The phase each part lives in.
 PHASES = {"runtime": "resident", "params": "resident", "adapters": "resident", "optimizer": "resident",
           "reference": "resident", "gradients": "train step", "update": "train step", "activations": "train step",
           "logits": "train step",
@@ -147,16 +145,18 @@ def model_leaves(model_cfg) -> list[tuple[tuple[int, ...], tuple]]:
 
 
 def lora_leaves(model_cfg) -> tuple[list, list]:
-    """(adapters, targeted): (shape, logical axes) of every array of models.lora.init on the model (A and B of
-    each targeted weight, lora.param_axes) and of the targeted weights themselves (what lora.merge copies)."""
+    """(adapters, merged): (shape, logical axes) of every array of models.lora.init on the model (A and B of
+    each targeted weight, lora.param_axes) and of the targeted weights the train step merges (the routed experts'
+    moe/* targets; attention and dense-MLP targets stay low-rank there, models.lora.merge_block)."""
     base = jax.eval_shape(lambda k: transformer.init(model_cfg, k), jax.random.key(0))
     adapters = jax.eval_shape(lambda k: lora.init(base, model_cfg, k), jax.random.key(0))
     base_axes = transformer.param_axes(model_cfg)
     ad_axes = lora.param_axes(base_axes, model_cfg)
     ad = [(tuple(s.shape), a) for s, a in zip(jax.tree.leaves(adapters), jax.tree.leaves(ad_axes, is_leaf=_is_axes))]
-    targeted = [(tuple(w.shape), a) for (_, _, w), (_, _, a) in zip(lora.targeted_weights(base, model_cfg),
-                                                                    lora.targeted_weights(base_axes, model_cfg))]
-    return ad, targeted
+    merged = [(tuple(w.shape), a) for (_, t, w), (_, _, a) in zip(lora.targeted_weights(base, model_cfg),
+                                                                  lora.targeted_weights(base_axes, model_cfg))
+              if t.startswith("moe/")]
+    return ad, merged
 
 
 def activation_bytes_per_token(m, seq_len: int, tensor: int = 1) -> int:
@@ -214,7 +214,7 @@ class MemoryPlan:
     devices: int
 
     def phase(self, name: str) -> int:
-        """Bytes of one phase: "resident", "train step" or "sampling" (the last two with the transient parts)."""
+        """Bytes of one phase: "resident", "train step" or "sampling"."""
         return sum(v for k, v in self.parts.items() if _in_phase(k, name))
 
     @property
@@ -247,7 +247,7 @@ class MemoryPlan:
 
 
 def _in_phase(part: str, name: str) -> bool:
-    return PHASES[part] == name or (PHASES[part] == "transient" and name in ("train step", "sampling"))
+    return PHASES[part] == name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -329,26 +329,28 @@ def _with_lora(parts: dict, notes: dict, m, lora_sizes, mesh_sizes: dict, rules,
                adapters_reference: bool):
     """A LoRA run's parts (docs/lora_upcycling.md, "In the trainer"): the base is held once (the train step's frozen
     argument, the KL reference, what the merge reads); the optimizer and the gradients are the adapters'; the train
-    step merges one layer's targeted weights at a time inside its scan (models.lora.merge_block: the merged layer and
-    its gradient, recomputed in the backward pass); the sampler's decode view holds them merged."""
-    adapters, targeted = lora_sizes
+    step keeps attention and dense-MLP targets low-rank (x W + s (x A) B) and merges routed-expert targets one layer
+    at a time inside its scan (models.lora.merge_block: the merged layer and its gradient, recomputed in the backward
+    pass); the sampler's decode view holds them merged."""
+    adapters, merged = lora_sizes
     a = sharded_bytes(adapters, mesh_sizes, rules, ADAPTER_BYTES)
     pd, r = m.param_dtype, m.lora.rank
     ref = a if reference and adapters_reference else 0
-    per_layer = [(shape[1:], axes[1:]) for shape, axes in targeted]  # one layer of each stacked weight
+    per_layer = [(shape[1:], axes[1:]) for shape, axes in merged]  # one layer of each stacked weight
     parts = {"runtime": parts["runtime"], "params": parts["params"], "adapters": a, "optimizer": 2 * a,
              "reference": ref, "gradients": a, "update": a, **{k: parts[k] for k in ("activations", "logits")},
              "merged weights": 2 * sharded_bytes(per_layer, mesh_sizes, rules, DTYPE_BYTES[pd]),
              **{k: parts[k] for k in ("kv cache", "decode view", "sampler temps")}}
     notes = {**notes, "params": f"{pd}, the frozen base, held once (train step's frozen argument, KL reference)",
-             "adapters": f"LoRA rank {r}: A + B of {len(targeted)} stacked weights, float32",
+             "adapters": f"LoRA rank {r}: A + B of {len(adapters) // 2} stacked weights, float32",
              "optimizer": "Adam mu + nu of the adapters, float32",
              "reference": ("no stage keeps a reference" if not reference else
                            "LoRA: the stage-start adapters (the base is held once)" if adapters_reference else
                            "LoRA: the KL reference is the frozen base (no copy)"),
              "gradients": "of the adapters only, float32", "update": "the step's new adapters",
-             "merged weights": f"one layer of the {len(targeted)} targeted weights and its gradient, {pd} (merged "
-                               "layer by layer inside the step)"}
+             "merged weights": (f"one layer of the {len(merged)} expert weights and its gradient, {pd} (merged "
+                                "layer by layer inside the step)") if merged else
+                               "none: attention / MLP targets stay low-rank in the step (x W + s (x A) B)"}
     return parts, notes
 
 

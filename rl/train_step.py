@@ -523,8 +523,8 @@ def make_train_step(model_cfg, loss_cfg: LossConfig, optim_cfg: OptimConfig, mes
 
     With model_cfg.lora the step is `(state, batch, hparams, frozen)`: state["params"] is the trainable tree
     {"lora": adapters[, "value_head"]}, `frozen` the base weights (not donated, never changed); the loss runs on
-    lora.model_params(trainable, frozen) (merged inside the step, transient) and only the trainable tree is
-    differentiated (lora.value_and_grad's rule, in the microbatch scan too).
+    lora.model_params(trainable, frozen) (adapters attached; each block applies them in its forward, lora.merge_block)
+    and only the trainable tree is differentiated (lora.value_and_grad's rule, in the microbatch scan too).
     """
     if not (isinstance(microbatches, int) and microbatches >= 1):
         raise ValueError(f"microbatches must be an int >= 1, got {microbatches!r}")

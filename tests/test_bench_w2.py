@@ -39,6 +39,13 @@ def test_update_flops_counts_each_prompt_once_and_every_query_key_pair():
                 pairs += p + q + 1
     expected = 3 * (2 * weights * tokens + 4 * cfg.n_layers * cfg.n_heads * cfg.head_dim * pairs)
     assert w1.update_flops(cfg, pmask, attn, 2) == pytest.approx(expected, rel=1e-12)
+    # sampling is one forward over the same tokens (prefill once per prompt, each generated token): a third of the
+    # update; the floor adds the reference's forward only with a KL term
+    lengths = attn.sum(1)
+    decode = w1.decode_flops(cfg, pmask, lengths, 2)
+    assert decode == pytest.approx(expected / 3, rel=1e-12)
+    assert w1.floor_flops(expected, decode, kl=0.04) == pytest.approx(expected * 5 / 3, rel=1e-12)
+    assert w1.floor_flops(expected, decode, kl=0.0) == pytest.approx(expected * 4 / 3, rel=1e-12)
 
 
 def test_problems_are_two_digit_arithmetic_with_the_right_gold():
@@ -76,6 +83,7 @@ def test_w2_runs_end_to_end_on_a_tiny_fixture(tmp_path, capsys):
     (ours,) = rep["ours"]
     assert ours["kl"] == 0.04 and all(ours["phases_s"][k] > 0 for k in ("sampling", "logprob", "update"))
     assert 0 < ours["update_mfu"] and ours["peak_gflops"] > 0 and ours["peak_rss_mib"] > 0
+    assert ours["floor_s"] > 0 and ours["step_over_floor"] > 1  # no step beats its FLOPs at the matmul peak
     assert 0 < ours["update_mfu_per_cpu_s"] and ours["peak_gflop_per_cpu_s"] > 0
     assert 2 * 8 <= ours["generated_tokens"] <= 2 * 8 * 8  # 2 prompts x 8 samples, 1..8 tokens each
     assert ours["update_sys_cpu_s"] >= 0 and 0 < ours["update_mfu_per_user_cpu_s"]

@@ -156,6 +156,24 @@ def update_flops(cfg, prompt_mask, attn_mask, n_samples: int) -> float:
     return 3.0 * (2.0 * active_params(cfg) * tokens + attention)
 
 
+def decode_flops(cfg, prompt_mask, lengths, n_samples: int) -> float:
+    """Model FLOPs of sampling: each prompt's prefill once (2 x the matmul weights per real token plus causal
+    attention), then each generated token (2 x the weights plus q.k and p.v over the prompt and the tokens before
+    it). The sampler's padded positions, finished rows and its logits over the vocabulary's padding are not counted."""
+    p = np.asarray(prompt_mask).sum(1)  # [G]
+    a = np.asarray(lengths)  # [R] generated tokens per row
+    p_rows = np.repeat(p, n_samples)
+    pairs = (p * (p + 1) / 2).sum() + (a * p_rows + a * (a + 1) / 2).sum()
+    attention = 2 * 2 * cfg.n_layers * cfg.n_heads * cfg.head_dim * pairs
+    return 2.0 * active_params(cfg) * (p.sum() + a.sum()) + attention
+
+
+def floor_flops(update: float, decode: float, kl: float) -> float:
+    """The step's compute floor in FLOPs: the update (3 x forward), the reference pass (one forward, when KL > 0)
+    and sampling. Divided by the same run's matmul peak it is the fastest this machine could take the step."""
+    return update + (update / 3.0 if kl > 0 else 0.0) + decode
+
+
 def measure_step(cfg, params, prompts, pmask, rewards_fn, *, kl: float, steps: int, new_tokens: int,
                  n_samples: int = N_SAMPLES, microbatches: int = 2, layout: str = "grouped", eos_id=2,
                  pad_id: int = 0) -> dict:
@@ -219,6 +237,7 @@ def measure_step(cfg, params, prompts, pmask, rewards_fn, *, kl: float, steps: i
         t["train_tokens"] = model_tokens  # token-passes the model computes (grouped: each prompt once)
         # The grouped layout's useful update FLOPs (the flat layout computes the prompts K times: not useful work).
         t["update_flops"] = update_flops(cfg, pmask, attn, n_samples)
+        t["floor_flops"] = floor_flops(t["update_flops"], decode_flops(cfg, pmask, lengths, n_samples), kl)
         t["mean_reward"] = float(rewards.mean())
         t["loss"] = float(metrics["loss/total"])
         return state, t
@@ -239,6 +258,7 @@ def measure_step(cfg, params, prompts, pmask, rewards_fn, *, kl: float, steps: i
     flops = 2 * active * med["generated_tokens"] + (6 + (2 if kl > 0 else 0)) * active * med["train_tokens"]
     peak = max(peak_before["peak_gflops"], peak_after["peak_gflops"])
     update_gflops = statistics.median(r["update_flops"] / r["update"] for r in runs) / 1e9
+    floor_s = med["floor_flops"] / (peak * 1e9)  # the step at the matmul peak of this run
     # Per CPU-second (process CPU time, all threads): the load-independent reading on a shared machine.
     peak_cpu = max(peak_before["peak_gflops_per_cpu_s"], peak_after["peak_gflops_per_cpu_s"])
     update_gflops_cpu = statistics.median(r["update_flops"] / r["cpu_update"] for r in runs) / 1e9
@@ -252,6 +272,7 @@ def measure_step(cfg, params, prompts, pmask, rewards_fn, *, kl: float, steps: i
                 sampling_tok_s_all_slots=rows * new_tokens / med["sampling"],
                 model_gflops_per_s=flops / med["total"] / 1e9, peak_gflops=peak, mfu=flops / med["total"] / 1e9 / peak,
                 update_gflops_per_s=update_gflops, update_mfu=update_gflops / peak,
+                floor_s=floor_s, step_over_floor=med["total"] / floor_s,
                 update_gflop_per_cpu_s=update_gflops_cpu, update_mfu_per_cpu_s=update_gflops_cpu / peak_cpu,
                 update_mfu_per_user_cpu_s=update_gflops_user / peak_cpu,
                 peak_gflop_per_cpu_s=peak_cpu,
@@ -464,6 +485,7 @@ def _ours_json(r: dict) -> dict:
                 update_sys_cpu_s=s.get("sys_update"),
                 mfu=r["mfu"], peak_gflops=r["peak_gflops"], model_gflops_per_s=r["model_gflops_per_s"],
                 update_mfu=r.get("update_mfu"), update_gflops_per_s=r.get("update_gflops_per_s"),
+                floor_s=r.get("floor_s"), step_over_floor=r.get("step_over_floor"),
                 update_mfu_per_cpu_s=r.get("update_mfu_per_cpu_s"),
                 update_mfu_per_user_cpu_s=r.get("update_mfu_per_user_cpu_s"), peak_gflop_per_cpu_s=r.get("peak_gflop_per_cpu_s"),
                 peak_gflops_before_after=r.get("peak_gflops_before_after"), mean_reward=r["seconds"].get("mean_reward"),
@@ -479,14 +501,18 @@ def report(rep, args, index: int, name: str = "W1"):
     rows = []
     for r in rep["ours"]:
         s = r["seconds"]
-        rows.append([f"ours, KL {r['kl']:g}", s["total"], s["cpu_total"], s["sampling"], s["logprob"], s["update"],
-                     r["sampling_tok_s"], r["peak_rss_mib"], r["mfu"], r.get("update_mfu"), r["peak_gflops"],
-                     f"{r['load_start']} / {r['load_end']}"])
+        rows.append([f"ours, KL {r['kl']:g}", s["total"], r.get("floor_s"), r.get("step_over_floor"), s["cpu_total"],
+                     s["sampling"], s["logprob"], s["update"], r["sampling_tok_s"], r["peak_rss_mib"], r["mfu"],
+                     r.get("update_mfu"), r["peak_gflops"], f"{r['load_start']} / {r['load_end']}"])
+    floors = {round(float(r["kl"]), 6): r.get("floor_s") for r in rep["ours"]}
     peer = rep["peer"]
     for t in (peer or {}).get("settings", []):
-        rows.append([f"TRL, KL {t['kl']:g}", t["step_s"], t["cpu_s_per_step"], t["sampling_s"], "-", t["train_s"],
-                     t["sampling_tok_s"], t["peak_rss_mib"], "-", "-", "-", f"{peer['load_start']} / {peer['load_end']}"])
-    out.append(print_table(["run", "s/step", "CPU s/step", "sampling s", "ref logprob s", "update s",
+        floor = floors.get(round(float(t["kl"]), 6))
+        rows.append([f"TRL, KL {t['kl']:g}", t["step_s"], floor, t["step_s"] / floor if floor else "-",
+                     t["cpu_s_per_step"], t["sampling_s"], "-", t["train_s"], t["sampling_tok_s"], t["peak_rss_mib"],
+                     "-", "-", "-", f"{peer['load_start']} / {peer['load_end']}"])
+    out.append(print_table(["run", "s/step", "floor s (our step's FLOPs at the peak)", "step / floor", "CPU s/step",
+                            "sampling s", "ref logprob s", "update s",
                             "sampling tok/s", "peak RSS MiB", "step MFU", "update MFU", "matmul peak GFLOP/s",
                             "load start / end"],
                            rows))
