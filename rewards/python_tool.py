@@ -33,6 +33,7 @@ Text-level markers cannot tell the two apart (the policy may write "<out>" itsel
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from rewards.code_exec import ExecConfig, run_function_tests_detailed
 
@@ -130,6 +131,18 @@ def demonstration(tok, text: str) -> str:
     return text.replace(b.out_start, c.out_start).replace(b.out_end, c.out_end)
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def valid_text(text: str) -> str:
+    """text with every lone surrogate (U+D800..U+DFFF, which no UTF-8 tokenizer can encode) replaced by U+FFFD.
+
+    A program can print or raise one (print('\\ud800')); the sandbox's JSON carries it back escaped, and the
+    tokenizer's encode then raised (UnicodeEncodeError, or TypeError from an HF tokenizer) in the tool thread pool,
+    which ended the run (and a resume replayed the same samples). json.loads already joins valid surrogate pairs."""
+    return _SURROGATE.sub("\ufffd", text)
+
+
 class PythonTool:
     """tool_fn for generate_with_tools: row ids -> output ids (or None when the row does not end with a call)."""
 
@@ -190,7 +203,8 @@ class PythonTool:
             text = "Error: output too long"
         else:
             text = f"Error: {r.error or (r.case_errors[0] if r.case_errors else 'no result')}"
-        text = text[: self.max_output_chars]
+        # The one place tool output becomes text: valid text from here on, so no output can end the run.
+        text = valid_text(text[: self.max_output_chars])
         for s in self._forbidden:  # longest first, repeated until none is left (removal can join two halves)
             while s in text:
                 text = text.replace(s, "")
