@@ -25,9 +25,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gguf import GGUFReader
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, pre_tokenizers
 from tokenizers.models import BPE
+
+from models import gguf_file
 
 # Split patterns, as llama.cpp and the models' own tokenizer.json files define them.
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
@@ -48,11 +49,9 @@ CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types
 
 
 def _fields(path: Path) -> dict:
-    """Every metadata key of the file -> its value (strings, numbers, lists), read with gguf's reader."""
-    try:
-        reader = GGUFReader(str(path))
-    except (OSError, ValueError, IndexError, KeyError) as e:  # a truncated or non-GGUF file fails inside the parser
-        raise ValueError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
+    """Every metadata key of the file -> its value (strings, numbers, lists), read with gguf's reader (the one
+    models/gguf_file.py opens: the header's lengths checked against the file's size, parsed once per process)."""
+    reader = gguf_file.reader(path)
     return {name: field.contents() for name, field in reader.fields.items()
             if name.startswith(("tokenizer.", "general.architecture"))}
 

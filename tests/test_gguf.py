@@ -397,6 +397,54 @@ def test_unknown_tensors_experts_and_rope_scaling_are_named(tmp_path):
         hf.load(tmp_path / "nowhere.gguf")
 
 
+
+def _bombed_file(tmp_path, where: str) -> Path:
+    """The tiny file with one count or length in its header set to what its 80 KB cannot hold."""
+    import struct
+
+    w = gguf.GGUFWriter(str(tmp_path / "bomb.gguf"), "llama")
+    for key, value in llama_meta().items():
+        (w.add_float32 if isinstance(value, float) else w.add_uint32)(f"llama.{key}", value)
+    w.add_token_types([1, 1, 3])
+    for name, (raw, _) in tiny_tensors_f32(LLAMA, np.random.default_rng(0)).items():
+        w.add_tensor(name, raw)
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    data = bytearray((tmp_path / "bomb.gguf").read_bytes())
+    after = lambda name: data.index(name) + len(name)  # noqa: E731
+    at = {"tensor count": 8, "metadata count": 16, "key length": 24,
+          "array length": after(b"tokenizer.ggml.token_type") + 8,  # past the value type and the item type
+          "tensor dims": after(b"token_embd.weight") + 4}[where]  # past the dimension count
+    struct.pack_into("<Q", data, at, 2 ** 40)
+    (tmp_path / "bomb.gguf").write_bytes(bytes(data))
+    return tmp_path / "bomb.gguf"
+
+
+NAMED = {"array length": "metadata key 'tokenizer.ggml.token_type' claims 1099511627776 array items",
+         "tensor count": "the header claims 1099511627776 tensors",
+         "metadata count": "the header claims 1099511627776 metadata keys",
+         "key length": "metadata key #0's name needs 1099511627776 bytes",
+         "tensor dims": "tensor 'token_embd.weight' has dims [1099511627776, "}
+
+
+@pytest.mark.parametrize("where", list(NAMED))
+def test_counts_and_lengths_past_the_file_size_are_refused_before_gguf_reads_them(tmp_path, monkeypatch, where):
+    """gguf's reader trusts the header: a token_type array claiming 2^40 entries in a small file made it allocate
+    without bound during --dry_run. Each count and length is held against the bytes left first, for the config,
+    the weights and the tokenizer alike; gguf's reader is never reached."""
+    from models import gguf_file
+    from models.tokenizer import HFTokenizer
+
+    def unreached(*a, **k):
+        raise AssertionError("gguf's reader was given the file")
+
+    monkeypatch.setattr(gguf_file, "GGUFReader", unreached)
+    monkeypatch.setattr("models.tokenizer_gguf.GGUFReader", unreached, raising=False)
+    path = _bombed_file(tmp_path, where)
+    for read in (hf.load_config, HFTokenizer.from_pretrained):
+        with pytest.raises(ValueError, match=r"bomb\.gguf: not a readable GGUF file, truncated or corrupt") as e:
+            read(path)
+        assert NAMED[where] in str(e.value)
+
 # ---- the named source ---------------------------------------------------------------------------------------------------
 def test_missing_wheel_names_the_install_command(monkeypatch):
     src = pretrained.SOURCES["smollm2-135m-instruct"]
