@@ -187,17 +187,43 @@ def reader(path) -> GGUFReader:
                          f"{type(e).__name__}: {e}") from None
 
 
+def contents(field, path: Path, key: str):
+    """A metadata field's value (str, number, or list); ValueError naming the file and key for text that is not
+    UTF-8 (gguf decodes strings strictly)."""
+    try:
+        return field.contents()
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: metadata key {key!r} holds text that is not UTF-8 ({e.reason})") from None
+
+
 def _field(reader, path: Path, key: str, default=_REQUIRED):
     field = reader.get_field(key)
     if field is None:
         if default is _REQUIRED:
             raise ValueError(f"{path}: metadata key {key!r} is missing")
         return default
-    value = field.contents()
+    value = contents(field, path, key)
     if isinstance(value, list):
         raise ValueError(f"{path}: metadata key {key!r} is a per-layer list {value[:4]}...; only one value for "
                          f"every layer is supported")
     return value
+
+
+def whole_number(value, path: Path, key: str, least: int = 1) -> int:
+    """value as an int >= least (a count, size or id: GGUF stores them as integers; an integral float is taken);
+    ValueError naming the file and key for inf, nan, a fraction, text, a bool or a smaller number."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{path}: metadata key {key!r} must be an integer >= {least}, got {value!r}")
+    return value
+
+
+def _positive(value, path: Path, key: str) -> float:
+    """value as a finite float > 0 (an epsilon, a rotary base); ValueError naming the file and key otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ValueError(f"{path}: metadata key {key!r} must be a finite number > 0, got {value!r}")
+    return float(value)
 
 
 # ---- metadata -> config.json ---------------------------------------------------------------------------------------
@@ -208,6 +234,10 @@ def hf_config(reader, path: Path) -> dict:
         raise ValueError(f"{path}: architecture {arch!r} (general.architecture) is not supported; supported: "
                          f"{list(ARCHITECTURES)}")
     get = lambda key, default=_REQUIRED: _field(reader, path, f"{arch}.{key}", default)  # noqa: E731
+
+    def count(key, default=_REQUIRED, least=1) -> int:  # an integer value, checked (inf, 0 heads: named errors)
+        return whole_number(get(key, default), path, f"{arch}.{key}", least)
+
     scaling = get("rope.scaling.type", "none")
     if scaling not in ("none", ""):
         raise ValueError(f"{path}: {arch}.rope.scaling.type {scaling!r} is not supported (only the default rotary "
@@ -215,25 +245,26 @@ def hf_config(reader, path: Path) -> dict:
     embed = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
     if embed is None:
         raise ValueError(f"{path}: tensor 'token_embd.weight' is missing")
-    d_model, heads = int(get("embedding_length")), int(get("attention.head_count"))
+    d_model, heads = count("embedding_length"), count("attention.head_count")
     vocab = int(embed.shape[-1])  # GGUF dims fastest first: [d_model, vocab]
-    if int(get("vocab_size", vocab)) != vocab:
+    if count("vocab_size", vocab) != vocab:
         raise ValueError(f"{path}: {arch}.vocab_size = {get('vocab_size')} but token_embd.weight has {vocab} rows")
-    head_dim = int(get("attention.key_length", d_model // heads))
+    head_dim = count("attention.key_length", max(1, d_model // heads))
     for key in ("attention.value_length", "rope.dimension_count"):
-        if int(get(key, head_dim)) != head_dim:
+        if count(key, head_dim) != head_dim:
             raise ValueError(f"{path}: {arch}.{key} = {get(key)} differs from the head dim {head_dim} (only full "
                              f"rotary on equal key / value heads is implemented)")
-    n_layers, n_experts = int(get("block_count")), int(get("expert_count", 0))
+    n_layers, n_experts = count("block_count"), count("expert_count", 0, least=0)
     if arch == "qwen3moe" and not n_experts:
         raise ValueError(f"{path}: metadata key 'qwen3moe.expert_count' is missing")
     hf = {
         "model_type": arch, "vocab_size": vocab, "hidden_size": d_model, "num_hidden_layers": n_layers,
-        "intermediate_size": int(get("feed_forward_length", 0)) if n_experts else int(get("feed_forward_length")),
-        "num_attention_heads": heads, "num_key_value_heads": int(get("attention.head_count_kv", heads)),
-        "head_dim": head_dim, "max_position_embeddings": int(get("context_length")),
-        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon")),
-        "rope_theta": float(get("rope.freq_base", 10_000.0)), "hidden_act": "silu",
+        "intermediate_size": count("feed_forward_length", 0, least=0) if n_experts else count("feed_forward_length"),
+        "num_attention_heads": heads, "num_key_value_heads": count("attention.head_count_kv", heads),
+        "head_dim": head_dim, "max_position_embeddings": count("context_length"),
+        "rms_norm_eps": _positive(get("attention.layer_norm_rms_epsilon"), path,
+                                  f"{arch}.attention.layer_norm_rms_epsilon"),
+        "rope_theta": _positive(get("rope.freq_base", 10_000.0), path, f"{arch}.rope.freq_base"), "hidden_act": "silu",
         "tie_word_embeddings": not any(t.name == "output.weight" for t in reader.tensors),
     }
     if not n_experts:
@@ -241,7 +272,7 @@ def hf_config(reader, path: Path) -> dict:
     routed = {int(t.name.split(".")[1]) for t in reader.tensors if t.name.endswith(".ffn_gate_inp.weight")}
     dense = sorted(set(range(n_layers)) - routed)
     norm = bool(get("expert_weights_norm", True))
-    used = int(get("expert_used_count"))
+    used = count("expert_used_count")
     if arch == "llama":  # Mixtral: every block routed, top-k renormalised
         if dense or not norm:
             raise ValueError(f"{path}: a llama file with experts is read as Mixtral, which routes every block and "
@@ -249,10 +280,10 @@ def hf_config(reader, path: Path) -> dict:
         # GGUF dims fastest first: an experts tensor is [d_model, expert width, experts]
         widths = [int(t.shape[1]) for t in reader.tensors if t.name.endswith("ffn_gate_exps.weight")]
         hf.update(model_type="mixtral", num_local_experts=n_experts, num_experts_per_tok=used,
-                  intermediate_size=int(get("expert_feed_forward_length", widths[0] if widths else _REQUIRED)))
+                  intermediate_size=count("expert_feed_forward_length", widths[0] if widths else _REQUIRED))
     else:
         hf.update(model_type="qwen3_moe", num_experts=n_experts, num_experts_per_tok=used, decoder_sparse_step=1,
-                  moe_intermediate_size=int(get("expert_feed_forward_length")), mlp_only_layers=dense,
+                  moe_intermediate_size=count("expert_feed_forward_length"), mlp_only_layers=dense,
                   norm_topk_prob=norm)
         if dense and not hf["intermediate_size"]:
             raise ValueError(f"{path}: metadata key 'qwen3moe.feed_forward_length' is missing (blocks {dense} are "
@@ -358,6 +389,13 @@ class GGUFHandle:
                              f"(NaN or inf) after dequantization")
         self._cached = (t.name, w)
         return w
+
+    def check_finite(self) -> None:
+        """Every tensor dequantized once (one held at a time) and checked finite: ValueError naming the file and the
+        first tensor that is not (the dry run's scan, models/hf_checks.check_gguf)."""
+        for t in {t.name: t for t, _ in self._entries.values()}.values():
+            self._whole(t)
+        self._cached = None
 
     def dequantized(self, name: str) -> np.ndarray:
         """The whole tensor `name`, float32, in the Hugging Face layout."""

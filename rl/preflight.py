@@ -95,12 +95,13 @@ def _context_error(cfg: cv.RunConfig, model_cfg, longest: int | None) -> str | N
 
 
 def _checkpoint_errors(cfg: cv.RunConfig) -> list[str]:
-    """The checkpoint folder's files (models.hf_checks): weights complete and finite, shapes as config.json says
-    (the dense model the folder holds, also when model.upcycle turns it into an MoE after loading). A GGUF file is
-    checked by its own reader (models/gguf_file.py) when its metadata is read."""
+    """The checkpoint's files (models.hf_checks): weights complete and finite, shapes as config.json or the GGUF
+    metadata says (the dense model the checkpoint holds, also when model.upcycle turns it into an MoE after
+    loading). A GGUF file's metadata itself is checked by its reader (models/gguf_file.py) when it is read."""
     path = context.checkpoint_path(cfg.model)
     if hf.is_gguf(path):
-        return []
+        field = context.checkpoint_field(cfg.model)
+        return [f"model.{field}: {p}" for p in hf_checks.check_gguf(path, context.dense_model_cfg(cfg))]
     model_type = hf_checks.read_config(path)["model_type"]
     return [f"model.hf_path: {p}" for p in hf_checks.check_folder(path, context.dense_model_cfg(cfg), model_type)]
 
