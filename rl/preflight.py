@@ -27,7 +27,7 @@ import textwrap
 import jax
 import numpy as np
 
-from models import hf, hf_checks
+from models import hf, hf_checks, lora, transformer
 from rl import config_validation as cv
 from rl import context, memory_plan, prefix, pretrained
 from rl.checkpoint import written_steps
@@ -164,8 +164,11 @@ def prepare(config, *, environment: bool = True, port: bool = False, workdir: st
     if tok is not None and model_cfg is not None and tok.vocab_size > model_cfg.vocab_size:
         errors.append(f"model.vocab_size: the tokenizer has {tok.vocab_size} ids, the model's embedding only "
                       f"{model_cfg.vocab_size} rows")
+    lora_msg = _lora_error(model_cfg) if model_cfg is not None else None
+    if lora_msg:
+        errors.append(lora_msg)
     plan = None
-    if sizes is not None and model_cfg is not None:
+    if sizes is not None and model_cfg is not None and not lora_msg:  # the plan builds the adapters
         plan = memory_plan.plan_for_config(cfg, model_cfg, sizes, context.run_rules(cfg))
         if verbose:
             print(plan.text(), flush=True)
@@ -199,6 +202,19 @@ def prepare(config, *, environment: bool = True, port: bool = False, workdir: st
     train, val, test = splits
     return Prepared(cfg=cfg, model_cfg=model_cfg, tok=tok, train=tuple(train), val=tuple(val), test=tuple(test),
                     plan=plan, notes=tuple(ported))
+
+
+def _lora_error(model_cfg) -> str | None:
+    """model.lora.targets that name no weight of the run's model (an MoE target on a dense model, mlp/* where every
+    block is MoE), checked on its abstract params (models/lora.py's own rule): the memory plan and the run would
+    otherwise fail on them with a traceback."""
+    if model_cfg.lora is None:
+        return None
+    try:
+        lora.targeted_weights(jax.eval_shape(lambda k: transformer.init(model_cfg, k), jax.random.key(0)), model_cfg)
+    except ValueError as e:
+        return f"model.lora.targets: {e}"
+    return None
 
 
 def _raise_config(fn):
