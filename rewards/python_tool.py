@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from models.chat_template import TemplateLimit
 from rewards.code_exec import ExecConfig, run_function_tests_detailed
 
 _SENTINEL_A = "\u2063ASSISTANT_SENTINEL\u2063"
@@ -75,8 +76,10 @@ def chat_markers(tok) -> ToolMarkers:
     for role, inner_start, inner_end in (("tool", "", ""), ("user", base.out_start, base.out_end)):
         messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": _SENTINEL_A},
                     {"role": role, "content": _SENTINEL_T}]
-        try:
+        try:  # through the one bounded renderer (models/chat_template.py): a loop only for the tool role ends
             text = tok.render_chat_template(messages, add_generation_prompt=True)
+        except TemplateLimit as e:  # a template past its bounds is an error, not "no tool role"
+            raise ValueError(f"chat_markers: rendering a {role} turn: {e}") from None
         except Exception:  # noqa: BLE001 - jinja2's TemplateError (raise_exception) or a template bug: next role
             continue
         a, t = text.find(_SENTINEL_A), text.find(_SENTINEL_T)

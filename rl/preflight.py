@@ -28,6 +28,7 @@ import jax
 import numpy as np
 
 from models import hf, hf_checks, lora, transformer
+from rewards.python_tool import chat_markers
 from rl import config_validation as cv
 from rl import context, memory_plan, prefix, pretrained
 from rl.checkpoint import written_steps
@@ -161,6 +162,8 @@ def prepare(config, *, environment: bool = True, port: bool = False, workdir: st
     if tok is not None and hf_path and cfg.model.chat_template:
         render = hf_checks.bounded  # every prompt below is rendered under the template's step / time limit
         _collect(errors, lambda: _raise_config(lambda: hf_checks.check_template(tok, f"model.{field}: {hf_path}")))
+        if any(getattr(getattr(st, "tools", None), "on", False) for st in cfg.stages):  # the tool turn renders too
+            _collect(errors, lambda: _raise_config(lambda: _tool_markers(tok, f"model.{field}: {hf_path}")))
     if tok is not None and model_cfg is not None and tok.vocab_size > model_cfg.vocab_size:
         errors.append(f"model.vocab_size: the tokenizer has {tok.vocab_size} ids, the model's embedding only "
                       f"{model_cfg.vocab_size} rows")
@@ -202,6 +205,16 @@ def prepare(config, *, environment: bool = True, port: bool = False, workdir: st
     train, val, test = splits
     return Prepared(cfg=cfg, model_cfg=model_cfg, tok=tok, train=tuple(train), val=tuple(val), test=tuple(test),
                     plan=plan, notes=tuple(ported))
+
+
+def _tool_markers(tok, where: str) -> None:
+    """A tools stage's chat markers render (python_tool.chat_markers: a tool or user turn after an assistant turn),
+    bounded like every render: a template that loops only for role 'tool' once passed the dry run and hung the
+    tool recipe at its first stage."""
+    try:
+        chat_markers(tok)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
 
 
 def _lora_error(model_cfg) -> str | None:
