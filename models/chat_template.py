@@ -11,8 +11,9 @@ transformers renders templates in (Jinja2's immutable sandbox, trim_blocks / lst
 keeping non-ASCII text, raise_exception, strftime_now) with these bounds, each a TemplateLimit (a ValueError) that
 names what ran past it:
 
-- steps and time: a Python trace hook counts the template's own lines (MAX_STEPS) and checks the clock every 64
-  of them (MAX_SECONDS), so a loop is stopped;
+- steps, time and memory: a Python trace hook counts the template's own lines (MAX_STEPS) and checks the clock
+  (MAX_SECONDS) every 64 of them, and the memory the process gained (MAX_RENDER_BYTES) once a render has run past
+  MEMORY_CHECK_AFTER lines, so a loop is stopped;
 - one operation cannot run for long or build something huge inside a single line, where the hook cannot stop it:
   `**` and `*` on integers are refused past MAX_INT_BITS (`3**40000000`, `9**9**9` were computed by the compiler's
   constant folding or in one C call), repetition (`'x' * 1500000000`, `[s] * n`), `+`, `~` and `%` past MAX_CHARS,
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 import sys
 import time
@@ -46,6 +48,10 @@ MAX_CHARS = 1_000_000  # any string or list a template builds, and its output
 MAX_INT_BITS = 1 << 16  # integers a template computes (** and *)
 MAX_JSON_INDENT = 16
 MAX_SOURCE_CHARS = 1_000_000  # the template's own text
+MAX_RENDER_BYTES = 1 << 30  # memory one render may gain (checked every 64 lines past MEMORY_CHECK_AFTER)
+# Real chat templates render in a few hundred lines: the process's memory (which other threads change too, e.g. XLA
+# running beside a prompt render) is only held against a render that has run longer than this.
+MEMORY_CHECK_AFTER = 2048
 
 
 class TemplateLimit(ValueError):
@@ -57,15 +63,35 @@ def _limit(what: str):
 
 
 # ---- steps and time ---------------------------------------------------------------------------------------------------
+def _resident_bytes() -> int:
+    """This process's resident memory (Linux /proc; 0 where it cannot be read: the memory bound is then off)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
 def bounded(fn, max_steps: int = MAX_STEPS, seconds: float = MAX_SECONDS):
-    """fn() with every Jinja template frame's lines counted: TemplateLimit past the budget (one render)."""
-    steps, deadline = [0], time.monotonic() + seconds
+    """fn() with every Jinja template frame's lines counted: TemplateLimit past the budget (one render). Every 64
+    lines the clock is checked too, and past MEMORY_CHECK_AFTER lines the memory the process gained since then
+    (MAX_RENDER_BYTES: a loop keeping many bounded values alive)."""
+    steps, deadline, max_bytes, after = [0], time.monotonic() + seconds, MAX_RENDER_BYTES, MEMORY_CHECK_AFTER
+    start = [None]  # the resident memory when the render got long (read once it does: most renders never do)
 
     def local(frame, event, arg):
         if event == "line":
             steps[0] += 1
             if steps[0] > max_steps or (steps[0] % 64 == 0 and time.monotonic() > deadline):
                 raise _limit(f"ran past {max_steps} steps / {seconds:g} s (a loop?)")
+            if steps[0] % 64 == 0 and steps[0] > after:
+                if start[0] is None:
+                    start[0] = _resident_bytes()
+                elif start[0] and _resident_bytes() - start[0] > max_bytes:
+                    raise _limit(f"holds over {max_bytes >> 20} MiB of values")
         return local
 
     def trace(frame, event, arg):  # only the template's compiled code is traced line by line
@@ -333,4 +359,4 @@ def render(template: jinja2.Template, **variables) -> str:
 
 
 __all__ = ["TemplateLimit", "bounded", "compile_template", "render", "environment", "MAX_STEPS", "MAX_SECONDS",
-           "MAX_CHARS", "MAX_INT_BITS", "MAX_JSON_INDENT"]
+           "MAX_CHARS", "MAX_INT_BITS", "MAX_JSON_INDENT", "MAX_RENDER_BYTES"]

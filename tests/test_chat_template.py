@@ -66,6 +66,20 @@ def test_a_hostile_template_stops_fast_naming_the_bound(tok, template):
     assert HOSTILE[template] in str(e.value) and time.monotonic() - t0 < 2.0
 
 
+def test_a_loop_keeping_many_bounded_values_alive_stops_at_the_memory_bound(tok, monkeypatch):
+    """Each value below is under every size bound, but the list keeps them all: the memory the render gained is
+    checked every 64 lines of a long render (here from the start, against 64 MiB; by default past 2048 lines,
+    against 1 GiB)."""
+    monkeypatch.setattr(chat_template, "MAX_RENDER_BYTES", 64 << 20)
+    monkeypatch.setattr(chat_template, "MEMORY_CHECK_AFTER", 0)
+    hoard = ("{% set ns = namespace(l=[]) %}{% for i in range(100000) %}{% set ns.l = ns.l + [('x' * 500000) ~ i] %}"
+             "{% endfor %}{{ ns.l|length }}")
+    t0 = time.monotonic()
+    with pytest.raises(chat_template.TemplateLimit, match="holds over 64 MiB of values"):
+        _with_template(tok, hoard).render_chat_template([{"role": "user", "content": "hi"}])
+    assert time.monotonic() - t0 < 2.0
+
+
 def test_a_real_template_renders_as_before(tok):
     """The fixture's own template renders what transformers rendered (tests/data/hf/tokenizer_expected.json), and
     the bounded operators and filters give their ordinary values."""
