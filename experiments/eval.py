@@ -47,7 +47,7 @@ import ml_collections
 
 from models import hf, pretrained
 from models.tokenizer import HFTokenizer
-from rewards.python_tool import TOOL_SYSTEM_PROMPT
+from rewards.python_tool import TOOL_SYSTEM_PROMPT, chat_markers
 from rl import checkpoint as ck
 from rl import config_validation as cv
 from rl import context, prefix, rollout, tasks
@@ -193,7 +193,9 @@ def main_pretrained(args) -> int:
                                       difficulty=args.difficulty, max_new_tokens=args.max_new_tokens,
                                       max_prompt_len=args.max_prompt_len, batch_rows=args.batch_rows, seed=args.seed,
                                       out_dir=args.out, system=system)
-    except (OSError, ValueError) as e:  # FieldErrors is a ValueError
+        if tools:  # the tool turn's markers render now (bounded, models/chat_template.py), not mid-evaluation
+            chat_markers(ctx.tok)
+    except (OSError, ValueError) as e:  # FieldErrors is a ValueError; chat_template.TemplateLimit is one too
         print(f"eval error: {e}", file=sys.stderr)
         return 2
     k = max(args.k, 0)

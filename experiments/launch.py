@@ -279,6 +279,9 @@ def _main(argv: list[str], locks: list) -> int:
     except (CheckpointError, workdir_lock.WorkdirError) as e:  # the workdir's state, not a bug: a message, exit 2
         print(f"workdir error: {e}", file=sys.stderr)
         return 2
+    except run.NonFiniteError as e:  # the run failed (a stage's steps not finite): its message, not a traceback
+        print(f"training failed: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -20,10 +20,12 @@ TARGETS = {
 }
 # Every attention and dense-MLP projection: the "all linear layers" setting (QLoRA, Dettmers et al. 2023).
 DEFAULT_TARGETS = ("attn/wq", "attn/wk", "attn/wv", "attn/wo", "mlp/w_gate", "mlp/w_up", "mlp/w_down")
+MAX_ALPHA = 65536  # the largest rank: alpha = rank (scale 1) at any rank; recipes use 2 x rank or less
 
 @dataclass(frozen=True, kw_only=True)
 class LoraConfig:
-    """The `model.lora` section: rank r >= 1, alpha > 0 (the update is scaled by alpha / r), known targets."""
+    """The `model.lora` section: rank r >= 1, 0 < alpha <= MAX_ALPHA (the update is scaled by alpha / r), known
+    targets."""
 
     rank: int = 8  # r: inner width of each adapter
     alpha: float = 16.0  # the update is (alpha / rank) * A @ B
@@ -35,9 +37,10 @@ class LoraConfig:
         errors = []
         if isinstance(self.rank, bool) or not isinstance(self.rank, int) or not 1 <= self.rank <= 2**16:
             errors.append(f"lora.rank must be an int in [1, 65536], got {self.rank!r}")
+        # alpha / rank scales every update: 1e300 passed this check once and every step was skipped as non-finite.
         if (isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or not math.isfinite(self.alpha)
-                or self.alpha <= 0):
-            errors.append(f"lora.alpha must be a finite number > 0, got {self.alpha!r}")
+                or not 0 < self.alpha <= MAX_ALPHA):
+            errors.append(f"lora.alpha must be a finite number in (0, {MAX_ALPHA}], got {self.alpha!r}")
         if not isinstance(self.targets, tuple) or not self.targets:
             errors.append(f"lora.targets must be a non-empty tuple of {sorted(TARGETS)}, got {self.targets!r}")
         else:

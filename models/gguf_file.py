@@ -24,12 +24,16 @@ safetensors folder); this module only translates the file:
 
 Anything this loader cannot represent (another architecture, rope scaling, per-layer head counts, an unsupported
 tensor type, a missing metadata key, a truncated file, NaN weights, an unknown tensor) is a ValueError naming the
-file and the key or tensor.
+file and the key or tensor. Before gguf's reader sees a file, check_layout walks its header and holds every count
+and length (tensors, metadata keys, strings, arrays, tensor dims) against the bytes left in the file: gguf's reader
+trusts them, and one array length of 2^40 in a 113 KB file made it allocate without bound.
 """
 
 from __future__ import annotations
 
 import functools
+import mmap
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -59,25 +63,137 @@ DEQUANTIZED = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6
 
 
 # ---- the file ------------------------------------------------------------------------------------------------------
+class LayoutError(ValueError):
+    """A count or length in a GGUF header that the file's size cannot hold (check_layout); names the file."""
+
+
+# GGUF metadata value types: fixed sizes of the scalars (GGUFValueType: uint8 .. float64, bool), string, array.
+_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_STRING, _ARRAY = 8, 9
+_MAX_DIMS = 4  # GGML_MAX_DIMS
+_MAX_NESTING = 4  # arrays of arrays (no real file nests them; the walk recurses once per level)
+
+
+def check_layout(path: Path) -> None:
+    """LayoutError unless every count and length in the header of the GGUF file at `path` fits the bytes left after
+    it: the tensor and metadata counts, each key and string length, each array's length (times its item size), each
+    tensor's dims and element count (no tensor type stores under one bit per element). Files that are not GGUF (no
+    magic) are left to gguf's reader to refuse."""
+    size = path.stat().st_size
+    if size < 24:
+        raise _layout_error(path, size, "the header alone takes 24")
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        if data[:4] != b"GGUF":
+            return
+        _walk_header(data, size, path)
+
+
+def _layout_error(path: Path, size: int, detail: str) -> LayoutError:
+    return LayoutError(f"{path}: not a readable GGUF file, truncated or corrupt ({size} bytes): {detail}")
+
+
+def _walk_header(data, size: int, path: Path) -> None:
+    """check_layout's walk: a cursor over the header, each read checked against the bytes left before it is made."""
+    # gguf's reader takes a version whose low 16 bits are 0 as a file of the other byte order; so does this walk.
+    order = "<" if struct.unpack_from("<I", data, 4)[0] & 0xFFFF else ">"
+    if struct.unpack_from(order + "I", data, 4)[0] not in (2, 3):
+        return  # a version gguf's reader refuses itself (version 1 had 32-bit counts)
+    pos = 8
+
+    def take(n: int, what: str) -> int:
+        nonlocal pos
+        if n > size - pos:
+            raise _layout_error(path, size, f"{what} needs {n} bytes at offset {pos}, the file has {size - pos} left")
+        pos += n
+        return pos - n
+
+    def number(fmt: str, what: str) -> int:
+        return struct.unpack_from(order + fmt, data, take(struct.calcsize(fmt), what))[0]
+
+    def string(what: str) -> str:
+        n = number("Q", f"the length of {what}")
+        start = take(n, what)
+        return bytes(data[start: start + min(n, 100)]).decode("utf-8", "replace")  # a name, as errors show it
+
+    def value(kind: int, key: str, depth: int = 0) -> None:
+        if kind in _SCALAR_BYTES:
+            take(_SCALAR_BYTES[kind], f"metadata key {key!r}")
+        elif kind == _STRING:
+            string(f"metadata key {key!r}'s string")
+        elif kind == _ARRAY and depth < _MAX_NESTING:
+            item = number("I", f"metadata key {key!r}'s item type")
+            count = number("Q", f"metadata key {key!r}'s length")
+            # The least an item takes (a string: its 8-byte length; an array: type + length), checked at once.
+            least = _SCALAR_BYTES.get(item, 8 if item == _STRING else 12)
+            if count * least > size - pos:
+                raise _layout_error(path, size, f"metadata key {key!r} claims {count} array items of at least "
+                                                f"{least} bytes, the file has {size - pos} bytes left")
+            if item in _SCALAR_BYTES:
+                take(count * least, f"metadata key {key!r}'s items")
+            else:
+                for _ in range(count):
+                    value(item, key, depth + 1)
+        else:
+            raise _layout_error(path, size, f"metadata key {key!r} has value type {kind} (or arrays nested over "
+                                            f"{_MAX_NESTING} deep), which this reader does not take")
+
+    n_tensors = number("Q", "the tensor count")
+    n_keys = number("Q", "the metadata key count")
+    for count, least, what in ((n_keys, 8 + 4 + 1, "metadata keys"), (n_tensors, 8 + 4 + 4 + 8, "tensors")):
+        if count * least > size - pos:
+            raise _layout_error(path, size, f"the header claims {count} {what}, more than the file can hold")
+    for i in range(n_keys):
+        key = string(f"metadata key #{i}'s name")
+        value(number("I", f"metadata key {key!r}'s type"), key)
+    for i in range(n_tensors):
+        name = string(f"tensor #{i}'s name")
+        n_dims = number("I", f"tensor {name!r}'s dimension count")
+        if n_dims > _MAX_DIMS:
+            raise _layout_error(path, size, f"tensor {name!r} has {n_dims} dimensions (GGUF allows {_MAX_DIMS})")
+        dims = struct.unpack_from(f"{order}{n_dims}Q", data, take(8 * n_dims, f"tensor {name!r}'s dims"))
+        elements = 1
+        for d in dims:
+            elements *= d  # Python ints: no overflow
+        if elements > 8 * size:
+            raise _layout_error(path, size, f"tensor {name!r} has dims {list(dims)} ({elements} elements), more than "
+                                            f"the file can hold")
+        take(4 + 8, f"tensor {name!r}'s type and offset")
+
+
 @functools.lru_cache(maxsize=2)
 def _parsed(path: str, mtime_ns: int, size: int):
     """GGUFReader of an unchanged file, parsed once per process: a run reads the config, then the weights, of the same
     file, and parsing a real file's metadata (its vocabulary and merges) takes seconds. The reader only maps the
-    file; the tensors are read on demand."""
+    file; the tensors are read on demand. The header's counts and lengths are checked first (check_layout)."""
+    check_layout(Path(path))
     return GGUFReader(path)
 
 
-def _reader(path: Path):
+def reader(path) -> GGUFReader:
+    """gguf's reader of the file at `path`, its header checked (check_layout) and parsed once per process;
+    ValueError naming the file when it is not a readable GGUF file."""
+    path = Path(path)
     if not path.is_file():
         raise ValueError(f"{path}: no such GGUF file")
     stat = path.stat()
     try:
         return _parsed(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+    except LayoutError:
+        raise
     except (ValueError, IndexError, KeyError, OverflowError, TypeError) as e:
         # GGUFReader maps the file and slices each tensor out of it: a file cut short fails to reshape its last
         # tensors (or its header), a corrupt one in the header.
         raise ValueError(f"{path}: not a readable GGUF file, truncated or corrupt ({path.stat().st_size} bytes): "
                          f"{type(e).__name__}: {e}") from None
+
+
+def contents(field, path: Path, key: str):
+    """A metadata field's value (str, number, or list); ValueError naming the file and key for text that is not
+    UTF-8 (gguf decodes strings strictly)."""
+    try:
+        return field.contents()
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: metadata key {key!r} holds text that is not UTF-8 ({e.reason})") from None
 
 
 def _field(reader, path: Path, key: str, default=_REQUIRED):
@@ -86,11 +202,28 @@ def _field(reader, path: Path, key: str, default=_REQUIRED):
         if default is _REQUIRED:
             raise ValueError(f"{path}: metadata key {key!r} is missing")
         return default
-    value = field.contents()
+    value = contents(field, path, key)
     if isinstance(value, list):
         raise ValueError(f"{path}: metadata key {key!r} is a per-layer list {value[:4]}...; only one value for "
                          f"every layer is supported")
     return value
+
+
+def whole_number(value, path: Path, key: str, least: int = 1) -> int:
+    """value as an int >= least (a count, size or id: GGUF stores them as integers; an integral float is taken);
+    ValueError naming the file and key for inf, nan, a fraction, text, a bool or a smaller number."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{path}: metadata key {key!r} must be an integer >= {least}, got {value!r}")
+    return value
+
+
+def _positive(value, path: Path, key: str) -> float:
+    """value as a finite float > 0 (an epsilon, a rotary base); ValueError naming the file and key otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ValueError(f"{path}: metadata key {key!r} must be a finite number > 0, got {value!r}")
+    return float(value)
 
 
 # ---- metadata -> config.json ---------------------------------------------------------------------------------------
@@ -101,6 +234,10 @@ def hf_config(reader, path: Path) -> dict:
         raise ValueError(f"{path}: architecture {arch!r} (general.architecture) is not supported; supported: "
                          f"{list(ARCHITECTURES)}")
     get = lambda key, default=_REQUIRED: _field(reader, path, f"{arch}.{key}", default)  # noqa: E731
+
+    def count(key, default=_REQUIRED, least=1) -> int:  # an integer value, checked (inf, 0 heads: named errors)
+        return whole_number(get(key, default), path, f"{arch}.{key}", least)
+
     scaling = get("rope.scaling.type", "none")
     if scaling not in ("none", ""):
         raise ValueError(f"{path}: {arch}.rope.scaling.type {scaling!r} is not supported (only the default rotary "
@@ -108,25 +245,26 @@ def hf_config(reader, path: Path) -> dict:
     embed = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
     if embed is None:
         raise ValueError(f"{path}: tensor 'token_embd.weight' is missing")
-    d_model, heads = int(get("embedding_length")), int(get("attention.head_count"))
+    d_model, heads = count("embedding_length"), count("attention.head_count")
     vocab = int(embed.shape[-1])  # GGUF dims fastest first: [d_model, vocab]
-    if int(get("vocab_size", vocab)) != vocab:
+    if count("vocab_size", vocab) != vocab:
         raise ValueError(f"{path}: {arch}.vocab_size = {get('vocab_size')} but token_embd.weight has {vocab} rows")
-    head_dim = int(get("attention.key_length", d_model // heads))
+    head_dim = count("attention.key_length", max(1, d_model // heads))
     for key in ("attention.value_length", "rope.dimension_count"):
-        if int(get(key, head_dim)) != head_dim:
+        if count(key, head_dim) != head_dim:
             raise ValueError(f"{path}: {arch}.{key} = {get(key)} differs from the head dim {head_dim} (only full "
                              f"rotary on equal key / value heads is implemented)")
-    n_layers, n_experts = int(get("block_count")), int(get("expert_count", 0))
+    n_layers, n_experts = count("block_count"), count("expert_count", 0, least=0)
     if arch == "qwen3moe" and not n_experts:
         raise ValueError(f"{path}: metadata key 'qwen3moe.expert_count' is missing")
     hf = {
         "model_type": arch, "vocab_size": vocab, "hidden_size": d_model, "num_hidden_layers": n_layers,
-        "intermediate_size": int(get("feed_forward_length", 0)) if n_experts else int(get("feed_forward_length")),
-        "num_attention_heads": heads, "num_key_value_heads": int(get("attention.head_count_kv", heads)),
-        "head_dim": head_dim, "max_position_embeddings": int(get("context_length")),
-        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon")),
-        "rope_theta": float(get("rope.freq_base", 10_000.0)), "hidden_act": "silu",
+        "intermediate_size": count("feed_forward_length", 0, least=0) if n_experts else count("feed_forward_length"),
+        "num_attention_heads": heads, "num_key_value_heads": count("attention.head_count_kv", heads),
+        "head_dim": head_dim, "max_position_embeddings": count("context_length"),
+        "rms_norm_eps": _positive(get("attention.layer_norm_rms_epsilon"), path,
+                                  f"{arch}.attention.layer_norm_rms_epsilon"),
+        "rope_theta": _positive(get("rope.freq_base", 10_000.0), path, f"{arch}.rope.freq_base"), "hidden_act": "silu",
         "tie_word_embeddings": not any(t.name == "output.weight" for t in reader.tensors),
     }
     if not n_experts:
@@ -134,7 +272,7 @@ def hf_config(reader, path: Path) -> dict:
     routed = {int(t.name.split(".")[1]) for t in reader.tensors if t.name.endswith(".ffn_gate_inp.weight")}
     dense = sorted(set(range(n_layers)) - routed)
     norm = bool(get("expert_weights_norm", True))
-    used = int(get("expert_used_count"))
+    used = count("expert_used_count")
     if arch == "llama":  # Mixtral: every block routed, top-k renormalised
         if dense or not norm:
             raise ValueError(f"{path}: a llama file with experts is read as Mixtral, which routes every block and "
@@ -142,10 +280,10 @@ def hf_config(reader, path: Path) -> dict:
         # GGUF dims fastest first: an experts tensor is [d_model, expert width, experts]
         widths = [int(t.shape[1]) for t in reader.tensors if t.name.endswith("ffn_gate_exps.weight")]
         hf.update(model_type="mixtral", num_local_experts=n_experts, num_experts_per_tok=used,
-                  intermediate_size=int(get("expert_feed_forward_length", widths[0] if widths else _REQUIRED)))
+                  intermediate_size=count("expert_feed_forward_length", widths[0] if widths else _REQUIRED))
     else:
         hf.update(model_type="qwen3_moe", num_experts=n_experts, num_experts_per_tok=used, decoder_sparse_step=1,
-                  moe_intermediate_size=int(get("expert_feed_forward_length")), mlp_only_layers=dense,
+                  moe_intermediate_size=count("expert_feed_forward_length"), mlp_only_layers=dense,
                   norm_topk_prob=norm)
         if dense and not hf["intermediate_size"]:
             raise ValueError(f"{path}: metadata key 'qwen3moe.feed_forward_length' is missing (blocks {dense} are "
@@ -252,6 +390,13 @@ class GGUFHandle:
         self._cached = (t.name, w)
         return w
 
+    def check_finite(self) -> None:
+        """Every tensor dequantized once (one held at a time) and checked finite: ValueError naming the file and the
+        first tensor that is not (the dry run's scan, models/hf_checks.check_gguf)."""
+        for t in {t.name: t for t, _ in self._entries.values()}.values():
+            self._whole(t)
+        self._cached = None
+
     def dequantized(self, name: str) -> np.ndarray:
         """The whole tensor `name`, float32, in the Hugging Face layout."""
         t, expert = self._entries[name]
@@ -263,6 +408,6 @@ class GGUFHandle:
 def open_checkpoint(path) -> tuple[dict, GGUFHandle]:
     """(config.json dict, tensors under Hugging Face names) of a GGUF file; ValueError naming the file and problem."""
     path = Path(path)
-    reader = _reader(path)
-    hf_cfg = hf_config(reader, path)
-    return hf_cfg, GGUFHandle(path, reader, hf_cfg)
+    opened = reader(path)
+    hf_cfg = hf_config(opened, path)
+    return hf_cfg, GGUFHandle(path, opened, hf_cfg)

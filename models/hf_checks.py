@@ -1,22 +1,25 @@
 """Checks of a Hugging Face checkpoint folder before any compute, each problem a ValueError naming the file.
 
     hf_json = read_config(path)                    # config.json: readable, a JSON object
+    problems = check_gguf(path, cfg)               # a GGUF file: tensor shapes against its metadata, weights finite
     problems = check_folder(path, cfg, model_type) # safetensors files (complete, sane headers, offsets inside the
                                                    # file, every shard of the index present), tensor shapes against
                                                    # config.json, every weight finite
     check_tokenizer_files(path)                    # tokenizer.json / tokenizer_config.json / generation_config.json
     check_template(tok, where)                     # the chat template renders a probe conversation, bounded
-    text = bounded(lambda: tok.render_chat_template(messages))   # any render under a step and time limit
+    text = bounded(lambda: ...)                    # any callable under the step / time limit (every chat template
+                                                   # render is bounded already: models/chat_template.py)
     (models.hf.require_finite is the matching hook models.hf.load calls on every tensor)
 
 What each check costs: the headers are read (a few KiB per file); the finiteness scan reads every weight once,
 memory-mapped, in chunks (measured with the file in the page cache on the loaded 2-core machine: 2.3 GB/s float32,
 0.45 GB/s bfloat16, whose bit test is slower), so the dry run of a real checkpoint takes that long. Nothing here
-builds the model. GGUF files are not covered here (models/hf.py reads them with their own checks).
+builds the model. A GGUF file gets the same shape and finiteness checks (check_gguf: its metadata is checked as
+models/gguf_file.py reads it; every tensor is dequantized once, ~0.8 s for SmolLM2-135M's Q4_1 file).
 
-A chat template is a program: `bounded` runs a render with a Python trace hook that counts the template's own
-lines and stops it past MAX_TEMPLATE_STEPS or MAX_TEMPLATE_SECONDS, so a template that loops forever is an error in
-the dry run, not a hung launcher.
+A chat template is a program: every render goes through models/chat_template.py's bounded renderer (steps, time,
+operator and output-size limits), so a template that loops or builds a huge value is an error in the dry run, not
+a hung launcher; check_template renders a probe conversation.
 """
 from __future__ import annotations
 
@@ -24,14 +27,13 @@ import json
 import math
 import os
 import struct
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 from tokenizers import Tokenizer
 
-from models import hf
+from models import gguf_file, hf
+from models.chat_template import MAX_SECONDS, MAX_STEPS, TemplateLimit, bounded  # noqa: F401 - re-exported
 
 _SINGLE_FILE, _INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
 _HEADER_LIMIT = 100 * 1024 * 1024  # safetensors' own bound on the JSON header
@@ -42,8 +44,8 @@ _EXPONENT = {"F64": (np.uint64, 0x7FF0000000000000), "F32": (np.uint32, 0x7F8000
              "BF16": (np.uint16, 0x7F80)}
 _FLOATS = {"F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2")}
 _CHUNK_BYTES = 64 << 20
-MAX_TEMPLATE_STEPS = 200_000  # template lines per render; a real chat template runs a few hundred
-MAX_TEMPLATE_SECONDS = 10.0
+# The chat template's bounds live with its one renderer (models/chat_template.py); these names stay for callers.
+MAX_TEMPLATE_STEPS, MAX_TEMPLATE_SECONDS = MAX_STEPS, MAX_SECONDS
 
 
 # ---- config.json ------------------------------------------------------------------------------------------------------
@@ -237,32 +239,6 @@ def check_tokenizer_files(path) -> None:
 
 
 # ---- the chat template ------------------------------------------------------------------------------------------------
-class TemplateLimit(RuntimeError):
-    """A chat template ran past MAX_TEMPLATE_STEPS lines or MAX_TEMPLATE_SECONDS."""
-
-
-def bounded(fn, max_steps: int = MAX_TEMPLATE_STEPS, seconds: float = MAX_TEMPLATE_SECONDS):
-    """fn() with every Jinja template frame's lines counted: TemplateLimit past the budget (one render)."""
-    steps, deadline = [0], time.monotonic() + seconds
-
-    def local(frame, event, arg):
-        if event == "line":
-            steps[0] += 1
-            if steps[0] > max_steps or (steps[0] % 1024 == 0 and time.monotonic() > deadline):
-                raise TemplateLimit(f"the chat template ran past {max_steps} steps / {seconds:g} s (a loop?)")
-        return local
-
-    def trace(frame, event, arg):  # only the template's compiled code is traced line by line
-        return local if frame.f_code.co_filename == "<template>" else None
-
-    old = sys.gettrace()
-    sys.settrace(trace)
-    try:
-        return fn()
-    finally:
-        sys.settrace(old)
-
-
 PROBE = [{"role": "user", "content": "Question: 12 + 30 = ?"}]
 
 
@@ -277,6 +253,28 @@ def check_template(tok, where: str) -> None:
                          f"({type(e).__name__}: {str(e)[:200]})") from None
     if not isinstance(text, str) or PROBE[0]["content"] not in text:
         raise ValueError(f"{where}: the chat template's output does not contain the user's message")
+
+
+# ---- a GGUF file ------------------------------------------------------------------------------------------------------
+def check_gguf(path, cfg) -> list[str]:
+    """Every problem of a GGUF file's weights, one message each (empty: all sound): the tensors its metadata implies,
+    with their shapes (models.hf's own rule; attention.head_count_kv that disagrees with attn_k is caught here, not
+    after compiling), and every tensor finite after dequantization. `cfg`: the dense ModelConfig the file holds."""
+    path = Path(path)
+    try:
+        hf_cfg, handle = gguf_file.open_checkpoint(path)
+    except (OSError, ValueError) as e:
+        return [str(e)]
+    problems = []
+    weight_map = {name: "all" for name in handle.keys()}
+    for check in (lambda: hf._check_tensors(hf._tensor_specs(cfg, hf_cfg["model_type"]), weight_map, {"all": handle},
+                                            cfg, hf_cfg["model_type"], where=f"{path} (its metadata)"),
+                  handle.check_finite):
+        try:
+            check()
+        except (OSError, ValueError) as e:
+            problems.append(str(e))
+    return problems
 
 
 # ---- everything -------------------------------------------------------------------------------------------------------

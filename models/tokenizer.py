@@ -7,7 +7,8 @@ round-trip losslessly and there is no vocabulary file to ship. Ids:
 
 HFTokenizer wraps a Hugging Face folder's tokenizer.json (the `tokenizers` library), or the tokenizer a GGUF file's
 metadata describes (models/tokenizer_gguf.py), and renders its chat template (chat_template.jinja,
-tokenizer_config.json or the GGUF's tokenizer.chat_template) with Jinja2 in a sandbox, the way transformers does:
+tokenizer_config.json or the GGUF's tokenizer.chat_template) with Jinja2 in a sandbox, the way transformers does, through
+the one bounded renderer (models/chat_template.py: steps, time, operator and output-size limits):
 
     tok = HFTokenizer.from_pretrained("ckpt/Qwen3-1.7B")        # or "SmolLM2-135M-Instruct.Q4_1.gguf"
     ids = tok.apply_chat_template([{"role": "user", "content": "问题：1+1=?"}])   # add_generation_prompt=True
@@ -36,16 +37,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime
 from functools import cached_property
 from pathlib import Path
 
-import jinja2
-import jinja2.ext
 import numpy as np
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
+from models import chat_template
 from models.tokenizer_gguf import read_gguf_tokenizer
 
 
@@ -169,23 +167,6 @@ def _token_text(value) -> str | None:
     return value
 
 
-def _chat_environment():
-    """The Jinja2 environment chat templates are written for (the one transformers renders them in): sandboxed and
-    immutable (a template cannot call arbitrary methods or mutate its inputs), trim_blocks and lstrip_blocks,
-    loop controls, a `tojson` filter that keeps non-ASCII text as is, raise_exception and strftime_now."""
-    def raise_exception(message):
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    return env
-
-
 def _plain(value):
     """Messages as plain JSON data (dicts, lists, str, numbers), so the template sees no caller objects."""
     if value is None or isinstance(value, (bool, int, float, str)):
@@ -297,14 +278,15 @@ class HFTokenizer(_Batching):
         if self.chat_template is None:
             raise ValueError("this tokenizer folder has no chat template (chat_template.jinja or "
                              "tokenizer_config.json's chat_template)")
-        return _chat_environment().from_string(self.chat_template)
+        return chat_template.compile_template(self.chat_template)
 
     def render_chat_template(self, messages, add_generation_prompt: bool = True, **kwargs) -> str:
         """The chat template's text for `messages` ([{"role": ..., "content": ...}, ...]); extra keywords (tools,
         enable_thinking, ...) go to the template, as do the special-token strings (eos_token, pad_token, ...)."""
         variables = {**self.special_tokens, "tools": None, "documents": None, **_plain(kwargs)}
-        return self._template.render(messages=_plain(list(messages)), add_generation_prompt=add_generation_prompt,
-                                     **variables)
+        # Every render is bounded (chat_template.TemplateLimit past a bound): the template is the checkpoint's code.
+        return chat_template.render(self._template, messages=_plain(list(messages)),
+                                    add_generation_prompt=add_generation_prompt, **variables)
 
     def apply_chat_template(self, messages, add_generation_prompt: bool = True, **kwargs) -> list[int]:
         """Ids of the rendered chat (encoded without adding special tokens: the template writes its own)."""

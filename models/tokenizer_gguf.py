@@ -25,9 +25,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gguf import GGUFReader
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, pre_tokenizers
 from tokenizers.models import BPE
+
+from models import gguf_file
 
 # Split patterns, as llama.cpp and the models' own tokenizer.json files define them.
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
@@ -48,12 +49,10 @@ CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types
 
 
 def _fields(path: Path) -> dict:
-    """Every metadata key of the file -> its value (strings, numbers, lists), read with gguf's reader."""
-    try:
-        reader = GGUFReader(str(path))
-    except (OSError, ValueError, IndexError, KeyError) as e:  # a truncated or non-GGUF file fails inside the parser
-        raise ValueError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
-    return {name: field.contents() for name, field in reader.fields.items()
+    """Every metadata key of the file -> its value (strings, numbers, lists), read with gguf's reader (the one
+    models/gguf_file.py opens: the header's lengths checked against the file's size, parsed once per process)."""
+    reader = gguf_file.reader(path)
+    return {name: gguf_file.contents(field, path, name) for name, field in reader.fields.items()
             if name.startswith(("tokenizer.", "general.architecture"))}
 
 
@@ -61,6 +60,32 @@ def _need(meta: dict, path: Path, key: str):
     if key not in meta:
         raise ValueError(f"{path}: metadata key {key!r} is missing (needed for the tokenizer)")
     return meta[key]
+
+
+def _list_of(meta: dict, path: Path, key: str, kind: type, what: str, default=None) -> list:
+    """The array at `key` with every item of `kind` (ValueError naming the file and key otherwise)."""
+    value = _need(meta, path, key) if default is None else meta.get(key, default)
+    if not isinstance(value, list):
+        raise ValueError(f"{path}: metadata key {key!r} must be an array of {what}, got {str(value)[:80]!r}")
+    bad = next((v for v in value if isinstance(v, bool) or not isinstance(v, kind)), None)
+    if bad is not None:
+        raise ValueError(f"{path}: metadata key {key!r} must be an array of {what}, it holds {bad!r}")
+    return value
+
+
+def _merges(meta: dict, path: Path, vocab: dict) -> list[tuple[str, str]]:
+    """tokenizer.ggml.merges as (left, right) pairs, each side and their join a token of the vocabulary (the
+    tokenizers library raises a bare Exception otherwise)."""
+    key = "tokenizer.ggml.merges"
+    merges = [tuple(m.split(" ", 1)) for m in _list_of(meta, path, key, str, "'left right' strings")]
+    for i, m in enumerate(merges):
+        if len(m) != 2:
+            raise ValueError(f"{path}: tokenizer.ggml.merges holds an entry that is not 'left right' (#{i}: {m[0]!r})")
+        missing = next((t for t in (*m, m[0] + m[1]) if t not in vocab), None)
+        if missing is not None:
+            raise ValueError(f"{path}: {key} entry #{i} {' '.join(m)!r}: token {missing!r} is not in "
+                             f"tokenizer.ggml.tokens")
+    return merges
 
 
 def pre_tokenizer(name: str, path: Path):
@@ -78,9 +103,10 @@ def _token_of(meta: dict, tokens: list, key: str, path: Path) -> str | None:
     i = meta.get(f"tokenizer.ggml.{key}")
     if i is None:
         return None
-    if not 0 <= int(i) < len(tokens):
-        raise ValueError(f"{path}: tokenizer.ggml.{key} = {i} is outside the vocabulary of {len(tokens)} tokens")
-    return tokens[int(i)]
+    if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(tokens):
+        raise ValueError(f"{path}: tokenizer.ggml.{key} = {i!r} is not an id of the vocabulary of {len(tokens)} "
+                         f"tokens")
+    return tokens[i]
 
 
 def read_gguf_tokenizer(path) -> tuple:
@@ -92,16 +118,14 @@ def read_gguf_tokenizer(path) -> tuple:
     model = _need(meta, path, "tokenizer.ggml.model")
     if model != "gpt2":
         raise ValueError(f"{path}: tokenizer.ggml.model {model!r} is not supported (only 'gpt2', byte-level BPE)")
-    tokens = [str(t) for t in _need(meta, path, "tokenizer.ggml.tokens")]
-    merges = [tuple(m.split(" ", 1)) for m in _need(meta, path, "tokenizer.ggml.merges")]
-    if any(len(m) != 2 for m in merges):
-        raise ValueError(f"{path}: tokenizer.ggml.merges holds an entry that is not 'left right'")
-    types = list(meta.get("tokenizer.ggml.token_type", [1] * len(tokens)))
+    tokens = _list_of(meta, path, "tokenizer.ggml.tokens", str, "strings")
+    types = _list_of(meta, path, "tokenizer.ggml.token_type", int, "integers", default=[1] * len(tokens))
     if len(types) != len(tokens):
         raise ValueError(f"{path}: tokenizer.ggml.token_type has {len(types)} entries for {len(tokens)} tokens")
     vocab = {}
     for i, t in enumerate(tokens):
         vocab.setdefault(t, i)  # a duplicated spelling keeps its first id, as a tokenizer.json vocabulary would
+    merges = _merges(meta, path, vocab)
     tok = Tokenizer(BPE(vocab, merges, fuse_unk=False, byte_fallback=False))
     tok.pre_tokenizer = pre_tokenizer(str(meta.get("tokenizer.ggml.pre", "default")), path)
     tok.decoder = decoders.ByteLevel()
@@ -114,10 +138,12 @@ def read_gguf_tokenizer(path) -> tuple:
         raise ValueError(f"{path}: metadata key 'tokenizer.ggml.eos_token_id' is missing (needed for the tokenizer)")
     eot = _token_of(meta, tokens, "eot_token_id", path)
     template = meta.get("tokenizer.chat_template")
+    if template is not None and not isinstance(template, str):
+        raise ValueError(f"{path}: metadata key 'tokenizer.chat_template' must be a string, got {str(template)[:80]!r}")
     info = {"eos_token": eos, "bos_token": _token_of(meta, tokens, "bos_token_id", path),
             "pad_token": _token_of(meta, tokens, "padding_token_id", path),
             "unk_token": _token_of(meta, tokens, "unknown_token_id", path),
             "add_bos": bool(meta.get("tokenizer.ggml.add_bos_token", False)),
-            "chat_template": str(template) if template is not None else None,
+            "chat_template": template,
             "stop_tokens": [eos] + ([eot] if eot is not None and eot != eos else [])}
     return tok, info

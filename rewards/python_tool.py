@@ -33,7 +33,9 @@ Text-level markers cannot tell the two apart (the policy may write "<out>" itsel
 from __future__ import annotations
 
 import dataclasses
+import re
 
+from models.chat_template import TemplateLimit
 from rewards.code_exec import ExecConfig, run_function_tests_detailed
 
 _SENTINEL_A = "\u2063ASSISTANT_SENTINEL\u2063"
@@ -74,8 +76,10 @@ def chat_markers(tok) -> ToolMarkers:
     for role, inner_start, inner_end in (("tool", "", ""), ("user", base.out_start, base.out_end)):
         messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": _SENTINEL_A},
                     {"role": role, "content": _SENTINEL_T}]
-        try:
+        try:  # through the one bounded renderer (models/chat_template.py): a loop only for the tool role ends
             text = tok.render_chat_template(messages, add_generation_prompt=True)
+        except TemplateLimit as e:  # a template past its bounds is an error, not "no tool role"
+            raise ValueError(f"chat_markers: rendering a {role} turn: {e}") from None
         except Exception:  # noqa: BLE001 - jinja2's TemplateError (raise_exception) or a template bug: next role
             continue
         a, t = text.find(_SENTINEL_A), text.find(_SENTINEL_T)
@@ -128,6 +132,18 @@ def demonstration(tok, text: str) -> str:
         return text
     c = chat_markers(tok)
     return text.replace(b.out_start, c.out_start).replace(b.out_end, c.out_end)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def valid_text(text: str) -> str:
+    """text with every lone surrogate (U+D800..U+DFFF, which no UTF-8 tokenizer can encode) replaced by U+FFFD.
+
+    A program can print or raise one (print('\\ud800')); the sandbox's JSON carries it back escaped, and the
+    tokenizer's encode then raised (UnicodeEncodeError, or TypeError from an HF tokenizer) in the tool thread pool,
+    which ended the run (and a resume replayed the same samples). json.loads already joins valid surrogate pairs."""
+    return _SURROGATE.sub("\ufffd", text)
 
 
 class PythonTool:
@@ -190,7 +206,8 @@ class PythonTool:
             text = "Error: output too long"
         else:
             text = f"Error: {r.error or (r.case_errors[0] if r.case_errors else 'no result')}"
-        text = text[: self.max_output_chars]
+        # The one place tool output becomes text: valid text from here on, so no output can end the run.
+        text = valid_text(text[: self.max_output_chars])
         for s in self._forbidden:  # longest first, repeated until none is left (removal can join two halves)
             while s in text:
                 text = text.replace(s, "")

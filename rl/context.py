@@ -275,6 +275,8 @@ def hf_checkpoint_cfg(path: str, section: cv.ModelSection | dict, *, field: str 
             return hf.load_config(path, **dtypes)
         except (OSError, ValueError) as e:
             raise cv.ConfigError(f"model.{field} ({path!r}): {e}") from None
+        except (TypeError, ArithmeticError, KeyError, AttributeError) as e:  # a metadata value no check foresaw
+            raise cv.ConfigError(f"model.{field} ({path!r}): {type(e).__name__}: {e}") from None
     try:
         hf_json = hf_checks.read_config(path)
     except ValueError as e:

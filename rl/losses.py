@@ -44,7 +44,7 @@ __all__ = [
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 LOG_RATIO_CLAMP = 20.0  # exp(20) ~ 5e8: keeps the ratio finite for any logprob difference
-K3_MAX = 10.0  # k3 grows like exp(ref - logp); clamp so one rare token cannot dominate the batch
+K3_MAX = 10.0  # k3 grows like exp(ref - logp): its value is clamped here (the loss and the logged KL), not its gradient
 CLIP = 0.2  # the default ratio clip on each side (PPO's epsilon): LossConfig's and the policy losses' default
 VALUE_CLIP = 0.2  # the default value-loss clip range: LossConfig's and value_loss's default
 MODES = ("sft", "grpo", "ppo", "prm")  # what the train step optimises (rl/train_step.py)
@@ -259,7 +259,9 @@ def kl_penalty(logp: jax.Array, ref_logp: jax.Array, kind: str = "k3") -> jax.Ar
     """Per-token KL(policy || ref) estimate from sampled-token logprobs (Schulman's k1/k2/k3).
 
     k1 = logp - ref; k2 = (logp - ref)^2 / 2; k3 = exp(ref - logp) - (ref - logp) - 1, with the log
-    ratio clamped to +-20 and the result to [0, 10] so rare tokens cannot blow up the loss.
+    ratio clamped to +-20 (exp stays finite). k3's value is clamped to [0, K3_MAX] (a rare token cannot blow up
+    the loss or the logged KL) but not its gradient, 1 - exp(ref - logp): a clamp that bound zeroed the gradient of
+    exactly the tokens that drifted most from the reference (the straight-through value below).
     """
     d = logp.astype(jnp.float32) - ref_logp.astype(jnp.float32)
     if kind == "k1":
@@ -268,7 +270,9 @@ def kl_penalty(logp: jax.Array, ref_logp: jax.Array, kind: str = "k3") -> jax.Ar
         return 0.5 * d**2
     if kind == "k3":
         neg = jnp.clip(-d, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-        return jnp.clip(jnp.exp(neg) - neg - 1.0, 0.0, K3_MAX)
+        k3 = jnp.exp(neg) - neg - 1.0
+        # value: the clamped k3 exactly (k3 - k3 is 0 for a finite k3); gradient: k3's own, unclamped.
+        return jax.lax.stop_gradient(jnp.clip(k3, 0.0, K3_MAX)) + (k3 - jax.lax.stop_gradient(k3))
     raise ValueError(f"kl kind {kind!r} unknown; choose one of ('k1', 'k2', 'k3')")
 
 

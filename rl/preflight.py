@@ -27,7 +27,8 @@ import textwrap
 import jax
 import numpy as np
 
-from models import hf, hf_checks
+from models import hf, hf_checks, lora, transformer
+from rewards.python_tool import chat_markers
 from rl import config_validation as cv
 from rl import context, memory_plan, prefix, pretrained
 from rl.checkpoint import written_steps
@@ -95,12 +96,13 @@ def _context_error(cfg: cv.RunConfig, model_cfg, longest: int | None) -> str | N
 
 
 def _checkpoint_errors(cfg: cv.RunConfig) -> list[str]:
-    """The checkpoint folder's files (models.hf_checks): weights complete and finite, shapes as config.json says
-    (the dense model the folder holds, also when model.upcycle turns it into an MoE after loading). A GGUF file is
-    checked by its own reader (models/gguf_file.py) when its metadata is read."""
+    """The checkpoint's files (models.hf_checks): weights complete and finite, shapes as config.json or the GGUF
+    metadata says (the dense model the checkpoint holds, also when model.upcycle turns it into an MoE after
+    loading). A GGUF file's metadata itself is checked by its reader (models/gguf_file.py) when it is read."""
     path = context.checkpoint_path(cfg.model)
     if hf.is_gguf(path):
-        return []
+        field = context.checkpoint_field(cfg.model)
+        return [f"model.{field}: {p}" for p in hf_checks.check_gguf(path, context.dense_model_cfg(cfg))]
     model_type = hf_checks.read_config(path)["model_type"]
     return [f"model.hf_path: {p}" for p in hf_checks.check_folder(path, context.dense_model_cfg(cfg), model_type)]
 
@@ -160,11 +162,16 @@ def prepare(config, *, environment: bool = True, port: bool = False, workdir: st
     if tok is not None and hf_path and cfg.model.chat_template:
         render = hf_checks.bounded  # every prompt below is rendered under the template's step / time limit
         _collect(errors, lambda: _raise_config(lambda: hf_checks.check_template(tok, f"model.{field}: {hf_path}")))
+        if any(getattr(getattr(st, "tools", None), "on", False) for st in cfg.stages):  # the tool turn renders too
+            _collect(errors, lambda: _raise_config(lambda: _tool_markers(tok, f"model.{field}: {hf_path}")))
     if tok is not None and model_cfg is not None and tok.vocab_size > model_cfg.vocab_size:
         errors.append(f"model.vocab_size: the tokenizer has {tok.vocab_size} ids, the model's embedding only "
                       f"{model_cfg.vocab_size} rows")
+    lora_msg = _lora_error(model_cfg) if model_cfg is not None else None
+    if lora_msg:
+        errors.append(lora_msg)
     plan = None
-    if sizes is not None and model_cfg is not None:
+    if sizes is not None and model_cfg is not None and not lora_msg:  # the plan builds the adapters
         plan = memory_plan.plan_for_config(cfg, model_cfg, sizes, context.run_rules(cfg))
         if verbose:
             print(plan.text(), flush=True)
@@ -198,6 +205,29 @@ def prepare(config, *, environment: bool = True, port: bool = False, workdir: st
     train, val, test = splits
     return Prepared(cfg=cfg, model_cfg=model_cfg, tok=tok, train=tuple(train), val=tuple(val), test=tuple(test),
                     plan=plan, notes=tuple(ported))
+
+
+def _tool_markers(tok, where: str) -> None:
+    """A tools stage's chat markers render (python_tool.chat_markers: a tool or user turn after an assistant turn),
+    bounded like every render: a template that loops only for role 'tool' once passed the dry run and hung the
+    tool recipe at its first stage."""
+    try:
+        chat_markers(tok)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
+def _lora_error(model_cfg) -> str | None:
+    """model.lora.targets that name no weight of the run's model (an MoE target on a dense model, mlp/* where every
+    block is MoE), checked on its abstract params (models/lora.py's own rule): the memory plan and the run would
+    otherwise fail on them with a traceback."""
+    if model_cfg.lora is None:
+        return None
+    try:
+        lora.targeted_weights(jax.eval_shape(lambda k: transformer.init(model_cfg, k), jax.random.key(0)), model_cfg)
+    except ValueError as e:
+        return f"model.lora.targets: {e}"
+    return None
 
 
 def _raise_config(fn):

@@ -54,6 +54,7 @@ from rl import stages as stage_lib
 from models import kernels, layer_stack, transformer
 from rl import plots, preflight, tool_rollout
 from rl.context import Prepared, backend_kernels, build_context
+from rl.train_loop import NonFiniteError  # noqa: F401 - what a run raises when its steps are not finite (launch)
 
 SUMMARY_KEYS = ("pass@1", "pass@1_se", "pass@1_ci95", "pass@k", "maj@k", "format_rate", "mean_length",
                 "language_consistency")
@@ -353,7 +354,8 @@ def _run(loop: Loop, meta, latest) -> dict:
             bar.update(1)
             bar.set_postfix({k: f"{v:.3f}" for k, v in m.items() if k in PROGRESS_KEYS and isinstance(v, (float, np.floating))})
             ran += 1
-            if last:
+            if last:  # before the checkpoint that marks the stage done: a rerun fails the same way
+                stage_lib.check_trained(run)
                 loop.stage_end(sc, first_step)
             if last or stop or (u + 1) % cfg.checkpoint.every == 0:
                 loop.stamp()

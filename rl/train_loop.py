@@ -36,7 +36,7 @@ from rl.config_fields import Checked, field, integer, num
 from rl.train_step import OptimConfig
 
 __all__ = ["LoopConfig", "Trainer", "Carry", "train_on", "optimizer_steps", "bucketed_denominator", "mean_metrics", "step_stats",
-           "router_metrics", "NonFiniteError", "STEP_STATS"]
+           "router_metrics", "NonFiniteError", "STEP_STATS", "check_trained"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -146,6 +146,18 @@ def _count_skips(trainer: Trainer, consecutive: int, skipped: list[int]) -> int:
             "the loss, gradient, update or an input was not finite (see skipped_steps and nonfinite_inputs in "
             "metrics.jsonl); lower the learning rate or check the data. The last good state is in the checkpoint.")
     return consecutive
+
+
+def check_trained(name: str, carry: Carry) -> None:
+    """NonFiniteError when every optimizer step of a stage so far was skipped as non-finite (consecutive skips reset
+    on a finite step, so they equal the stage's steps only then): the stage changed nothing. A run with
+    model.lora.alpha 1e300 once skipped every step, below run.max_consecutive_skips, and exited 0 with a normal
+    table. Called at a stage's last unit, before the checkpoint that marks the stage done."""
+    if carry.opt_steps and carry.consecutive_skips >= carry.opt_steps:
+        raise NonFiniteError(
+            f"stage {name!r}: every one of its {carry.opt_steps} optimizer steps was skipped because the loss, "
+            "gradient, update or an input was not finite (see skipped_steps and nonfinite_inputs in metrics.jsonl); "
+            "the stage changed nothing. Lower the learning rate (or model.lora.alpha) or check the data.")
 
 
 def optimizer_steps(step_fn: Callable, state, batches: Iterable[dict], schedule: Callable[[int], dict],

@@ -397,6 +397,137 @@ def test_unknown_tensors_experts_and_rope_scaling_are_named(tmp_path):
         hf.load(tmp_path / "nowhere.gguf")
 
 
+
+def _bombed_file(tmp_path, where: str) -> Path:
+    """The tiny file with one count or length in its header set to what its 80 KB cannot hold."""
+    import struct
+
+    w = gguf.GGUFWriter(str(tmp_path / "bomb.gguf"), "llama")
+    for key, value in llama_meta().items():
+        (w.add_float32 if isinstance(value, float) else w.add_uint32)(f"llama.{key}", value)
+    w.add_token_types([1, 1, 3])
+    for name, (raw, _) in tiny_tensors_f32(LLAMA, np.random.default_rng(0)).items():
+        w.add_tensor(name, raw)
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    data = bytearray((tmp_path / "bomb.gguf").read_bytes())
+    after = lambda name: data.index(name) + len(name)  # noqa: E731
+    at = {"tensor count": 8, "metadata count": 16, "key length": 24,
+          "array length": after(b"tokenizer.ggml.token_type") + 8,  # past the value type and the item type
+          "tensor dims": after(b"token_embd.weight") + 4}[where]  # past the dimension count
+    struct.pack_into("<Q", data, at, 2 ** 40)
+    (tmp_path / "bomb.gguf").write_bytes(bytes(data))
+    return tmp_path / "bomb.gguf"
+
+
+NAMED = {"array length": "metadata key 'tokenizer.ggml.token_type' claims 1099511627776 array items",
+         "tensor count": "the header claims 1099511627776 tensors",
+         "metadata count": "the header claims 1099511627776 metadata keys",
+         "key length": "metadata key #0's name needs 1099511627776 bytes",
+         "tensor dims": "tensor 'token_embd.weight' has dims [1099511627776, "}
+
+
+@pytest.mark.parametrize("where", list(NAMED))
+def test_counts_and_lengths_past_the_file_size_are_refused_before_gguf_reads_them(tmp_path, monkeypatch, where):
+    """gguf's reader trusts the header: a token_type array claiming 2^40 entries in a small file made it allocate
+    without bound during --dry_run. Each count and length is held against the bytes left first, for the config,
+    the weights and the tokenizer alike; gguf's reader is never reached."""
+    from models import gguf_file
+    from models.tokenizer import HFTokenizer
+
+    def unreached(*a, **k):
+        raise AssertionError("gguf's reader was given the file")
+
+    monkeypatch.setattr(gguf_file, "GGUFReader", unreached)
+    monkeypatch.setattr("models.tokenizer_gguf.GGUFReader", unreached, raising=False)
+    path = _bombed_file(tmp_path, where)
+    for read in (hf.load_config, HFTokenizer.from_pretrained):
+        with pytest.raises(ValueError, match=r"bomb\.gguf: not a readable GGUF file, truncated or corrupt") as e:
+            read(path)
+        assert NAMED[where] in str(e.value)
+
+
+def model_and_tokenizer_file(path, meta=None, tok=None, tensors=None) -> Path:
+    """A run-ready GGUF file (a 2-layer llama over test_tokenizer_gguf's tiny vocabulary, its tokenizer and ChatML
+    template), with metadata values (`meta`: llama.* keys, `tok`: tokenizer keys) or tensors replaced."""
+    from test_tokenizer_gguf import MERGES, SPECIALS, TEMPLATE, tiny_vocab
+
+    rng, tokens = np.random.default_rng(0), tiny_vocab()
+    V, D, F, N, K, H = len(tokens), 32, 64, 4, 2, 8
+    lin = lambda o, i: rng.normal(0, i ** -0.5, (o, i)).astype(np.float32)  # noqa: E731
+    norm = lambda: rng.uniform(0.5, 1.5, D).astype(np.float32)  # noqa: E731
+    weights = {"token_embd.weight": rng.normal(0, 1, (V, D)).astype(np.float32), "output_norm.weight": norm()}
+    for i in range(2):
+        weights.update({f"blk.{i}.attn_norm.weight": norm(), f"blk.{i}.ffn_norm.weight": norm(),
+                        f"blk.{i}.attn_q.weight": lin(N * H, D), f"blk.{i}.attn_k.weight": lin(K * H, D),
+                        f"blk.{i}.attn_v.weight": lin(K * H, D), f"blk.{i}.attn_output.weight": lin(D, N * H),
+                        f"blk.{i}.ffn_gate.weight": lin(F, D), f"blk.{i}.ffn_up.weight": lin(F, D),
+                        f"blk.{i}.ffn_down.weight": lin(D, F)})
+    model = {"block_count": 2, "embedding_length": D, "feed_forward_length": F, "attention.head_count": N,
+             "attention.head_count_kv": K, "context_length": 1024, "rope.freq_base": 10000.0,
+             "attention.layer_norm_rms_epsilon": 1e-5, "rope.dimension_count": H, "vocab_size": V}
+    tokenizer = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "smollm", "tokenizer.ggml.tokens": tokens,
+                 "tokenizer.ggml.token_type": [3 if t in SPECIALS else 1 for t in tokens],
+                 "tokenizer.ggml.merges": MERGES, "tokenizer.ggml.bos_token_id": 1,
+                 "tokenizer.ggml.eos_token_id": 2, "tokenizer.chat_template": TEMPLATE}
+    w = gguf.GGUFWriter(str(path), arch="llama")
+
+    def add(key, value):  # the writer's type from the Python type: a float is float32, an int uint32
+        for kind, method in ((bool, w.add_bool), (float, w.add_float32), (int, w.add_uint32), (str, w.add_string)):
+            if isinstance(value, kind):
+                return method(key, value)
+        return w.add_array(key, value)
+
+    for key, value in {**model, **(meta or {})}.items():
+        add(f"llama.{key}", value)
+    for name, array in {**weights, **(tensors or {})}.items():
+        w.add_tensor(name, array)
+    for key, value in {**tokenizer, **(tok or {})}.items():
+        add(key, value)
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    return Path(path)
+
+
+_NAN_NORM = np.where(np.arange(32) == 3, np.nan, 1.0).astype(np.float32)
+BAD_METADATA = {  # case -> (what to write, what the error must name besides the file)
+    "context_length inf": (dict(meta={"context_length": float("inf")}), "'llama.context_length' must be an integer"),
+    "head_count 0": (dict(meta={"attention.head_count": 0}), "'llama.attention.head_count' must be an integer >= 1"),
+    "head_count_kv 0": (dict(meta={"attention.head_count_kv": 0}), "'llama.attention.head_count_kv' must be"),
+    "head_count_kv 1 (attn_k has 2)": (dict(meta={"attention.head_count_kv": 1}),
+                                       "tensor model.layers.0.self_attn.k_proj.weight has shape (16, 32)"),
+    "merge out of vocabulary": (dict(tok={"tokenizer.ggml.merges": ["h e", "zz qq"]}),
+                                "tokenizer.ggml.merges entry #1 'zz qq': token 'zz' is not in"),
+    "merges of numbers": (dict(tok={"tokenizer.ggml.merges": [1, 2]}), "'tokenizer.ggml.merges' must be an array"),
+    "token_type of text": (dict(tok={"tokenizer.ggml.token_type": "control"}),
+                           "'tokenizer.ggml.token_type' must be an array of integers"),
+    "eos_token_id inf": (dict(tok={"tokenizer.ggml.eos_token_id": float("inf")}),
+                         "tokenizer.ggml.eos_token_id = inf is not an id"),
+    "NaN weight": (dict(tensors={"blk.1.attn_norm.weight": _NAN_NORM}), "tensor blk.1.attn_norm.weight (F32) has 1 "
+                                                                         "non-finite"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_METADATA))
+def test_bad_metadata_and_weights_are_exit_2_naming_the_file_and_key_in_the_dry_run(tmp_path, capsys, case):
+    """Each of these once ended the dry run in a traceback (OverflowError, ZeroDivisionError, the tokenizers
+    library's bare Exception, AttributeError, TypeError) or passed it and failed after compiling (head_count_kv 0,
+    NaN weights: a folder's weights were scanned, a GGUF file's were not)."""
+    from experiments import launch
+
+    write, named = BAD_METADATA[case]
+    path = model_and_tokenizer_file(tmp_path / "bad.gguf", **write)
+    rc = launch.main(["--config", "experiments/configs/quickstart.py:variant=tiny", "--dry_run",
+                      f"--config.model.hf_path={path}"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "model.hf_path" in err and str(path) in err and named in err, err
+
+
+def test_the_sound_model_and_tokenizer_file_passes_the_dry_run(tmp_path, capsys):
+    from experiments import launch
+
+    path = model_and_tokenizer_file(tmp_path / "good.gguf")
+    assert launch.main(["--config", "experiments/configs/quickstart.py:variant=tiny", "--dry_run",
+                        f"--config.model.hf_path={path}"]) == 0, capsys.readouterr().err
+
 # ---- the named source ---------------------------------------------------------------------------------------------------
 def test_missing_wheel_names_the_install_command(monkeypatch):
     src = pretrained.SOURCES["smollm2-135m-instruct"]

@@ -21,7 +21,7 @@ from models import hf, layer_stack, lora, transformer
 from models.config import ModelConfig
 from rl import checkpoint as ckpt_lib
 from rl import config_validation as cv
-from rl import context, run, stages
+from rl import context, preflight, run, stages
 from rl.losses import LossConfig
 from rl.metrics import depends_on_the_machine, read_jsonl
 from rl.train_step import OptimConfig, init_train_state, make_loss_fn, make_train_step
@@ -40,6 +40,15 @@ def _lora_config(**grpo):
     c.stages[0].update(dict(iterations=3, filter_zero_variance=False, entropy_coef=0.01, kl_coef=0.04, lr=3e-2, **grpo))
     c.eval.update(dict(initial=False, every=0))
     return cv.validate(c)
+
+
+def test_a_lora_target_the_model_lacks_is_a_config_error_before_any_compute():
+    """An MoE target on a dense model failed inside the memory plan with a traceback (exit 1)."""
+    c = quickstart.get_config("variant=tiny")
+    c.model.update(dict(n_experts=0, lora=dict(rank=2, alpha=4.0, targets=("moe/w_gate",))))
+    with pytest.raises(cv.ConfigError, match=r"model\.lora\.targets: lora\.targets \['moe/w_gate'\] match no "
+                                             r"parameter of this model"):
+        preflight.prepare(c, verbose=False)
 
 
 def _size(tree) -> int:

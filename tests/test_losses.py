@@ -142,6 +142,26 @@ def test_kl_penalty_matches_reference():
         L.kl_penalty(lp, ref, "k4")
 
 
+def test_k3_value_is_clamped_but_its_gradient_is_the_unclamped_estimators():
+    """Clamping k3 at K3_MAX zeroed the gradient of exactly the tokens that drifted most (here the four with
+    ref - logp >= 3): the value stays clamped (loss, logged KL), the gradient is d k3 / d logp = 1 - exp(ref - logp)
+    of the unclamped estimator (float64 NumPy), wherever the log ratio is inside its +-20 clamp."""
+    rng = np.random.default_rng(0)
+    ref = rng.normal(-2.0, 1.0, 12)
+    drift = np.array([-0.5, -0.1, 0.0, 0.2, 1.0, 4.0, 11.0, -2.0, -3.0, -4.5, -8.0, -12.0])  # logp - ref
+    logp, m = ref + drift, (np.arange(12) % 5 != 4).astype(np.float64)  # two masked-out positions
+    k3 = np.exp(-drift) + drift - 1.0
+    assert (k3 > L.K3_MAX).sum() == 5 and m[k3 > L.K3_MAX].sum() == 4  # the clamp binds on these
+    f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+    value = np.asarray(L.kl_penalty(f32(logp), f32(ref), "k3"), np.float64)
+    np.testing.assert_allclose(value, np.minimum(k3, L.K3_MAX), rtol=1e-5, atol=1e-6)
+    assert value.max() == L.K3_MAX  # exactly the bound, not k3 + (bound - k3) rounded
+    grad = np.asarray(jax.grad(lambda x: L.aggregate(L.kl_penalty(x, f32(ref), "k3"), f32(m)))(f32(logp)), np.float64)
+    want = (1.0 - np.exp(ref - logp)) * m / m.sum()
+    np.testing.assert_allclose(grad, want, rtol=2e-5, atol=1e-7)
+    bound = (k3 > L.K3_MAX) & (m > 0)  # descent moves each drifted token's logp back toward the reference's
+    assert np.all(np.sign(grad[bound]) == np.sign(drift[bound])) and np.abs(grad[bound]).min() > 0
+
 def test_entropy_from_logits_matches_reference():
     rng = np.random.default_rng(6)
     logits = rng.normal(size=(2, 3, 7)) * 3

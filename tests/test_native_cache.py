@@ -176,3 +176,26 @@ def test_waiter_gives_up_on_a_lock_held_too_long(tmp_path, monkeypatch):
         fcntl.flock(lock, fcntl.LOCK_EX)
         with pytest.raises(RuntimeError, match="another process has been building"):
             native_kernels.build()
+
+
+@pytest.mark.parametrize("output", ["garbage", "no kernels"])
+def test_a_compiler_that_exits_0_without_a_loadable_library_records_nothing(tmp_path, monkeypatch, output):
+    """A compiler that wrote garbage (or a library without the kernels) and exited 0 got its output's hash recorded:
+    every later process found a "verified" library that would not load and fell back to XLA silently. The build
+    now loads it (in a child process) before recording it; a failure is a failed build (the .failed record, retried
+    after RETRY_AFTER_S)."""
+    import _ctypes
+
+    written = tmp_path / "written.so"
+    if output == "garbage":
+        written.write_bytes(b"\x7fELF" + os.urandom(4000))
+    else:  # a real shared library, without ExpertFfn & co.
+        written.write_bytes(Path(_ctypes.__file__).read_bytes())
+    monkeypatch.setenv("MATHRL_NATIVE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CXX", str(copying_compiler(tmp_path, written)))
+    monkeypatch.setattr(native_kernels, "_state", {})  # as in a fresh process
+    path = native_kernels.library_path()
+    with pytest.warns(UserWarning, match="exited 0 but its library does not load or lacks the kernels"):
+        assert native_kernels.available() is False
+    assert calls(tmp_path) == 1 and not native_kernels.digest_path(path).exists() and not path.exists()
+    assert path.with_suffix(".failed").exists() and not list(path.parent.glob("*.tmp"))

@@ -92,6 +92,21 @@ def test_chat_markers_from_the_template():
     assert m.out_start == "<|im_end|>\n<|im_start|>tool\n" and m.out_end == "<|im_end|>\n<|im_start|>assistant\n"
 
 
+
+@pytest.mark.parametrize("tokenizer", ["byte", "hf"])
+def test_lone_surrogates_in_output_become_replacement_characters(tokenizer):
+    """print('\\ud800') or raise ValueError('\\udcff') once made the tokenizer's encode raise in the tool thread
+    pool (UnicodeEncodeError / TypeError), ending the run: the output is valid text, lone surrogates as U+FFFD."""
+    tok = TOK if tokenizer == "byte" else HFTokenizer.from_pretrained(os.path.join(REPO, "tests", "data", "hf",
+                                                                                   "tokenizer"))
+    tool = PythonTool(tok, exec_cfg=QUICK, max_output_tokens=200)
+    m = tool.markers
+    for code, text in (("print('a\\ud800b')", "a\ufffdb\n"), ("raise ValueError('\\udcff')", "ValueError: \ufffd"),
+                       ("print('\\ud83d\\ude00', '\\udfff\\ud800')", "\U0001f600 \ufffd\ufffd\n")):
+        ids = tool(tok.encode(m.call_start + code + m.call_end, add_bos=False))
+        assert ids == tok.encode(m.out_start + text + m.out_end, add_bos=False), code
+
+
 TRUSTED = r'''
 import json, os, socket, subprocess, sys, tempfile
 sys.path.insert(0, {repo!r})

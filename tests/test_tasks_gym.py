@@ -323,6 +323,52 @@ def test_settings_reach_the_generator_and_bad_ones_are_named():
         load_mix("gym@chain_sum", 4, 0, "train", difficulty=2)
 
 
+
+@pytest.mark.parametrize("spec,named", [
+    ("basic_arithmetic@max_terms=100000", "setting max_terms must be an integer in [1, 10], got 100000"),
+    ("countdown@min_numbers=999999,max_numbers=999999", "setting min_numbers must be an integer in [2, 8]"),
+    ("polynomial_equations@min_degree=60,max_degree=60", "setting min_degree must be an integer in [1, 6], got 60"),
+    ("chain_sum@max_terms=1e999", "setting max_terms must be an integer in [1, 20], got inf"),
+    ("countdown@operators=+|x", "setting operators must be some of +|-|*|/"),
+    ("basic_arithmetic@allow_negation=3", "setting allow_negation must be true or false, got 3"),
+    ("chain_sum@max_term=3", "unknown setting 'max_term'; its settings: min_terms, max_terms"),
+])
+def test_generator_settings_out_of_range_are_named_with_the_config(spec, named):
+    """The first three hung the dry run past 240 s (no ranges), the fourth tracebacked: the mix check (no import of
+    reasoning-gym) names the setting and its range."""
+    with pytest.raises(ValueError) as e:
+        tasks.parse_mix(f"gym@{spec}:1,arith:1")
+    assert f"gym@{spec.partition('@')[0]}: {named}" in str(e.value)
+
+
+def test_launcher_exits_2_naming_the_gym_setting(capsys):
+    from experiments import launch
+
+    rc = launch.main(["--config", "experiments/configs/quickstart.py:variant=tiny", "--dry_run",
+                      "--config.tasks.mix=gym@chain_sum@max_terms=1e999"])
+    assert rc == 2 and "tasks.mix" in capsys.readouterr().err
+
+
+def test_every_setting_has_a_range_and_the_shipped_mixes_are_inside():
+    from experiments.configs import gym_mix
+
+    tasks.parse_mix(gym_mix.get_config().tasks.mix)
+    if HAVE_GYM:  # the table covers each generator's own settings, in its order
+        import dataclasses
+
+        from reasoning_gym.factory import DATASETS
+        for family, table in gym.SETTINGS.items():
+            own = [f.name for f in dataclasses.fields(DATASETS[family][1]) if f.name not in ("seed", "size")]
+            assert list(table) == own, family
+
+
+@needs_gym
+def test_a_generator_failing_on_an_item_is_a_value_error_naming_the_source():
+    spec = "gym@basic_arithmetic@min_terms=8,max_terms=8,operators=/"  # reasoning-gym raises IndexError here
+    with pytest.raises(ValueError, match=r"gym@basic_arithmetic@min_terms=8,max_terms=8,operators=/: the generator "
+                                         r"failed on item \d+ of chunk 0 \(IndexError"):
+        load_mix(spec, 8, 0, "train")
+
 @needs_gym
 def test_jsonl_round_trip(tmp_path):
     from rl.tasks import jsonl_io

@@ -5,7 +5,7 @@ NonFiniteError."""
 import numpy as np
 import pytest
 
-from rl.train_loop import Carry, LoopConfig, NonFiniteError, Trainer, train_on
+from rl.train_loop import Carry, LoopConfig, NonFiniteError, Trainer, check_trained, train_on
 
 
 def _batch(rows: int = 10, cols: int = 6) -> dict:
@@ -59,3 +59,20 @@ def test_consecutive_skips_count_across_calls_and_stop_the_run():
     assert carry.consecutive_skips == 2 and m["skipped_steps"] == 2  # steps 2, 3 skipped
     with pytest.raises(NonFiniteError, match="stage 'grpo': 4 consecutive"):
         train_on(trainer, carry, _batch(8), epochs=1, rng=np.random.default_rng(0), max_rows=4, unit=2)
+
+
+def test_a_stage_whose_every_step_was_skipped_fails_below_the_consecutive_limit():
+    """model.lora.alpha 1e300 skipped every step of a tiny run, fewer than run.max_consecutive_skips, and the run
+    exited 0 with a normal table: a stage that changed nothing is an error at its end; one finite step is enough."""
+    step, _ = _fake(skip_calls={0, 1, 2, 3})
+    trainer = Trainer(step_fn=step, loop=LoopConfig(), units=2, max_consecutive_skips=20, name="grpo")
+    carry = Carry(state={"n": 0})
+    check_trained("grpo", carry)  # no step yet (e.g. every group had equal rewards): the run's own warning
+    for u in range(2):
+        carry, _ = train_on(trainer, carry, _batch(8), epochs=1, rng=np.random.default_rng(0), max_rows=4, unit=u)
+    with pytest.raises(NonFiniteError, match="stage 'grpo': every one of its 4 optimizer steps was skipped"):
+        check_trained("grpo", carry)
+    step, _ = _fake(skip_calls={1, 2, 3})
+    carry, _ = train_on(trainer._replace(step_fn=step), Carry(state={"n": 0}), _batch(16), epochs=1,
+                        rng=np.random.default_rng(0), max_rows=4, unit=0)
+    check_trained("grpo", carry)  # step 0 was finite

@@ -14,7 +14,9 @@ cache (models/cpu/native/decode_attention.cc), registered as the cached-attentio
 the flags, jaxlib's version and the CPU's feature flags (default ~/.cache/mathrl/native, or $MATHRL_NATIVE_DIR).
 The cache is not trusted blindly: next to each library lies the SHA-256 of its bytes, written after the build, and
 a library whose bytes do not match (truncated, corrupt, half-written, or with no record) is rebuilt, never loaded
-(dlopen of a truncated library dies of SIGBUS). A build writes to a temporary name and renames it into place, and
+(dlopen of a truncated library dies of SIGBUS). A fresh build is recorded only once it loads and holds the kernels'
+symbols (check_loads, in a child process): a compiler that exits 0 after writing garbage is a failed build, not a
+cached one. A build writes to a temporary name and renames it into place, and
 removes the temporaries a killed build left; the compiler runs in its own process group under a time limit
 (BUILD_TIMEOUT_S, $MATHRL_NATIVE_BUILD_TIMEOUT) and the whole group is killed past it. Parallel processes build
 once under a file lock; a waiter gives up a little after the build's time limit instead of blocking forever, and
@@ -33,6 +35,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -131,6 +134,27 @@ def _compile(cmd: list[str], timeout: float) -> None:
         raise RuntimeError(f"building the CPU kernels failed ({' '.join(cmd)}):\n{err[-2000:]}")
 
 
+SYMBOLS = ("ExpertFfn", "ExpertFfnRes", "ExpertFfnBwd", "DecodeAttention")  # what available() registers
+# Loads a library and looks up each symbol, in a child process: a malformed file may kill the loader (SIGBUS).
+_LOAD_CHECK = "import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); [getattr(lib, s) for s in sys.argv[2:]]"
+
+
+def check_loads(path: Path, timeout: float = 60) -> None:
+    """RuntimeError unless the library at `path` loads (dlopen) and holds SYMBOLS, checked in a child process.
+
+    A build is recorded only after this: a compiler that exits 0 having written garbage once got its output's hash
+    recorded, so every later process found a "verified" library that failed to load and fell back to XLA silently,
+    for as long as the cache lived."""
+    try:
+        done = subprocess.run([sys.executable, "-c", _LOAD_CHECK, str(path), *SYMBOLS], capture_output=True,
+                              text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"the built CPU kernels {path.name} did not load within {timeout:.0f} s") from None
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        raise RuntimeError(f"the compiler exited 0 but its library does not load or lacks the kernels: {last[:300]}")
+
+
 def build(path: Path | None = None) -> Path:
     """Compile the kernels to `path` (default library_path()) unless a verified build is there; raises
     RuntimeError on failure."""
@@ -163,6 +187,7 @@ def build(path: Path | None = None) -> Path:
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         try:
             _compile([compiler, *FLAGS, f"-I{jax.ffi.include_dir()}", *map(str, SOURCES), "-o", str(tmp)], timeout)
+            check_loads(tmp)  # before its hash is recorded: a recorded library is one that loads
             digest = _sha256(tmp)
             os.replace(tmp, path)  # atomic: a reader never sees half a library
         except RuntimeError as e:

@@ -18,6 +18,7 @@ from typing import Callable, NamedTuple
 from rl.config_fields import FieldErrors
 from rl.stages import common, grpo, iteration, ppo, rejection, sft
 from rl.stages.common import flat_fields, from_flat
+from rl.train_loop import check_trained as check_trained_carry
 
 
 class Kind(NamedTuple):
@@ -43,7 +44,7 @@ CONFIGS: dict[str, type] = {k: v.config for k, v in KINDS.items()}
 
 __all__ = ["KINDS", "CONFIGS", "parse_stage", "defaults", "flat_fields", "legacy_keys", "sft_problem_count",
            "FieldErrors", "init", "unit", "tree", "meta", "template", "load", "policy_params",
-           "carried_params"]
+           "carried_params", "check_trained"]
 
 
 def _kind_error(kind) -> FieldErrors:
@@ -104,3 +105,8 @@ def load(st, tree: dict, meta: dict):
 
 policy_params = common.policy_params
 carried_params = common.carried_params
+
+
+def check_trained(st) -> None:
+    """rl.train_loop.check_trained on the stage's carry: NonFiniteError when every optimizer step was skipped."""
+    check_trained_carry(st.base.cfg.name, st.base.carry)

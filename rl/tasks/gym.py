@@ -28,7 +28,10 @@ Seeds and splits: the items of one draw come from the generator in chunks of CHU
 sha256("gym|<name>|<seed>|<split>|c") (the run's seed and the split), item i of a chunk being the generator's own
 item i; as for every source, an item is kept only when its question hashes into the requested split
 (rl/tasks/base.py), so train / validation / test never share a question, and a draw is deterministic and
-prefix-stable. Generators have no levels 1..5: their settings set the difficulty (difficulty must be None).
+prefix-stable. Generators have no levels 1..5: their settings set the difficulty (difficulty must be None). Each
+setting has a range (SETTINGS), checked with the config: a setting out of it (`max_terms=100000` once hung the dry
+run, `max_terms=1e999` tracebacked) is a config error naming it; a generator that fails on an item is a ValueError
+naming the source.
 """
 from __future__ import annotations
 
@@ -40,7 +43,8 @@ from fractions import Fraction
 
 from rl.tasks.base import GeneratedSource, Problem
 
-__all__ = ["FAMILIES", "CHUNK", "PIN", "check_spec", "from_spec", "parse_settings", "to_problem", "roots_gold"]
+__all__ = ["FAMILIES", "SETTINGS", "CHUNK", "PIN", "check_spec", "settings_error", "from_spec", "parse_settings",
+           "to_problem", "roots_gold"]
 
 PIN = "reasoning-gym==0.1.25"
 CHUNK = 1024  # items per generator instance (their datasets draw item i from Random(seed + i))
@@ -142,6 +146,81 @@ _SETTING = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _RESERVED = ("seed", "size")  # set by this module
 
 
+# ---- the settings' ranges: what the config check holds each generator setting to -------------------------------------
+def _integer(lo: int, hi: int):
+    def check(v):
+        ok = isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+        return None if ok else f"must be an integer in [{lo}, {hi}], got {v!r}"
+    return check
+
+
+def _real(lo: float, hi: float):
+    def check(v):
+        ok = all(isinstance(x, (int, float)) and not isinstance(x, bool) and lo <= x <= hi
+                 for x in (v if isinstance(v, tuple) else (v,)))  # a number, or a|b|c of numbers (weights)
+        return None if ok else f"must be a number (or numbers a|b|c) in [{lo:g}, {hi:g}], got {v!r}"
+    return check
+
+
+def _flag(v):
+    return None if isinstance(v, bool) else f"must be true or false, got {v!r}"
+
+
+def _one_of(*choices: str):
+    def check(v):
+        return None if v in choices else f"must be one of {'|'.join(choices)}, got {v!r}"
+    return check
+
+
+def _some_of(*choices: str):
+    def check(v):
+        items = v if isinstance(v, tuple) else (v,)
+        ok = items and all(isinstance(x, str) and x in choices for x in items)
+        return None if ok else f"must be some of {'|'.join(choices)} (as a|b), got {v!r}"
+    return check
+
+
+# family -> setting -> check, in the generator's own field order. The upper bounds keep the dry run and a draw
+# bounded (measured on 2 cores, 8 items): basic_arithmetic's division search runs to the square root of a dividend
+# that grows with terms x digits (15 terms of 10 digits: > 40 s; 10 of 5: 1 s); countdown's search and
+# polynomial_equations' exact roots (sympy) grow with the numbers and the degree (degree 8: 0.3 s an item, degree
+# 60 and 999,999 numbers: never). The generators' own checks (min <= max, ...) still apply after these.
+SETTINGS = {
+    "basic_arithmetic": {"min_terms": _integer(1, 10), "max_terms": _integer(1, 10), "min_digits": _integer(1, 5),
+                         "max_digits": _integer(1, 5), "operators": _some_of("+", "-", "*", "/"),
+                         "allow_parentheses": _flag, "allow_negation": _flag,
+                         "format_style": _one_of("simple", "natural"),
+                         "whitespace": _one_of("no_space", "single", "random")},
+    "chain_sum": {"min_terms": _integer(1, 20), "max_terms": _integer(1, 20), "min_digits": _integer(1, 10),
+                  "max_digits": _integer(1, 10), "allow_negation": _flag},
+    "simple_equations": {"min_terms": _integer(1, 10), "max_terms": _integer(1, 10), "min_value": _integer(1, 10**6),
+                         "max_value": _integer(1, 10**6), "operators": _some_of("+", "-", "*"),
+                         "operators_weights": _real(0, 1)},
+    "gsm_symbolic": {"difficulty": _real(1, 1)},  # reasoning-gym 0.1.25 supports 1.0 only
+    "fraction_simplification": {"min_value": _integer(1, 10**6), "max_value": _integer(1, 10**6),
+                                "min_factor": _integer(1, 10**4), "max_factor": _integer(1, 10**4),
+                                "styles": _some_of("plain", "latex_inline", "latex_frac", "latex_dfrac")},
+    "polynomial_equations": {"min_terms": _integer(1, 6), "max_terms": _integer(1, 6), "min_value": _integer(1, 1000),
+                             "max_value": _integer(1, 1000), "min_degree": _integer(1, 6),
+                             "max_degree": _integer(1, 6), "operators": _some_of("+", "-")},
+    "countdown": {"min_numbers": _integer(2, 8), "max_numbers": _integer(2, 8), "min_value": _integer(1, 1000),
+                  "max_value": _integer(1, 1000), "min_target": _integer(1, 10**5),
+                  "max_target": _integer(1, 10**5), "operators": _some_of("+", "-", "*", "/"), "shuffle": _flag},
+}
+
+
+def settings_error(family: str, settings: dict) -> str | None:
+    """Why `settings` are not settings of `family` within SETTINGS' ranges (None when they are), naming the first
+    setting that is not."""
+    known = SETTINGS[family]
+    for key, value in settings.items():
+        if key not in known:
+            return f"gym@{family}: unknown setting {key!r}; its settings: {', '.join(known)}"
+        if (why := known[key](value)) is not None:
+            return f"gym@{family}: setting {key} {why}"
+    return None
+
+
 def _import_gym():
     try:
         import reasoning_gym  # noqa: F401  (registers the generators)
@@ -225,7 +304,12 @@ class GymSource:
             key = f"gym|{self.name}|{seed}|{split}|{chunk}"
             ds = _dataset(self.family, self.settings, int(hashlib.sha256(key.encode()).hexdigest()[:8], 16))
             for i in range(CHUNK):
-                yield ds[i]
+                try:
+                    item = ds[i]
+                except Exception as e:  # noqa: BLE001 - the generator's own failure (IndexError, ...) on these settings
+                    raise ValueError(f"{self.name}: the generator failed on item {i} of chunk {chunk} "
+                                     f"({type(e).__name__}: {e}); try other settings") from None
+                yield item
             chunk += 1
 
     def sample(self, n: int, seed: int, split, difficulty: int | None = None,
@@ -241,13 +325,17 @@ class GymSource:
 
 
 def check_spec(arg: str) -> tuple[str, dict]:
-    """(family, settings) of "countdown@min_numbers=3": the generator is one we grade and the settings parse
-    (without importing reasoning-gym: mix specs are checked with the config, before any compute)."""
+    """(family, settings) of "countdown@min_numbers=3": the generator is one we grade and the settings parse and lie
+    in their ranges (SETTINGS; without importing reasoning-gym: mix specs are checked with the config, before any
+    compute)."""
     family, _, settings_text = (arg or "").partition("@")
     family = family.strip()
     if family not in FAMILIES:
         raise ValueError(f"unknown reasoning-gym generator {family!r} in 'gym@{arg}'; supported: {', '.join(FAMILIES)}")
-    return family, parse_settings(settings_text) if settings_text.strip() else {}
+    settings = parse_settings(settings_text) if settings_text.strip() else {}
+    if (why := settings_error(family, settings)) is not None:
+        raise ValueError(why)
+    return family, settings
 
 
 def from_spec(arg: str) -> GymSource:
