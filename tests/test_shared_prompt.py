@@ -121,7 +121,8 @@ def test_microbatches_take_whole_prompts():
         for k in ("loss/total", "grad_norm", "entropy", "kl"):
             np.testing.assert_allclose(float(out[n][1][k]), float(out[1][1][k]), rtol=1e-5, err_msg=f"{n} {k}")
         for a, bb in zip(jax.tree.leaves(out[n][0]["params"]), jax.tree.leaves(out[1][0]["params"])):
-            np.testing.assert_allclose(np.asarray(a), np.asarray(bb), atol=1e-5)  # 1% of an lr-1e-3 step
+            # 2% of an lr-1e-3 step: Adam divides by sqrt(v), so a near-zero gradient entry moves by a share of lr
+            np.testing.assert_allclose(np.asarray(a), np.asarray(bb), atol=2e-5)
     assert int(out[1][1]["skipped"]) == 0
     state = init_train_state(cfg, loss_cfg, OptimConfig(), jax.random.PRNGKey(2))
     with pytest.raises(ValueError, match="must divide the batch's 4 prompts"):
