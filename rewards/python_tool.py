@@ -156,7 +156,7 @@ class PythonTool:
         if not isinstance(max_output_chars, int) or max_output_chars < 1:
             raise ValueError(f"max_output_chars must be an int >= 1, got {max_output_chars!r}")
         self.tok = tok
-        self.markers = markers or (chat_markers(tok) if getattr(tok, "chat_template", None) else byte_markers())
+        self.markers = markers or default_markers(tok)
         # The JSON of the captured output: up to 6 characters per character (\\uXXXX), plus the error line.
         self.exec_cfg = exec_cfg or ExecConfig(timeout_s=5.0, per_test_timeout_s=3.0, cpu_s=5,
                                                max_output_chars=6 * max_output_chars + 2000)
@@ -178,14 +178,7 @@ class PythonTool:
 
     def extract_code(self, text: str) -> str | None:
         """The code of the call `text` ends with, or None when it does not end with one."""
-        m = self.markers
-        if not text.endswith(m.call_end):
-            return None
-        body_end = len(text) - len(m.call_end)
-        start = text.rfind(m.call_start, 0, body_end)
-        if start < 0 or m.call_end in text[start:body_end]:
-            return None
-        return text[start + len(m.call_start): body_end]
+        return extract_code(self.markers, text)
 
     def run(self, code: str) -> str:
         """The text a call returns (stdout, or the error's last line), sanitised; never raises."""
@@ -221,13 +214,66 @@ class PythonTool:
         return ids
 
     def __call__(self, row_ids) -> list[int] | None:
-        # Only the ids after the row's last stop id are decoded: tokenizers' decode ends at EOS, a chat prompt (and
-        # a chat tool turn) holds several, and a call never spans one (a sampled EOS ends the row).
-        vocab = getattr(self.tok, "vocab_size", None)  # a model's padded embedding rows may hold ids past it
-        ids = [int(i) for i in row_ids if vocab is None or 0 <= int(i) < vocab]
-        stops = {int(i) for i in getattr(self.tok, "stop_ids", (self.tok.eos_id,))}
-        last = max((k for k, i in enumerate(ids) if i in stops), default=-1)
-        code = self.extract_code(self.tok.decode(ids[last + 1:], skip_special=False))
+        code = call_code(self.tok, self.markers, row_ids)
         if code is None:
             return None
         return self.output_ids(self.run(code))
+
+
+def default_markers(tok) -> ToolMarkers:
+    """The markers PythonTool(tok) uses: chat_markers for a tokenizer with a chat template, else byte_markers."""
+    return chat_markers(tok) if getattr(tok, "chat_template", None) else byte_markers()
+
+
+def extract_code(markers: ToolMarkers, text: str) -> str | None:
+    """The code of the call `text` ends with (call_start + code + call_end), or None when it does not end with one."""
+    if not text.endswith(markers.call_end):
+        return None
+    body_end = len(text) - len(markers.call_end)
+    start = text.rfind(markers.call_start, 0, body_end)
+    if start < 0 or markers.call_end in text[start:body_end]:
+        return None
+    return text[start + len(markers.call_start): body_end]
+
+
+def call_code(tok, markers: ToolMarkers, row_ids) -> str | None:
+    """The code of the call the row ends with, or None: the one rule of what a call is (the tool answers by it when
+    the sampler pauses, and tool_output_mask finds a demonstration's tool output by it)."""
+    # Only the ids after the row's last stop id are decoded: tokenizers' decode ends at EOS, a chat prompt (and
+    # a chat tool turn) holds several, and a call never spans one (a sampled EOS ends the row).
+    vocab = getattr(tok, "vocab_size", None)  # a model's padded embedding rows may hold ids past it
+    ids = [int(i) for i in row_ids if vocab is None or 0 <= int(i) < vocab]
+    stops = {int(i) for i in getattr(tok, "stop_ids", (tok.eos_id,))}
+    last = max((k for k, i in enumerate(ids) if i in stops), default=-1)
+    return extract_code(markers, tok.decode(ids[last + 1:], skip_special=False))
+
+
+def tool_output_mask(tok, ids, markers: ToolMarkers | None = None) -> list[int]:
+    """Per id of a written trajectory (a demonstration, an SFT row): 0 on the tool's output, 1 elsewhere; the
+    policy_mask generate_with_tools gives a sampled one.
+
+    By the sampler's own rule: after an id that ends a call (call_code, what PythonTool answers by), the tool appends
+    out_start + output + out_end; here those ids are the ones that follow the call when they open with out_start's
+    ids, up to and including the first out_end ids (the tool removes the markers from any output, so the first
+    out_end closes it; an unclosed block runs to the end of the row). SFT puts no loss there, as RL puts no gradient:
+    a cold start must not teach the model to predict the tool's result."""
+    markers = markers or default_markers(tok)
+    ids = [int(i) for i in ids]
+    mask = [1] * len(ids)
+    end_ids = tok.encode(markers.call_end, add_bos=False)
+    open_ids = tok.encode(markers.out_start, add_bos=False)
+    close_ids = tok.encode(markers.out_end, add_bos=False)
+    if not end_ids or not open_ids or not close_ids:
+        return mask
+    t = 0
+    while t < len(ids):
+        a = t + 1
+        if (ids[t] != end_ids[-1] or ids[a: a + len(open_ids)] != open_ids
+                or call_code(tok, markers, ids[:a]) is None):
+            t += 1
+            continue
+        b = next((k + len(close_ids) for k in range(a + len(open_ids), len(ids) - len(close_ids) + 1)
+                  if ids[k: k + len(close_ids)] == close_ids), len(ids))
+        mask[a:b] = [0] * (b - a)
+        t = b
+    return mask
