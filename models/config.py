@@ -19,6 +19,7 @@ from typing import Any, Mapping
 
 from models.fields import Checked, boolean, choice, field, integer, num, optional
 from models.adaptation import LoraConfig, UpcycleConfig
+from models import flops as _flops
 
 _DTYPES = ("float32", "bfloat16", "float16")
 
@@ -188,20 +189,10 @@ def active_params_per_token(cfg: ModelConfig) -> int:
     return _embedding_params(cfg) + blocks
 
 
-def matmul_params_per_token(cfg: ModelConfig) -> int:
-    """Active parameters used in matmuls: the input embedding is a lookup, the (tied or not) unembedding is a matmul."""
-    lookup_only = cfg.vocab_size * cfg.d_model if not cfg.tie_embeddings else 0
-    return active_params_per_token(cfg) - lookup_only
-
-
 def flops_per_token(cfg: ModelConfig, seq_len: int, *, training: bool = True) -> float:
-    """Model FLOPs per token (PaLM-style MFU accounting).
-
-    training: 6 * N_matmul + 12 * n_layers * n_heads * head_dim * seq_len (forward + backward);
-    inference: a third of that (2 * N + 4 * L * H * d_head * T). Attention is counted over the full sequence length,
-    without halving for causality, as is conventional for MFU.
-    """
-    n = matmul_params_per_token(cfg)
-    attn = 2 * cfg.n_layers * cfg.n_heads * cfg.head_dim * seq_len
-    per_pass = 2 * n + 2 * attn  # QK^T and AV each cost 2 * T * d_attn per token per layer
-    return float(3 * per_pass if training else per_pass)
+    """Model FLOPs per token of a full sequence of seq_len tokens, in models/flops.py's one convention (2 x matmul
+    weights, the LM head on every position, causal attention: seq_len (seq_len + 1) / 2 pairs; training = forward +
+    backward, LoRA's path when cfg.lora is set). The benches call models.flops directly."""
+    pairs = seq_len * (seq_len + 1) / 2
+    total = _flops.train_flops(cfg, seq_len, pairs) if training else _flops.forward_flops(cfg, seq_len, pairs)
+    return float(total / seq_len)

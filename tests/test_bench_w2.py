@@ -39,13 +39,14 @@ def test_update_flops_counts_each_prompt_once_and_every_query_key_pair():
                 pairs += p + q + 1
     expected = 3 * (2 * weights * tokens + 4 * cfg.n_layers * cfg.n_heads * cfg.head_dim * pairs)
     assert w1.update_flops(cfg, pmask, attn, 2) == pytest.approx(expected, rel=1e-12)
-    # sampling is one forward over the same tokens (prefill once per prompt, each generated token): a third of the
-    # update; the floor adds the reference's forward only with a KL term
+    # sampling is one forward over the same tokens (prefill once per prompt, each generated token), but the prefill
+    # computes only the prompt's last logits: no LM head on the prompt tokens (models/flops.py's convention); the
+    # floor adds the reference's forward only with a KL term
     lengths = attn.sum(1)
     decode = w1.decode_flops(cfg, pmask, lengths, 2)
-    assert decode == pytest.approx(expected / 3, rel=1e-12)
-    assert w1.floor_flops(expected, decode, kl=0.04) == pytest.approx(expected * 5 / 3, rel=1e-12)
-    assert w1.floor_flops(expected, decode, kl=0.0) == pytest.approx(expected * 4 / 3, rel=1e-12)
+    assert decode == pytest.approx(expected / 3 - 2 * cfg.d_model * cfg.vocab_size * pmask.sum(), rel=1e-12)
+    assert w1.floor_flops(expected, decode, kl=0.04) == pytest.approx(expected * 4 / 3 + decode, rel=1e-12)
+    assert w1.floor_flops(expected, decode, kl=0.0) == pytest.approx(expected + decode, rel=1e-12)
 
 
 def test_problems_are_two_digit_arithmetic_with_the_right_gold():

@@ -174,10 +174,12 @@ def test_flops_per_token_formula():
                       n_experts=8, experts_per_token=2, moe_every=1, tie_embeddings=False)
     # the peers' W1 model: 13.6 M parameters, 4.2 M active per token
     assert round(num_params(cfg) / 1e6, 1) == 13.6 and round(active_params_per_token(cfg) / 1e6, 1) == 4.2
-    matmul_params = active_params_per_token(cfg) - 512 * 256  # input embedding is a lookup
-    attn = 12 * 4 * 4 * 64 * 96
-    assert flops_per_token(cfg, 96) == 6 * matmul_params + attn
-    assert flops_per_token(cfg, 96, training=False) == (6 * matmul_params + attn) / 3
+    # models/flops.py's convention: matmul weights only (no norms; the input embedding is a lookup), the LM head on
+    # every position, causal attention (a token at position t sees t + 1 keys: (T + 1) / 2 on average)
+    matmul = 4 * (256 * 64 * (2 * 4 + 2 * 2) + 256 * 8 + 2 * 3 * 256 * cfg.expert_ff) + 256 * 512
+    attn = 12 * 4 * 4 * 64 * (96 + 1) / 2
+    assert flops_per_token(cfg, 96) == pytest.approx(6 * matmul + attn, rel=1e-12)
+    assert flops_per_token(cfg, 96, training=False) == pytest.approx((6 * matmul + attn) / 3, rel=1e-12)
 
 
 # ---- layers ----------------------------------------------------------------------------------------------------------

@@ -14,8 +14,9 @@ Phases, in this order, in one process:
   train   rl.train_step.make_train_step in GRPO mode (policy loss, entropy, router losses, AdamW with gradient
           clipping) on batch x seq random tokens (a 64-token prompt, the rest response), jitted and donated; the median
           of the timed steps after one compile step. MFU = model FLOPs/s / peak, model FLOPs per step = tokens x
-          models.config.flops_per_token(cfg, seq) (PaLM accounting: 6 x active matmul weights + 12 x layers x heads x
-          head_dim x seq per token, full attention not halved for causality). Before it, the step is compiled
+          models.flops.train_flops over the batch (the one convention of every bench: 2 x active matmul weights
+          per token, the LM head on every position, causal attention pairs, 3 x forward for full fine-tuning; LoRA's
+          frozen base gets dX only). Before it, the step is compiled
           (lower + compile) with the layers unrolled and scanned (model.scan_layers; the same stacked params);
   decode  models.sampling.generate on batch 256 prompts of 64 tokens, 256 new tokens each, temperature 1, EOS off
           (eos_id=-1, every row decodes every token), parameters cast to bf16; tokens/s = 256 x 256 / seconds of the
@@ -41,7 +42,8 @@ import numpy as np  # noqa: E402
 
 from experiments.bench import common  # noqa: E402
 from models import sampling, slot_sampling  # noqa: E402
-from models.config import ModelConfig, active_params_per_token, flops_per_token, num_params  # noqa: E402
+from models import flops  # noqa: E402
+from models.config import ModelConfig, active_params_per_token, num_params  # noqa: E402
 from rl.train_step import LossConfig, OptimConfig, init_train_state, make_train_step  # noqa: E402
 
 GPU_MODEL = dict(vocab_size=32768, d_model=2048, n_layers=16, n_heads=16, n_kv_heads=4, head_dim=128, d_ff=3584,
@@ -108,11 +110,11 @@ def phase_train(cfg, run: dict) -> tuple[dict, dict]:
         times.append(time.perf_counter() - t0)
     sec = statistics.median(times)
     tokens = run["batch"] * run["seq"]
-    flops = tokens * flops_per_token(cfg, run["seq"], training=True)
+    step_flops = flops.train_flops(cfg, tokens, run["batch"] * run["seq"] * (run["seq"] + 1) / 2)  # causal pairs
     out = {"batch": run["batch"], "seq": run["seq"], "tokens_per_step": tokens, "step_s": sec, "all_step_s": times,
            "compile_plus_first_s": compile_s_first, "compile_s": compile_s, "tokens_per_s": tokens / sec,
-           "model_flops_per_step": flops,
-           "model_tflops_per_s": flops / sec / 1e12, "loss": float(metrics["loss/total"]),
+           "model_flops_per_step": step_flops,
+           "model_tflops_per_s": step_flops / sec / 1e12, "loss": float(metrics["loss/total"]),
            "skipped": int(metrics["skipped"]) if "skipped" in metrics else None}
     return out, state["params"]
 

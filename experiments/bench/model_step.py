@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments.bench import common
-from models import sampling, transformer
+from models import flops, sampling, transformer
 from models.config import ModelConfig
 
 REFERENCE = dict(
@@ -60,21 +60,14 @@ FULL = dict(train_batch=TRAIN_BATCH, train_reps=3, decode_batch=DECODE_BATCH, ne
 # FLOP accounting
 # ----------------------------------------------------------------------------------------
 def forward_flops_per_token(cfg, context: float) -> float:
-    """Matmul FLOPs of one token's forward pass attending to `context` keys (embedding lookup free)."""
-    d, hd = cfg.d_model, cfg.head_dim
-    attn_proj = 2 * d * hd * (2 * cfg.n_heads + 2 * cfg.n_kv_heads)  # q, o and k, v
-    attn_scores = 2 * 2 * context * cfg.n_heads * hd                  # q.k and p.v
-    dense_mlp = 2 * 3 * d * cfg.d_ff
-    expert_mlp = 2 * 3 * d * cfg.expert_ff
-    n_moe = len(cfg.moe_layers)
-    moe_mlp = 2 * d * cfg.n_experts + (cfg.experts_per_token + cfg.n_shared_experts) * expert_mlp
-    total = cfg.n_layers * (attn_proj + attn_scores) + n_moe * moe_mlp + (cfg.n_layers - n_moe) * dense_mlp
-    return total + 2 * d * cfg.vocab_size
+    """Model FLOPs of one token's forward pass attending to `context` keys, LM head included (models.flops, the one
+    convention: 2 x matmul weights, embedding lookup free, q.k and p.v per key)."""
+    return flops.forward_flops(cfg, 1.0, context)
 
 
 def active_params(cfg) -> int:
-    """Weights touched per token, excluding the embedding table (a lookup) and norms."""
-    return int(forward_flops_per_token(cfg, 0) // 2)
+    """Matmul weights touched per token, LM head included; not the embedding table (a lookup) nor norms."""
+    return int(flops.body_weights(cfg) + flops.head_weights(cfg))
 
 
 # ----------------------------------------------------------------------------------------
@@ -119,15 +112,15 @@ def phase_train(opts, capacity_factor):
     peak_after = common.matmul_peak_gflops()
     sec = sorted(times)[len(times) // 2]
     n_tok = batch * SEQ
-    flops = 3 * n_tok * forward_flops_per_token(cfg, (SEQ + 1) / 2)
+    step_flops = flops.train_flops(cfg, n_tok, batch * SEQ * (SEQ + 1) / 2)  # models/flops.py: causal, 3 x forward
     peak = max(peak_before["peak_gflops"], peak_after["peak_gflops"])
     peak_cpu = max(peak_before["peak_gflops_per_cpu_s"], peak_after["peak_gflops_per_cpu_s"])
     return dict(
         phase=f"train ({'dropless' if capacity_factor is None else f'capacity {capacity_factor}'})",
         tokens=n_tok, seconds=sec, all_seconds=times, compile_s=compile_s, tokens_per_s=n_tok / sec,
-        model_gflops_per_s=flops / sec / 1e9, peak_gflops=peak, peak_before=peak_before["peak_gflops"],
-        peak_after=peak_after["peak_gflops"], mfu=flops / sec / 1e9 / peak, loss=float(loss),
-        mfu_cpu=flops / cpu_per_step / 1e9 / peak_cpu,
+        model_gflops_per_s=step_flops / sec / 1e9, peak_gflops=peak, peak_before=peak_before["peak_gflops"],
+        peak_after=peak_after["peak_gflops"], mfu=step_flops / sec / 1e9 / peak, loss=float(loss),
+        mfu_cpu=step_flops / cpu_per_step / 1e9 / peak_cpu,
         dropped_fraction=float(jnp.mean(dropped)), n_params=int(n_params), active_params=active_params(cfg),
         cpu_s=cpu_per_step,
         rss_after_init_mib=rss_after_init, peak_rss_mib=common.peak_rss_mib(),

@@ -59,7 +59,7 @@ import numpy as np
 from experiments.bench import common
 from experiments.bench.common import print_table
 from experiments.bench.model_step import active_params
-from models import sampling
+from models import flops, sampling
 from models.config import ModelConfig
 from models.cpu import allocator
 from rl import advantages
@@ -142,30 +142,25 @@ def run_setting(kl: float, steps: int, quick: bool, microbatches: int = 2, layou
 
 
 def update_flops(cfg, prompt_mask, attn_mask, n_samples: int) -> float:
-    """Model FLOPs of one update on the grouped batch (forward + backward = 3 x forward): 2 x the matmul weights a
-    token touches per real token (each prompt once, each answer token once) plus causal attention's q.k and p.v over
-    the keys each real token sees. Padding positions the program also computes are not useful work: not counted."""
-
-
+    """Model FLOPs of one update on the grouped batch (models.flops.train_flops: forward + backward, 3 x forward for
+    full fine-tuning, LoRA's path with cfg.lora): each prompt's real tokens once, each answer's real tokens once, the
+    LM head on every one of them (the trainer computes logits at every position), causal attention over the keys
+    each real token sees. Padding positions the program also computes are not useful work: not counted."""
     p = np.asarray(prompt_mask).sum(1)  # [G] real prompt tokens
     a = np.asarray(attn_mask).sum(1)  # [R] real answer tokens (incl. EOS)
-    p_rows = np.repeat(p, n_samples)
-    pairs = (p * (p + 1) / 2).sum() + (a * p_rows + a * (a + 1) / 2).sum()  # sum over query tokens of their keys
-    tokens = p.sum() + a.sum()
-    attention = 2 * 2 * cfg.n_layers * cfg.n_heads * cfg.head_dim * pairs
-    return 3.0 * (2.0 * active_params(cfg) * tokens + attention)
+    return flops.train_flops(cfg, float(p.sum() + a.sum()), flops.causal_pairs(p, a, n_samples))
 
 
 def decode_flops(cfg, prompt_mask, lengths, n_samples: int) -> float:
-    """Model FLOPs of sampling: each prompt's prefill once (2 x the matmul weights per real token plus causal
-    attention), then each generated token (2 x the weights plus q.k and p.v over the prompt and the tokens before
-    it). The sampler's padded positions, finished rows and its logits over the vocabulary's padding are not counted."""
+    """Model FLOPs of sampling (models.flops.forward_flops on the merged weights): each prompt's prefill once, then
+    each generated token, with causal attention over the prompt and the tokens before it; the LM head once per
+    sampled token (the prefill computes only the prompt's last position's logits, so none for the other prompt
+    tokens). The sampler's padded positions, finished rows and its logits over the vocabulary's padding are not
+    counted."""
     p = np.asarray(prompt_mask).sum(1)  # [G]
     a = np.asarray(lengths)  # [R] generated tokens per row
-    p_rows = np.repeat(p, n_samples)
-    pairs = (p * (p + 1) / 2).sum() + (a * p_rows + a * (a + 1) / 2).sum()
-    attention = 2 * 2 * cfg.n_layers * cfg.n_heads * cfg.head_dim * pairs
-    return 2.0 * active_params(cfg) * (p.sum() + a.sum()) + attention
+    return flops.forward_flops(cfg, float(p.sum() + a.sum()), flops.causal_pairs(p, a, n_samples),
+                               head_tokens=float(a.sum()))
 
 
 def floor_flops(update: float, decode: float, kl: float) -> float:
@@ -254,8 +249,8 @@ def measure_step(cfg, params, prompts, pmask, rewards_fn, *, kl: float, steps: i
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
     rows = n_prompts * n_samples
     active = active_params(cfg)
-    # 2 x active per sampled token, 6 x per trained token, 2 x per reference-logprob token.
-    flops = 2 * active * med["generated_tokens"] + (6 + (2 if kl > 0 else 0)) * active * med["train_tokens"]
+    # The step's model FLOPs in the one convention (models/flops.py): sampling, the reference pass, the update.
+    step_flops = statistics.median(r["floor_flops"] for r in runs)
     peak = max(peak_before["peak_gflops"], peak_after["peak_gflops"])
     update_gflops = statistics.median(r["update_flops"] / r["update"] for r in runs) / 1e9
     floor_s = med["floor_flops"] / (peak * 1e9)  # the step at the matmul peak of this run
@@ -270,7 +265,8 @@ def measure_step(cfg, params, prompts, pmask, rewards_fn, *, kl: float, steps: i
                 seconds=med, all_totals=[r["total"] for r in runs],
                 sampling_tok_s=med["generated_tokens"] / med["sampling"],
                 sampling_tok_s_all_slots=rows * new_tokens / med["sampling"],
-                model_gflops_per_s=flops / med["total"] / 1e9, peak_gflops=peak, mfu=flops / med["total"] / 1e9 / peak,
+                model_gflops_per_s=step_flops / med["total"] / 1e9, peak_gflops=peak,
+                mfu=step_flops / med["total"] / 1e9 / peak,
                 update_gflops_per_s=update_gflops, update_mfu=update_gflops / peak,
                 floor_s=floor_s, step_over_floor=med["total"] / floor_s,
                 update_gflop_per_cpu_s=update_gflops_cpu, update_mfu_per_cpu_s=update_gflops_cpu / peak_cpu,
