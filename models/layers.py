@@ -32,8 +32,10 @@ class LowRank(NamedTuple):
 
 
 def project(spec: str, x, w):
-    """jnp.einsum(spec, x, w) in x's dtype, w a weight array or a LowRank (its update as x @ A then @ B, in x's
-    dtype: for LoRA on a bfloat16 base the update is never rounded into a bfloat16 W). spec: "<x dims>,<w dims>-><out
+    """jnp.einsum(spec, x, w) in x's dtype, w a weight array or a LowRank. A LowRank's update is never rounded into
+    a narrow W: x @ A, then @ B, scaled, in float32, added to x @ W accumulated in float32, and the sum cast to x's
+    dtype once (with bfloat16 activations, a bfloat16 x @ W plus a bfloat16 update smaller than half its last place
+    would leave every output as it was, so a small adapter update changed nothing). spec: "<x dims>,<w dims>-><out
     dims>" with w's dims its contracted ("in") dims first, then its "out" dims."""
     dtype = x.dtype
     if not isinstance(w, LowRank):
@@ -42,9 +44,11 @@ def project(spec: str, x, w):
     w_dims, out = rest.split("->")
     contracted = "".join(d for d in w_dims if d in ins)
     kept = "".join(d for d in ins if d not in contracted)
-    xa = jnp.einsum(f"{ins},{contracted}R->{kept}R", x, w.a.astype(dtype))
-    update = jnp.einsum(f"{kept}R,R{w_dims[len(contracted):]}->{out}", xa, w.b.astype(dtype))
-    return jnp.einsum(spec, x, w.w.astype(dtype)) + update * jnp.asarray(w.scale, dtype)
+    f32 = jnp.float32
+    xa = jnp.einsum(f"{ins},{contracted}R->{kept}R", x.astype(f32), w.a.astype(f32))
+    update = jnp.einsum(f"{kept}R,R{w_dims[len(contracted):]}->{out}", xa, w.b.astype(f32))
+    base = jnp.einsum(spec, x, w.w.astype(dtype), preferred_element_type=f32)
+    return (base + update * jnp.asarray(w.scale, f32)).astype(dtype)
 
 
 def flatten_in(w, n_in: int):

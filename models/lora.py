@@ -219,7 +219,9 @@ def merge_block(p: dict, cfg, low_rank: bool = False) -> dict:
     logprob passes) keeps the attention and dense-MLP targets apart as models.layers.LowRank(W, A, B, alpha / r),
     which layers.project multiplies by as x W + s (x A) B: the backward forms no gradient of W's size (a third of
     those projections' training FLOPs). Routed-expert targets (moe/*) are merged either way (the expert kernels take
-    plain weights)."""
+    plain weights). A merged weight is float32 when W is narrower (a bfloat16 base): W + dW rounded back to bfloat16
+    lost most small updates (an update under half W's last place vanished), so the sampler's view and the experts
+    multiply by the unrounded sum (transformer.decode_params then casts it to cfg.dtype, as every weight)."""
     lcfg = _config(cfg)
     ads = p[ADAPTER_KEY]
     out = {k: v for k, v in p.items() if k != ADAPTER_KEY}
@@ -231,7 +233,8 @@ def merge_block(p: dict, cfg, low_rank: bool = False) -> dict:
         if low_rank and not target.startswith("moe/"):
             new = LowRank(w, ad["a"], ad["b"], lcfg.scale)
         else:
-            new = (w.astype(jnp.float32) + _delta(w.shape, ad, target, lcfg.scale, stacked=False)).astype(w.dtype)
+            wide = jnp.promote_types(w.dtype, jnp.float32)  # float32 for a bfloat16 base, W's dtype if wider
+            new = (w.astype(jnp.float32) + _delta(w.shape, ad, target, lcfg.scale, stacked=False)).astype(wide)
         out = _replaced(out, target.split("/"), new)
     return out
 
