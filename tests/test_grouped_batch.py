@@ -69,7 +69,7 @@ def test_rows_become_the_samplers_prompts_once_layout():
                                       batch["advantages"][r, start[r] : start[r] + s.lengths[r]])
 
 
-@pytest.mark.parametrize("mode", ["grpo", "ppo"])
+@pytest.mark.parametrize("mode", ["grpo", pytest.param("ppo", marks=pytest.mark.slow)])  # ppo: test_shared_prompt
 def test_loss_and_gradients_equal_the_flat_rows_with_padding_groups(mode):
     prompt_ids, s = sampled(1)
     batch, start = flat_batch(prompt_ids, s, 1)
@@ -141,6 +141,7 @@ def test_bad_rows_fail_clearly():
         grouped_batch.to_grouped(batch, start, layout(groups=2))
 
 
+@pytest.mark.slow  # ~55 s cold; the step-level equality of the layouts is in this file and test_shared_prompt
 def test_grpo_stage_first_update_equals_the_flat_layouts(tmp_path):
     """The quickstart tiny run's GRPO stage, grouped (the default) against batch_layout=flat: the first
     iteration samples the same batch, so its loss and gradient norm agree to float rounding."""

@@ -111,6 +111,7 @@ def test_lora_grpo_trains_only_the_adapters_against_the_base(tmp_path):
         ctx.close()
 
 
+@pytest.mark.slow  # ~22 s cold; the GRPO LoRA run tests stay in the default suite
 def test_lora_ppo_and_rejection_stages(tmp_path):
     """PPO trains the adapters and its value head (the train state's params), the base frozen; rejection sampling
     samples from the merged policy and hands the adapters on."""
@@ -292,6 +293,7 @@ def test_an_upcycled_start_computes_the_dense_checkpoint():
                                np.asarray(transformer.forward(dense, tokens, dense_cfg)[0]), atol=2e-5)
 
 
+@pytest.mark.slow  # ~19 s cold; routing replay itself: tests/test_routing_replay.py
 def test_upcycled_grpo_replays_routes_and_logs_the_router(tmp_path):
     """A tiny dense model from scratch, upcycled (model.upcycle) and trained by GRPO with routing replay: the router
     metrics and the replay disagreement are logged as for any MoE."""

@@ -56,7 +56,8 @@ def test_forward_logits_stats_and_routes_match_the_unrolled_model(kind):
         close(g, w)
 
 
-@pytest.mark.parametrize("kind,remat", [("dense", False), ("dense", True), ("moe", True), ("mixed", False)])
+@pytest.mark.parametrize("kind,remat", [pytest.param("dense", False, marks=pytest.mark.slow), ("dense", True),
+                                        ("moe", True), ("mixed", False)])  # dense / no remat: slow (suite time)
 def test_gradients_match_the_unrolled_model(kind, remat):
     cfg, scan = cfgs(kind, remat=remat)
     params = transformer.init(cfg, jax.random.key(1))

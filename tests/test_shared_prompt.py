@@ -108,6 +108,7 @@ def test_loss_and_gradients_match_flat_layout(mode):
     assert max(float(jnp.abs(x).max()) for x in jax.tree.leaves(g_grouped)) > 1e-4  # a real gradient
 
 
+@pytest.mark.slow  # ~24 s cold; microbatching itself: tests/test_train_step.py::test_microbatched_step_equals_whole_batch
 def test_microbatches_take_whole_prompts():
     cfg = cfg_of(router_aux_coef=0.0)  # the load-balancing term is the only one microbatching approximates
     loss_cfg = LossConfig(mode="grpo", kl_kind="k3")
