@@ -107,10 +107,12 @@ def sample_rows(keys_B, z_BV):
 def argmax_rows(x_BV):
     """jnp.argmax(x, axis=-1) (the first index of the maximum) as two plain reductions, a max and a min over the
     indices holding it: XLA's CPU argmax is one reduction over (value, index) pairs that does not vectorise and
-    took longer than the model's decode step at a 49k vocabulary."""
+    took longer than the model's decode step at a 49k vocabulary. A row of NaN (a diverged policy) matches no
+    maximum: it gets the last id, never V, so whatever decodes it sees a valid token."""
     V = x_BV.shape[-1]
     hit_BV = x_BV == jnp.max(x_BV, axis=-1, keepdims=True)
-    return jnp.min(jnp.where(hit_BV, jnp.arange(V, dtype=jnp.int32), V), axis=-1).astype(jnp.int32)
+    first_B = jnp.min(jnp.where(hit_BV, jnp.arange(V, dtype=jnp.int32), V), axis=-1)
+    return jnp.minimum(first_B, V - 1).astype(jnp.int32)
 
 
 def choose_tokens(logits_BV, keys_B, temperature, top_p, top_k):

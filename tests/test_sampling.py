@@ -291,3 +291,14 @@ def test_sample_rows_draws_from_the_softmax_across_blocks():
 def test_argmax_rows_is_the_first_maximum():
     x = jnp.asarray([[0.0, 3.0, 3.0, 1.0], [-1.0, -2.0, -1.0, -5.0], [7.0, 7.0, 7.0, 7.0]], jnp.float32)
     np.testing.assert_array_equal(sampling.argmax_rows(x), np.argmax(np.asarray(x), axis=-1))
+
+
+def test_a_diverged_policy_still_draws_valid_ids():
+    """NaN logits (every update skipped as non-finite, say) give ids inside the vocabulary, greedy and sampled, so the
+    tokenizer can decode what the sampler wrote (an id == V made ByteTokenizer.decode raise)."""
+    V = 300
+    logits = jnp.full((3, V), jnp.nan, jnp.float32)
+    keys = jax.random.split(jax.random.key(0), 3)
+    for t in (0.0, 1.0, jnp.asarray([0.0, 0.7, 1.0])):
+        tokens, _ = sampling.choose_tokens(logits, keys, t, 1.0, 0)
+        assert np.all((np.asarray(tokens) >= 0) & (np.asarray(tokens) < V)), (t, tokens)
