@@ -8,27 +8,14 @@ import pytest
 
 pytest.importorskip("gguf")
 
-from test_tokenizer_gguf import tiny_vocab, write_tiny_gguf  # noqa: E402
+from test_tokenizer_gguf import tiny_llama_weights, write_tiny_gguf  # noqa: E402
 
 from experiments import eval as ev_cli  # noqa: E402
 
 
 def tiny_llama_gguf(path, seed: int = 0):
     """A 2-layer llama (d_model 32, 4 / 2 heads of 8) over the tiny tokenizer's vocabulary, float32 weights."""
-    rng = np.random.default_rng(seed)
-    V, D, F, N, K, H = len(tiny_vocab()), 32, 64, 4, 2, 8
-    lin = lambda o, i: rng.normal(0, i ** -0.5, (o, i)).astype(np.float32)  # noqa: E731
-    norm = lambda: rng.uniform(0.5, 1.5, D).astype(np.float32)  # noqa: E731
-    tensors = {"token_embd.weight": rng.normal(0, 1, (V, D)).astype(np.float32), "output_norm.weight": norm()}
-    for i in range(2):
-        tensors.update({f"blk.{i}.attn_norm.weight": norm(), f"blk.{i}.ffn_norm.weight": norm(),
-                        f"blk.{i}.attn_q.weight": lin(N * H, D), f"blk.{i}.attn_k.weight": lin(K * H, D),
-                        f"blk.{i}.attn_v.weight": lin(K * H, D), f"blk.{i}.attn_output.weight": lin(D, N * H),
-                        f"blk.{i}.ffn_gate.weight": lin(F, D), f"blk.{i}.ffn_up.weight": lin(F, D),
-                        f"blk.{i}.ffn_down.weight": lin(D, F)})
-    meta = {"block_count": 2, "embedding_length": D, "feed_forward_length": F, "attention.head_count": N,
-            "attention.head_count_kv": K, "context_length": 1024, "rope.freq_base": 10000.0,
-            "attention.layer_norm_rms_epsilon": 1e-5, "rope.dimension_count": H, "vocab_size": V}
+    tensors, meta = tiny_llama_weights(seed)
     return write_tiny_gguf(path, llama={"meta": meta, "tensors": tensors})
 
 

@@ -449,22 +449,10 @@ def test_counts_and_lengths_past_the_file_size_are_refused_before_gguf_reads_the
 def model_and_tokenizer_file(path, meta=None, tok=None, tensors=None) -> Path:
     """A run-ready GGUF file (a 2-layer llama over test_tokenizer_gguf's tiny vocabulary, its tokenizer and ChatML
     template), with metadata values (`meta`: llama.* keys, `tok`: tokenizer keys) or tensors replaced."""
-    from test_tokenizer_gguf import MERGES, SPECIALS, TEMPLATE, tiny_vocab
+    from test_tokenizer_gguf import MERGES, SPECIALS, TEMPLATE, tiny_llama_weights, tiny_vocab
 
-    rng, tokens = np.random.default_rng(0), tiny_vocab()
-    V, D, F, N, K, H = len(tokens), 32, 64, 4, 2, 8
-    lin = lambda o, i: rng.normal(0, i ** -0.5, (o, i)).astype(np.float32)  # noqa: E731
-    norm = lambda: rng.uniform(0.5, 1.5, D).astype(np.float32)  # noqa: E731
-    weights = {"token_embd.weight": rng.normal(0, 1, (V, D)).astype(np.float32), "output_norm.weight": norm()}
-    for i in range(2):
-        weights.update({f"blk.{i}.attn_norm.weight": norm(), f"blk.{i}.ffn_norm.weight": norm(),
-                        f"blk.{i}.attn_q.weight": lin(N * H, D), f"blk.{i}.attn_k.weight": lin(K * H, D),
-                        f"blk.{i}.attn_v.weight": lin(K * H, D), f"blk.{i}.attn_output.weight": lin(D, N * H),
-                        f"blk.{i}.ffn_gate.weight": lin(F, D), f"blk.{i}.ffn_up.weight": lin(F, D),
-                        f"blk.{i}.ffn_down.weight": lin(D, F)})
-    model = {"block_count": 2, "embedding_length": D, "feed_forward_length": F, "attention.head_count": N,
-             "attention.head_count_kv": K, "context_length": 1024, "rope.freq_base": 10000.0,
-             "attention.layer_norm_rms_epsilon": 1e-5, "rope.dimension_count": H, "vocab_size": V}
+    tokens = tiny_vocab()
+    weights, model = tiny_llama_weights(0)
     tokenizer = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "smollm", "tokenizer.ggml.tokens": tokens,
                  "tokenizer.ggml.token_type": [3 if t in SPECIALS else 1 for t in tokens],
                  "tokenizer.ggml.merges": MERGES, "tokenizer.ggml.bos_token_id": 1,

@@ -121,6 +121,19 @@ def phase_train(cfg, run: dict) -> tuple[dict, dict]:
     return out, state["params"]
 
 
+def _timed_decode(gen, n: int) -> tuple[float, float]:
+    """(seconds of the first call, which compiles; seconds of the second) of gen(key), every row n tokens long."""
+    t0 = time.perf_counter()
+    _block(gen(jax.random.key(1)))
+    compile_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    out = _block(gen(jax.random.key(2)))
+    sec = time.perf_counter() - t0
+    if int(out.lengths.min()) != n:
+        raise RuntimeError(f"every row must decode all {n} tokens, shortest {int(out.lengths.min())}")
+    return compile_s, sec
+
+
 def phase_decode(cfg, params, run: dict) -> dict:
     dcfg = cfg.replace(param_dtype="bfloat16")
     params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)  # decode reads bf16 weights
@@ -131,14 +144,7 @@ def phase_decode(cfg, params, run: dict) -> dict:
     def gen(key):
         return sampling.generate(params, dcfg, prompts, key, max_new_tokens=n, temperature=1.0, eos_id=-1)
 
-    t0 = time.perf_counter()
-    _block(gen(jax.random.key(1)))
-    compile_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    out = _block(gen(jax.random.key(2)))
-    sec = time.perf_counter() - t0
-    if int(out.lengths.min()) != n:
-        raise RuntimeError(f"every row must decode all {n} tokens, shortest {int(out.lengths.min())}")
+    compile_s, sec = _timed_decode(gen, n)
     res = {"batch": b, "prompt": run["decode_prompt"], "new_tokens": n, "seconds": sec,
            "compile_plus_first_s": compile_s, "tokens_per_s": b * n / sec}
 
@@ -146,14 +152,7 @@ def phase_decode(cfg, params, run: dict) -> dict:
         return slot_sampling.generate_slots(params, dcfg, prompts, key, row_prompt=np.arange(b), slots=b,
                                             max_new_tokens=n, temperature=1.0, eos_id=-1)
 
-    t0 = time.perf_counter()
-    _block(slots(jax.random.key(1)))
-    compile_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    out = _block(slots(jax.random.key(2)))
-    sec = time.perf_counter() - t0
-    if int(out.lengths.min()) != n:
-        raise RuntimeError(f"every slot row must decode all {n} tokens, shortest {int(out.lengths.min())}")
+    compile_s, sec = _timed_decode(slots, n)
     res["continuous"] = {"seconds": sec, "compile_plus_first_s": compile_s, "tokens_per_s": b * n / sec}
     return res
 
