@@ -261,6 +261,7 @@ def _main(argv: list[str], locks: list) -> int:
         return 2
     if args.dry_run:
         print(preflight.compute_estimate(prep.cfg)[0])  # what the run prints as it starts
+        print(preflight.time_estimate(prep.cfg, prep.model_cfg, log=print)[0])
         print("config OK")
         return 0
     write_config_json(args.workdir, {**cfg_dict, prefix.RECORD_KEY: backend_kernels()})  # the kernels this process uses

@@ -30,7 +30,8 @@ import numpy as np
 from models import hf, hf_checks, lora, transformer
 from rewards.python_tool import chat_markers
 from rl import config_validation as cv
-from rl import context, memory_plan, prefix, pretrained
+from rl import calibration, context, memory_plan, prefix, pretrained
+from rl import time_estimate as time_est
 from rl.checkpoint import written_steps
 from rl.context import Prepared
 from rl.stages import sft_problem_count
@@ -302,6 +303,14 @@ def check_resume_compatible(workdir: str, config) -> None:
             f"{workdir} holds a run with a different config (config.json); resume needs the same config "
             f"(only run.*, log.* and model.{', model.'.join(RESUMABLE_MODEL_FIELDS)} may change) - use a new --workdir"
         )
+
+
+def time_estimate(config, model_cfg, log=None) -> tuple[str, dict]:
+    """(text, estimate): rl/time_estimate.py's seconds per phase at this machine's calibration (rl/calibration.py,
+    measured once per machine and code, a few seconds; `log` hears when it measures)."""
+    cal = calibration.load(log=log)
+    est = time_est.estimate(config, model_cfg, cal)
+    return time_est.text(est, cal), est
 
 
 def compute_estimate(config) -> tuple[str, dict]:

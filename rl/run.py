@@ -229,7 +229,9 @@ class Loop:
         c, mem = self.summary["compile"], self.summary["memory"]
         plan = (f" against a memory plan of {mem['plan_peak_gib']:.2f} GiB ({mem['peak_over_plan']:.2f}x)"
                 if "plan_peak_gib" in mem else "")
-        print(f"wall time {self.summary['wall_seconds']:.1f} s, of which compiling {c['seconds']:.1f} s ({c['compiles']} "
+        est = self.summary.get("time_estimate")
+        est = f" (estimated {est['total_warm_s']:.0f}-{est['total_s']:.0f} s)" if est else ""
+        print(f"wall time {self.summary['wall_seconds']:.1f} s{est}, of which compiling {c['seconds']:.1f} s ({c['compiles']} "
               f"programs, {c['cache_hits']} read from the compilation cache {c['cache_dir']}); peak RSS "
               f"{mem['peak_rss_gib']:.2f} GiB{plan}; summary in "
               f"{os.path.join(ctx.workdir, 'summary.json')}, curves in {os.path.join(ctx.workdir, 'curves.png')}, "
@@ -274,7 +276,10 @@ def train(config, workdir: str, config_path: str = "") -> dict:
     ctx.writer = mlib.MetricsWriter(workdir, tensorboard=cfg.log.tensorboard,
                                     truncate_after_step=(meta["global_unit"] if meta else -1))
     print(preflight.compute_estimate(cfg)[0], flush=True)
+    est_text, est = preflight.time_estimate(cfg, prep.model_cfg, log=clock.say)
+    print(est_text, flush=True)
     loop = Loop(ctx, list(cfg.stages), config_path)
+    loop.summary["time_estimate"] = {k: round(est[k], 1) for k in ("total_s", "total_warm_s", "compile_s", "eval_s")}
     loop.clock, loop.compile_start, loop.cache_dir = clock, compile_start, cache_dir
     loop.plan_peak_gib = prep.plan.peak / 2**30 if prep.plan is not None else 0.0
     try:

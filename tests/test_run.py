@@ -41,7 +41,7 @@ def _run_captured(workdir, *extra) -> str:
 
 
 def _without_wall(summary: dict) -> dict:
-    return {k: v for k, v in summary.items() if k not in ("wall_seconds", "compile", "memory")}
+    return {k: v for k, v in summary.items() if k not in ("wall_seconds", "compile", "memory", "time_estimate")}
 
 
 def tb_events(tb_dir):
@@ -97,7 +97,7 @@ def full_run(full_output):
 def test_tiny_run_writes_everything(full_run, capsys):
     summary = json.loads((full_run / "summary.json").read_text())
     assert set(summary) == {"eval", "best", "numbering", "wall_seconds", "compile", "memory", "config", "hacking",
-                            "kernels"}
+                            "kernels", "time_estimate"}
     # rl/compile_cache.py; >= 0: programs this pytest worker already traced for another test are not compiled again
     # (a fresh process's counts are tested in tests/test_compile_cache.py)
     assert summary["compile"]["seconds"] >= 0 and summary["compile"]["compiles"] >= 0
@@ -120,6 +120,16 @@ def test_tiny_run_writes_everything(full_run, capsys):
     evals = [r for r in recs if r["phase"] == "eval" and r.get("stage") == "cold_start"]
     assert len(evals) >= 3  # validation every 2 SFT epochs, plus the stage end: a curve for the cold start
     assert (full_run / "curves.png").stat().st_size > 10_000
+
+
+def test_time_estimate_holds_the_tiny_run_to_2x(full_run):
+    """rl/time_estimate.py against the run it estimated: the work besides compiling (which this pytest worker may
+    have done already for another test) within 2x of the estimate, on this machine's calibration."""
+    summary = json.loads((full_run / "summary.json").read_text())
+    est = summary["time_estimate"]
+    work = summary["wall_seconds"] - summary["compile"]["seconds"]
+    est_work = est["total_s"] - est["compile_s"]
+    assert est_work / 2 <= work <= 2 * est_work, (work, est)
 
 
 def test_config_and_summary_record_the_kernels(full_run):

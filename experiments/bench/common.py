@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 import psutil
 
+from rl.calibration import cpu_info  # noqa: F401 - the benches' CPU record (one owner: the calibration key)
 from rl.context import backend_kernels
 
 backend_kernels()  # the kernels a run uses (the native CPU kernels on a CPU host), as rl/context.py registers them
@@ -92,29 +93,6 @@ def peak_rss_mib() -> float:
 def current_rss_mib() -> float:
     """Current resident set size in MiB (psutil)."""
     return psutil.Process(os.getpid()).memory_info().rss / 2**20
-
-
-def cpu_info(path: str = "/proc/cpuinfo") -> dict:
-    """The CPU a figure was measured on: model name, vendor family / model, and the SIMD / matrix extensions that
-    decide XLA's CPU kernels (AVX-512, its bf16 / VNNI parts, AMX). Machines of one kind differ by 2x and in kind, so
-    every benchmark records this next to its numbers."""
-    fields = {}
-    try:
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                if ":" not in line:
-                    if fields:
-                        break  # the first processor's block is enough
-                    continue
-                k, v = (x.strip() for x in line.split(":", 1))
-                fields.setdefault(k, v)
-    except OSError:
-        return {"model_name": "unknown"}
-    flags = set(fields.get("flags", "").split())
-    wanted = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
-    return {"model_name": fields.get("model name", "unknown"), "vendor": fields.get("vendor_id", ""),
-            "family": fields.get("cpu family", ""), "model": fields.get("model", ""),
-            "flags": [f for f in wanted if f in flags]}
 
 
 def machine_info() -> dict:

@@ -1,0 +1,181 @@
+"""How long a run will take, phase by phase, before it starts: FLOPs and bytes at this machine's measured speed.
+
+    est = time_estimate.estimate(cfg, model_cfg, calibration.load())
+    print(time_estimate.text(est))       # the dry run and the run's start print this next to the memory plan
+    est["total_s"], est["compile_s"], est["eval_s"], est["stages"][i]["unit_s"]
+
+Each phase is a sum of a few terms from rl/calibration.py's figures, times a factor this project measured (below):
+- sampling: the answers decode through `sampling.batch_rows` slots (continuous batching: a finished row's slot takes
+  the next row), `EXPECTED_LENGTH` of max_new_tokens on average (the shipped recipes' answers: SmolLM2's mean length
+  98 -> 47 of 128 tokens over a run, the toy's ~0.6); a decode step costs its FLOPs at the matmul rate of its rows,
+  its bytes (every weight and the KV cache) at the memory bandwidth, and a fixed cost per kernel
+  (KERNELS_PER_LAYER x layers, at the calibration's loop_op_s). Prefill: the prompts' forward.
+- reference / old-policy logprobs: one forward over the padded batch per pass (the mismatch check always, the KL
+  reference when the stage has one), at the large-rows matmul rate.
+- the update: models.flops.train_flops over the padded batch x epochs (LoRA's cheaper backward included).
+- an evaluation: (n_val + n_test) x (1 + k) answers through the same sampler.
+- compiling: `compile_s` of the calibration's reference program x COMPILE_UNITS per program family the run builds
+  (sampler, train step, logprob pass, evaluation); a second launch reads them from the compilation cache
+  (WARM_COMPILE_SHARE of that).
+- per unit: UNIT_OVERHEAD_S (host work: batching, rewards, metrics, a checkpoint).
+
+The factors are from measurements in this project (docs/training.md "How long will it take?" shows the estimate
+against real runs; tests/test_time_estimate.py holds a tiny run to within 2x): they are the ratio of what the
+programs really take to the roofline terms above, whatever the machine. An estimate, not a promise: a loaded
+machine, answers longer than EXPECTED_LENGTH or a slower disk move it.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from models import flops
+from rl import calibration
+from rl import config_validation as cv
+
+EXPECTED_LENGTH = 0.6  # mean answer length / max_new_tokens on the shipped recipes (module docstring)
+KERNELS_PER_LAYER = 40  # fixed-cost kernels of one block's decode step (norms, projections, rotary, cache update, ...)
+DECODE_FACTOR = 2.0  # measured decode time / its roofline terms (sampling at batch 64 on SmolLM2: ~2x)
+FORWARD_FACTOR = 2.0  # measured logprob pass / its FLOPs at the matmul rate (SmolLM2 reference + mismatch: ~2x)
+TRAIN_FACTOR = 1.5  # measured update / its FLOPs at the matmul rate (SmolLM2 LoRA update: ~1.4x, system CPU incl.)
+COMPILE_UNITS = 25.0  # a program family's compile time in reference-program compiles
+WARM_COMPILE_SHARE = 0.55  # reading a run's programs back from the compilation cache vs compiling them
+UNIT_OVERHEAD_S = 0.3
+
+
+def _itemsize(dtype: str) -> int:
+    return 2 if dtype in ("bfloat16", "float16") else 4
+
+
+def weight_bytes(m, dtype: str) -> float:
+    """Bytes a decode step reads for the weights: every block weight and the LM head once."""
+    return (flops.body_weights(m) + flops.head_weights(m)) * _itemsize(dtype)
+
+
+def decode_s(m, cal: dict, *, rows: int, prompts: int, prompt_len: int, new_tokens: int, slots: int,
+             dtype: str) -> float:
+    """Seconds to draw `rows` answers of ~EXPECTED_LENGTH x new_tokens tokens for `prompts` prompts of prompt_len."""
+    if rows <= 0:
+        return 0.0
+    length = max(1.0, EXPECTED_LENGTH * new_tokens)
+    active = min(slots, rows)
+    steps = max(length, rows * length / slots)  # slots refill as rows finish: total tokens / slots, at least one row
+    ctx = prompt_len + length / 2  # keys a decode step's query sees on average
+    step_flops = 2.0 * (flops.body_weights(m) + flops.head_weights(m)) * active + flops._attention_per_pair(m) * active * ctx
+    kv = active * (prompt_len + new_tokens) * m.n_layers * 2 * m.n_kv_heads * m.head_dim * _itemsize(dtype)
+    step_s = (step_flops / calibration.matmul_rate(cal, active) + (weight_bytes(m, dtype) + kv) / (cal["bandwidth_gbs"] * 1e9)
+              + KERNELS_PER_LAYER * m.n_layers * cal["loop_op_s"])
+    prefill = forward_s(m, cal, tokens=prompts * prompt_len, seq_len=prompt_len)
+    return DECODE_FACTOR * steps * step_s + prefill
+
+
+def forward_s(m, cal: dict, *, tokens: float, seq_len: float) -> float:
+    """Seconds of one forward (logits at every position) over `tokens` padded tokens in rows of seq_len."""
+    f = flops.forward_flops(m, tokens, pairs=tokens * (seq_len + 1) / 2)
+    return FORWARD_FACTOR * f / calibration.matmul_rate(cal, tokens)
+
+
+def train_s(m, cal: dict, *, tokens: float, seq_len: float, step_tokens: float) -> float:
+    """Seconds of forward + backward over `tokens` padded tokens in rows of seq_len, steps of step_tokens."""
+    f = flops.train_flops(m, tokens, pairs=tokens * (seq_len + 1) / 2)
+    return TRAIN_FACTOR * f / calibration.matmul_rate(cal, step_tokens)
+
+
+def _stage(s, cfg, m, cal: dict) -> dict:
+    """Seconds per unit of one stage, by part."""
+    P, N = cfg.tasks.max_prompt_len, cfg.sampling.max_new_tokens
+    smp = cfg.sampling
+    dtype = getattr(s, "sampler_dtype", "") or smp.dtype or m.dtype
+    seq = P + N
+    if s.kind == "sft":
+        n = s.n_problems or cfg.tasks.n_train
+        parts = {"update": s_train(m, cal, n * seq, seq, s.batch_size * seq)}
+    elif s.kind == "rejection":
+        rows = s.n_problems * s.samples
+        parts = {"sampling": decode_s(m, cal, rows=rows, prompts=s.n_problems, prompt_len=P, new_tokens=N,
+                                      slots=smp.batch_rows, dtype=dtype),
+                 "update": s.epochs * s_train(m, cal, rows * seq, seq, s.batch_size * seq)}
+    else:
+        sizes = s.group_sizes()
+        rows = int(round(s.n_prompts * float(np.mean(sizes))))
+        grouped = s.rl.batch_layout != "flat" and not s.records_routes and len(set(sizes)) == 1
+        tokens = s.n_prompts * P + rows * N if grouped else rows * seq  # grouped: each prompt once (grouped_batch)
+        passes = 1 + int(bool(s.uses_reference))  # the old-policy / mismatch logprobs, the KL reference
+        parts = {"sampling": decode_s(m, cal, rows=rows, prompts=s.n_prompts, prompt_len=P, new_tokens=N,
+                                      slots=smp.batch_rows, dtype=dtype),
+                 "logprobs": passes * forward_s(m, cal, tokens=tokens, seq_len=seq),
+                 "update": s.rl.epochs * s_train(m, cal, tokens, seq, s.token_budget)}
+    parts["host"] = UNIT_OVERHEAD_S
+    return parts
+
+
+def s_train(m, cal, tokens, seq, step_tokens):
+    return train_s(m, cal, tokens=tokens, seq_len=seq, step_tokens=min(tokens, step_tokens))
+
+
+def eval_answers(cfg) -> int:
+    e = cfg.eval
+    return (e.n_val + e.n_test) * (1 + e.k)
+
+
+def estimate(config, model_cfg, cal: dict) -> dict:
+    """Seconds per phase of a validated config on the run's model (rl.context.build_model_cfg), at `cal`
+    (rl.calibration.load()): {"stages": [{"name", "kind", "units", "parts": {part: s per unit}, "unit_s",
+    "stage_s"}], "eval_s" (one evaluation), "n_evals", "compile_s" (cold), "compile_warm_s", "total_s" (cold),
+    "total_warm_s"}."""
+    cfg = cv.typed(config)
+    e = cfg.eval
+    m = model_cfg
+    stages = []
+    for s in cfg.stages:
+        parts = _stage(s, cfg, m, cal)
+        unit = sum(parts.values())
+        stages.append({"name": s.name, "kind": s.kind, "units": s.units, "parts": parts, "unit_s": unit,
+                       "stage_s": unit * s.units,
+                       "mid_evals": (s.units - 1) // e.every if e.every else 0})
+    answers = eval_answers(cfg)
+    eval_s = decode_s(m, cal, rows=answers, prompts=e.n_val + e.n_test, prompt_len=cfg.tasks.max_prompt_len,
+                      new_tokens=cfg.sampling.max_new_tokens, slots=cfg.sampling.batch_rows,
+                      dtype=cfg.sampling.dtype or m.dtype) if answers else 0.0
+    n_evals = int(e.initial) + len(stages) + sum(st["mid_evals"] for st in stages) \
+        + int(bool(cfg.checkpoint.keep_best))  # the best policy's test evaluation at the end
+    families = 1 + len({s.kind for s in cfg.stages}) + (1 if any(s.kind in ("grpo", "ppo") for s in cfg.stages) else 0)
+    compile_s = cal["compile_s"] * COMPILE_UNITS * families * _size_factor(m)
+    work = sum(st["stage_s"] for st in stages) + n_evals * eval_s
+    return {"stages": stages, "eval_s": eval_s, "n_evals": n_evals, "compile_s": compile_s,
+            "compile_warm_s": WARM_COMPILE_SHARE * compile_s, "total_s": work + compile_s,
+            "total_warm_s": work + WARM_COMPILE_SHARE * compile_s}
+
+
+def _size_factor(m) -> float:
+    """Compile work grows with the distinct layer groups a program unrolls or scans (scanned: one body per group)
+    and, slowly, with the widths."""
+    groups = 1 if getattr(m, "scan_layers", False) else m.n_layers
+    return math.sqrt(groups) * (1.0 + math.log2(max(m.d_model, 64) / 64) / 4)
+
+
+def fmt_s(x: float) -> str:
+    if x < 90:
+        return f"{x:.0f} s" if x >= 10 else f"{x:.1f} s"
+    if x < 5400:
+        return f"{x / 60:.1f} min"
+    return f"{x / 3600:.1f} h"
+
+
+def text(est: dict, cal: dict | None = None) -> str:
+    """The estimate as the dry run prints it."""
+    lines = ["time estimate (this machine's measured speed; answers at "
+             f"{EXPECTED_LENGTH:.0%} of max_new_tokens on average):"]
+    for st in est["stages"]:
+        parts = ", ".join(f"{k} {fmt_s(v)}" for k, v in st["parts"].items())
+        lines.append(f"  {st['name']:<16}{st['units']:>5} units x {fmt_s(st['unit_s']):>8} = {fmt_s(st['stage_s']):>8}"
+                     f"   (per unit: {parts})")
+    lines.append(f"  evaluations     {est['n_evals']:>5} x {fmt_s(est['eval_s']):>8} = "
+                 f"{fmt_s(est['n_evals'] * est['eval_s']):>8}")
+    lines.append(f"  compiling       {fmt_s(est['compile_s'])} cold, ~{fmt_s(est['compile_warm_s'])} from the "
+                 "compilation cache")
+    lines.append(f"  total ~{fmt_s(est['total_s'])} (~{fmt_s(est['total_warm_s'])} with the programs cached)"
+                 + (f"; calibration: matmul {max(cal['matmul_gflops'].values()):.0f} GFLOP/s, memory "
+                    f"{cal['bandwidth_gbs']:.0f} GB/s" if cal else ""))
+    return "\n".join(lines)
