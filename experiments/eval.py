@@ -50,7 +50,7 @@ from models.tokenizer import HFTokenizer
 from rewards.python_tool import TOOL_SYSTEM_PROMPT, chat_markers
 from rl import checkpoint as ck
 from rl import config_validation as cv
-from rl import context, prefix, rollout, tasks
+from rl import compile_cache, context, prefix, rollout, tasks
 from rl import evaluation as ev
 from rl import metrics as mlib
 from rl.checkpoint import CheckpointError
@@ -69,6 +69,7 @@ def open_run(workdir: str, ckpt: str, *, mix: str = "", split: str = "test", n: 
     cfg, _, params, _ = ck.load_policy(workdir, ckpt)
     path, step, meta = ck.find_policy(workdir, ckpt)
     cfg = {k: v for k, v in json.loads(json.dumps(cfg)).items() if k != prefix.RECORD_KEY}  # the config, not the record
+    compile_cache.enable(cfg["run"]["compile_cache"])  # the run's programs, or a previous eval's, read back
     t = cfg["tasks"]
     if mix:
         t["mix"] = mix
@@ -119,6 +120,7 @@ def open_pretrained(path: str, *, mix: str, n: int, lang: str = "en", difficulty
                        tasks=cv.TasksSection(mix=mix, lang=lang, difficulty=difficulty, n_test=n, n_val=1, n_train=1,
                                              max_prompt_len=max_prompt_len or 4096),
                        sampling=cv.SamplingSection(max_new_tokens=max_new_tokens, batch_rows=batch_rows))
+    compile_cache.enable(cfg.run.compile_cache)  # a second evaluation of the model reads its programs back
     model_cfg, params = hf.load(path)
     tok = HFTokenizer.from_pretrained(path)
     if tok.chat_template is None:

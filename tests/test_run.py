@@ -328,6 +328,19 @@ def test_sample_and_eval_commands_on_a_finished_run(full_run, capsys):
     assert eval_cmd.main(["--workdir", str(full_run), "--ckpt", "99"]) == 2
 
 
+def test_sample_and_eval_read_the_runs_compiled_programs(full_run, monkeypatch, capsys):
+    """experiments.sample / eval turn on the compilation cache the run used (run.compile_cache), so a second call
+    reads its programs back instead of compiling them again."""
+    from experiments import sample as sample_cmd
+    from rl import compile_cache
+
+    seen = []
+    monkeypatch.setattr(compile_cache, "enable", lambda setting="auto": seen.append(setting))
+    assert sample_cmd.main(["--workdir", str(full_run), "--ckpt", "last", "--prompt", "2+3", "--k", "0"]) == 0
+    run_setting = json.loads((full_run / "config.json").read_text())["run"]["compile_cache"]
+    assert seen == [run_setting]
+
+
 def test_one_numbering_of_units_everywhere(full_output, capsys):
     """The best policy has one name on the console, in summary.json and in experiments.sample / eval: its unit
     within its stage from 1, and its checkpoint number (the global unit, what --ckpt takes)."""
