@@ -10,9 +10,10 @@ Each phase is a sum of a few terms from rl/calibration.py's figures, times a fac
   98 -> 47 of 128 tokens over a run, the toy's ~0.6); a decode step costs its FLOPs at the matmul rate of its rows,
   its bytes (every weight and the KV cache) at the memory bandwidth, and a fixed cost per kernel
   (KERNELS_PER_LAYER x layers, at the calibration's loop_op_s). Prefill: the prompts' forward.
-- reference / old-policy logprobs: one forward over the padded batch per pass (the mismatch check always, the KL
-  reference when the stage has one), at the large-rows matmul rate.
-- the update: models.flops.train_flops over the padded batch x epochs (LoRA's cheaper backward included).
+- logprobs: the KL reference's forward over the padded batch (when the stage has one) and the sampler / trainer
+  check over one minibatch (PPO: the old logprobs and values over the batch), at the matmul rate of their tokens.
+- the update: models.flops.train_flops over the padded batch x epochs (LoRA's cheaper backward included), on
+  EXPECTED_KEPT of the groups when groups without reward variance are dropped (filter_zero_variance).
 - an evaluation: (n_val + n_test) x (1 + k) answers through the same sampler.
 - compiling: `compile_s` of the calibration's reference program x COMPILE_UNITS per program family the run builds
   (sampler, train step, logprob pass, evaluation); a second launch reads them from the compilation cache
@@ -36,9 +37,10 @@ from rl import config_validation as cv
 
 EXPECTED_LENGTH = 0.6  # mean answer length / max_new_tokens on the shipped recipes (module docstring)
 KERNELS_PER_LAYER = 40  # fixed-cost kernels of one block's decode step (norms, projections, rotary, cache update, ...)
-DECODE_FACTOR = 2.0  # measured decode time / its roofline terms (sampling at batch 64 on SmolLM2: ~2x)
-FORWARD_FACTOR = 2.0  # measured logprob pass / its FLOPs at the matmul rate (SmolLM2 reference + mismatch: ~2x)
-TRAIN_FACTOR = 1.5  # measured update / its FLOPs at the matmul rate (SmolLM2 LoRA update: ~1.4x, system CPU incl.)
+DECODE_FACTOR = 1.0  # measured decode time / its roofline terms (SmolLM2 rollouts at 64 slots: ~1x)
+FORWARD_FACTOR = 1.2  # measured logprob pass / its FLOPs at the matmul rate (SmolLM2 reference pass: ~1.1-1.2x)
+TRAIN_FACTOR = 1.6  # measured update / its FLOPs at the matmul rate (SmolLM2 LoRA update: ~1.6x, system CPU incl.)
+EXPECTED_KEPT = 0.6  # groups with reward variance that train (filter_zero_variance; SmolLM2: 0.12-0.88 per iteration)
 COMPILE_UNITS = 25.0  # a program family's compile time in reference-program compiles
 WARM_COMPILE_SHARE = 0.55  # reading a run's programs back from the compilation cache vs compiling them
 UNIT_OVERHEAD_S = 0.3
@@ -101,11 +103,18 @@ def _stage(s, cfg, m, cal: dict) -> dict:
         rows = int(round(s.n_prompts * float(np.mean(sizes))))
         grouped = s.rl.batch_layout != "flat" and not s.records_routes and len(set(sizes)) == 1
         tokens = s.n_prompts * P + rows * N if grouped else rows * seq  # grouped: each prompt once (grouped_batch)
-        passes = 1 + int(bool(s.uses_reference))  # the old-policy / mismatch logprobs, the KL reference
+        step_rows = max(1, s.token_budget // seq)
+        kept = EXPECTED_KEPT if getattr(s, "filter_zero_variance", False) else 1.0
+        # the KL reference over the batch; the sampler / trainer check over one minibatch (PPO: the whole batch,
+        # with its values)
+        check = tokens if s.kind == "ppo" else min(rows, step_rows) * seq
+        logprobs = forward_s(m, cal, tokens=check, seq_len=seq)
+        if s.uses_reference:
+            logprobs += forward_s(m, cal, tokens=tokens, seq_len=seq)
         parts = {"sampling": decode_s(m, cal, rows=rows, prompts=s.n_prompts, prompt_len=P, new_tokens=N,
                                       slots=smp.batch_rows, dtype=dtype),
-                 "logprobs": passes * forward_s(m, cal, tokens=tokens, seq_len=seq),
-                 "update": s.rl.epochs * s_train(m, cal, tokens, seq, s.token_budget)}
+                 "logprobs": logprobs,
+                 "update": s.rl.epochs * kept * s_train(m, cal, tokens, seq, s.token_budget)}
     parts["host"] = UNIT_OVERHEAD_S
     return parts
 
