@@ -45,7 +45,8 @@ def with_added_defaults(old: dict, new: dict) -> dict:
     so resuming it, seeding from it or reusing it stays possible. Likewise a stage key its kind no longer has and
     never read (rl.stages.legacy_keys: GRPO's gamma, ...) is dropped when `new` lacks it, and a stage written before
     algorithm names existed takes `new`'s names: a name only sets fields, which are compared themselves. Any other
-    difference is kept. The RECORD_KEY entry (which kernels the launching process used) is dropped: it is not a config field."""
+    difference is kept. The RECORD_KEY entry (which kernels the launching process used) is dropped: it is not a
+    config field."""
     def fill(o, n, d):
         if isinstance(o, dict) and isinstance(n, dict):
             out = dict(o)

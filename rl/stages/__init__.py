@@ -43,8 +43,8 @@ KINDS: dict[str, Kind] = {
 }
 CONFIGS: dict[str, type] = {k: v.config for k, v in KINDS.items()}
 
-__all__ = ["KINDS", "CONFIGS", "parse_stage", "defaults", "with_algorithm", "flat_fields", "legacy_keys", "sft_problem_count",
-           "FieldErrors", "init", "unit", "tree", "meta", "template", "load", "policy_params",
+__all__ = ["KINDS", "CONFIGS", "parse_stage", "defaults", "with_algorithm", "flat_fields", "legacy_keys",
+           "sft_problem_count", "FieldErrors", "init", "unit", "tree", "meta", "template", "load", "policy_params",
            "carried_params", "check_trained"]
 
 
@@ -54,7 +54,7 @@ def _kind_error(kind) -> FieldErrors:
 
 def parse_stage(d: dict):
     """The typed config of one `stages` entry (plain dict); FieldErrors names each bad field. A named algorithm
-    (`algorithm`) first fills in the fields the entry leaves at its kind's defaults (rl/stages/algorithms.py)."""
+    (`algorithm`) first puts its fields in place (with_algorithm, rl/stages/algorithms.py)."""
     kind = d.get("kind") if isinstance(d, dict) else None
     if kind not in CONFIGS:
         raise _kind_error(kind)
