@@ -80,6 +80,10 @@ def test_a_name_runs_only_in_its_kind():
         parse(stage("ppo", algorithm="dapo"))
     with pytest.raises(stages.FieldErrors, match="algorithm must be one of"):
         parse(stage("grpo", algorithm="grpo_plus"))
+    entry = to_dict(stage("grpo", algorithm="dapo"))
+    entry["applied_algorithm"] = "ppo"  # a hand-edited record the fields cannot be moved from
+    with pytest.raises(stages.FieldErrors, match="applied_algorithm 'ppo' is not a grpo algorithm"):
+        stages.parse_stage(entry)
 
 
 def test_explicit_fields_override_the_name():

@@ -22,7 +22,9 @@ iteration alone, an ~11 min compile, 38.5-39.3 min per run alone.
 
 Variants: seed=N; lora=0 (full fine-tuning, lr 1e-5: +44.1 points on seed 0 against LoRA's +47.3, a 201 s
 compile against ~640 s; REPRODUCING.md); variant=tiny (tests: the same recipe on the qwen_gsm8k tiny files, a
-random qwen3 checkpoint with a ChatML template, in seconds).
+random qwen3 checkpoint with a ChatML template, in seconds). The stage is named (`algorithm="dapo"` with the KL kept):
+`--config.stages[0].algorithm=gspo` (or dr_grpo, cispo, grpo, ...) switches its algorithm in one override
+(docs/training.md, "Algorithms by name"); `--config.model.lora=None` alone keeps LoRA's lr and is warned (use lora=0).
 """
 from experiments.configs.common import base_config, check_variant, parse_arg, stage
 from experiments.configs.qwen_gsm8k import make_tiny_files

@@ -140,6 +140,9 @@ def cross_checks(cfg):
     """Rules between sections (each section checks its own fields)."""
     if msg := algorithms.kind_error(cfg.rl.algorithm, cfg.KIND):
         yield "algorithm", msg
+    elif cfg.rl.applied_algorithm != cfg.rl.algorithm:  # rl.stages.with_algorithm could not move the fields from it
+        yield "applied_algorithm", (f"{cfg.rl.applied_algorithm!r} is not a {cfg.KIND} algorithm; it is written by "
+                                    "stage() and config.json, not by hand: remove it")
     if cfg.tools.on and records_routes(cfg):
         yield "tools", "tool rollouts record no MoE routes: turn routing_replay and record_routes off"
     try:
