@@ -295,11 +295,14 @@ MESH_AXES = tuple(f.name for f in dataclasses.fields(MeshSection))
 
 
 def stage(kind: str, name: str | None = None, **overrides) -> ml_collections.ConfigDict:
-    """One `stages` entry of the given kind with every field at its default plus `overrides`."""
+    """One `stages` entry of the given kind with every field at its default plus `overrides`; with
+    `algorithm=NAME` among them, the name's fields (rl/stages/algorithms.py) come between the two."""
     if kind not in stage_lib.CONFIGS:
         raise ConfigError(f"stage kind must be one of {'|'.join(stage_lib.CONFIGS)}, got {kind!r}")
     d = stage_lib.defaults(kind)
     d["name"] = name or kind
+    if overrides.get("algorithm"):  # the name's fields first, the overrides on top (rl/stages/algorithms.py)
+        d = stage_lib.with_algorithm(kind, {**d, "algorithm": overrides["algorithm"]})
     cur = overrides.pop("curriculum", None)
     if cur:
         unknown = set(cur) - set(d.get("curriculum", {}))

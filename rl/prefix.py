@@ -43,8 +43,10 @@ def with_added_defaults(old: dict, new: dict) -> dict:
     """`old` (a stored config.json) plus every field that `new` has, `old` lacks and `new` holds at its default:
     a field added to the code after that run was launched, left at its default, changes nothing the run computed,
     so resuming it, seeding from it or reusing it stays possible. Likewise a stage key its kind no longer has and
-    never read (rl.stages.legacy_keys: GRPO's gamma, ...) is dropped when `new` lacks it. Any other difference is
-    kept. The RECORD_KEY entry (which kernels the launching process used) is dropped: it is not a config field."""
+    never read (rl.stages.legacy_keys: GRPO's gamma, ...) is dropped when `new` lacks it, and a stage written before
+    algorithm names existed takes `new`'s names: a name only sets fields, which are compared themselves. Any other
+    difference is kept. The RECORD_KEY entry (which kernels the launching process used) is dropped: it is not a
+    config field."""
     def fill(o, n, d):
         if isinstance(o, dict) and isinstance(n, dict):
             out = dict(o)
@@ -69,6 +71,9 @@ def with_added_defaults(old: dict, new: dict) -> dict:
             if isinstance(st, dict) and i < len(news) and isinstance(news[i], dict):
                 for k in set(stage_kinds.legacy_keys(st.get("kind"))) - set(news[i]):
                     st.pop(k, None)
+                for k in ("algorithm", "applied_algorithm"):
+                    if k not in st and k in news[i]:
+                        st[k] = news[i][k]
     return out
 
 

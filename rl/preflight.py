@@ -30,11 +30,11 @@ import numpy as np
 from models import hf, hf_checks, lora, transformer
 from rewards.python_tool import chat_markers
 from rl import config_validation as cv
-from rl import calibration, context, memory_plan, prefix, pretrained
+from rl import calibration, config_warnings, context, memory_plan, prefix, pretrained
 from rl import time_estimate as time_est
 from rl.checkpoint import written_steps
 from rl.context import Prepared
-from rl.stages import sft_problem_count
+from rl.stages import algorithms, sft_problem_count
 from rl.stages.common import stage_problems
 
 
@@ -140,6 +140,8 @@ def prepare(config, *, environment: bool = True, port: bool = False, workdir: st
     cfg = cv.typed(config)
     if not environment:
         return context.prepare_inputs(cfg)
+    for line in choices(cfg) if verbose else ():
+        print(line, flush=True)
     errors, notes = [], []
     field = context.checkpoint_field(cfg.model)  # "hf_path" / "pretrained" / "" (from scratch)
     hf_path = _collect(errors, lambda: context.checkpoint_path(cfg.model)) if field else ""
@@ -206,6 +208,14 @@ def prepare(config, *, environment: bool = True, port: bool = False, workdir: st
     train, val, test = splits
     return Prepared(cfg=cfg, model_cfg=model_cfg, tok=tok, train=tuple(train), val=tuple(val), test=tuple(test),
                     plan=plan, notes=tuple(ported))
+
+
+def choices(cfg: cv.RunConfig) -> list[str]:
+    """What each stage's algorithm name set and what the config overrode (rl/stages/algorithms.py), then every
+    warning on a value chosen for another setting (rl/config_warnings.py): the lines the dry run and the launch print
+    before the checks. Warnings never stop a run."""
+    lines = [f"stages[{i}]: {line}" for i, st in enumerate(cfg.stages) for line in algorithms.describe(st)]
+    return lines + [f"warning: {w}" for w in config_warnings.warnings(cfg)]
 
 
 def _tool_markers(tok, where: str) -> None:

@@ -189,10 +189,12 @@ def test_stage_entries_of_an_old_config_json_keep_their_meaning():
         for e in entries:
             legacy = stages.legacy_keys(e["kind"])
             cfg = stages.parse_stage(e)
-            added = {"tools"} if e["kind"] in ("grpo", "ppo") else set()  # sections added since, at their off default
+            names = {"algorithm", "applied_algorithm"}
+            added = {"tools", *names} if e["kind"] in ("grpo", "ppo") else set()  # added since, off by default
             assert {k: v for k, v in cfg.to_dict().items() if k not in added} == \
                 {k: v for k, v in e.items() if k not in legacy}, (name, e["kind"])
-            assert all(not getattr(cfg, k).on for k in added)
+            assert all(not getattr(cfg, k).on for k in added - names)
+            assert all(cfg.to_dict()[k] == "" for k in added & names)
             new.append(cfg.to_dict())
         assert prefix.with_added_defaults({"stages": entries}, {"stages": new})["stages"] == new
     ppo = next(e for e in old["ppo_arith"] if e["kind"] == "ppo")

@@ -13,10 +13,11 @@ loop, rl.train_loop.train_on. A new kind is a new module registered in KINDS.
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable, NamedTuple
 
 from rl.config_fields import FieldErrors
-from rl.stages import common, grpo, iteration, ppo, rejection, sft
+from rl.stages import algorithms, common, grpo, iteration, ppo, rejection, sft
 from rl.stages.common import flat_fields, from_flat
 from rl.train_loop import check_trained as check_trained_carry
 
@@ -42,8 +43,8 @@ KINDS: dict[str, Kind] = {
 }
 CONFIGS: dict[str, type] = {k: v.config for k, v in KINDS.items()}
 
-__all__ = ["KINDS", "CONFIGS", "parse_stage", "defaults", "flat_fields", "legacy_keys", "sft_problem_count",
-           "FieldErrors", "init", "unit", "tree", "meta", "template", "load", "policy_params",
+__all__ = ["KINDS", "CONFIGS", "parse_stage", "defaults", "with_algorithm", "flat_fields", "legacy_keys",
+           "sft_problem_count", "FieldErrors", "init", "unit", "tree", "meta", "template", "load", "policy_params",
            "carried_params", "check_trained"]
 
 
@@ -52,11 +53,12 @@ def _kind_error(kind) -> FieldErrors:
 
 
 def parse_stage(d: dict):
-    """The typed config of one `stages` entry (plain dict); FieldErrors names each bad field."""
+    """The typed config of one `stages` entry (plain dict); FieldErrors names each bad field. A named algorithm
+    (`algorithm`) first puts its fields in place (with_algorithm, rl/stages/algorithms.py)."""
     kind = d.get("kind") if isinstance(d, dict) else None
     if kind not in CONFIGS:
         raise _kind_error(kind)
-    return from_flat(CONFIGS[kind], d)
+    return from_flat(CONFIGS[kind], with_algorithm(kind, d))
 
 
 def defaults(kind: str) -> dict:
@@ -64,6 +66,17 @@ def defaults(kind: str) -> dict:
     if kind not in CONFIGS:
         raise _kind_error(kind)
     return CONFIGS[kind]().to_dict()
+
+
+@functools.cache
+def _kind_defaults(kind: str) -> dict:
+    """defaults(kind), built once (read only)."""
+    return defaults(kind)
+
+
+def with_algorithm(kind: str, entry: dict) -> dict:
+    """A flat stage entry with its algorithm name's fields in place (rl/stages/algorithms.py, resolve)."""
+    return algorithms.resolve(kind, entry, _kind_defaults(kind))
 
 
 def legacy_keys(kind: str) -> dict:

@@ -22,12 +22,21 @@ from rl.curriculum import CurriculumConfig
 from rl.kl_control import KLConfig
 from rl.losses import LossConfig
 from rl.offpolicy import OffPolicyConfig
-from rl.stages import iteration
+from rl.stages import algorithms, iteration
 from rl.stages.common import Flat, StageInfo, section
 from rl.tool_rollout import ToolsConfig
 from rl.train_loop import LoopConfig
 
 ADVANTAGES = ("grpo", "rloo", "reinforce_pp")  # rl.advantages.ESTIMATORS by config name (grpo: dr_grpo unscaled)
+
+
+def advantage_check(v) -> str | None:
+    """One of ADVANTAGES; an algorithm's name (dr_grpo, dapo, ...) gets the field that takes it."""
+    msg = choice(*ADVANTAGES)(v)
+    if msg and v in algorithms.ALGORITHMS:
+        msg += (f"; {v!r} is an algorithm, not an advantage estimator: set algorithm={v!r} instead (it sets "
+                f"{algorithms.settings(v)})")
+    return msg
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -48,7 +57,7 @@ class GRPOConfig(iteration.RLStageMethods, Flat):
     curriculum: CurriculumConfig = section(CurriculumConfig, "difficulty-stratified sampling", nested=True)
     tools: ToolsConfig = section(ToolsConfig, "tool calls during rollouts (rl/tool_rollout.py)", nested=True)
     advantage: str = field("grpo", "grpo (group mean/std) | rloo (leave-one-out) | reinforce_pp (rewards whitened "
-                                   "over the batch, no group baseline)", choice(*ADVANTAGES))
+                                   "over the batch, no group baseline)", advantage_check)
     scale_by_std: bool = field(True, "divide by the group std (False = Dr. GRPO); advantage grpo only (set False "
                                      "with rloo and reinforce_pp)", boolean)
     filter_zero_variance: bool = field(True, "drop groups whose rewards are all equal (zero advantage)", boolean)

@@ -51,7 +51,7 @@ from rl import curriculum as cur
 from rl import grouped_batch, kl_control, losses, offpolicy, reward_terms, rollout, schedules, tool_rollout
 from rl.config_fields import Checked, boolean, choice, field, integer, num
 from rl.losses import LossConfig
-from rl.stages import common
+from rl.stages import algorithms, common
 from rl.stages.common import Base
 from rl.train_loop import router_metrics, step_stats
 
@@ -65,6 +65,13 @@ class IterationConfig(Checked):
     """The iteration's own fields (GRPO and PPO): how much to sample, at which temperature, how to update, the
     stage's reward terms and the sampler / trainer mismatch switches."""
 
+    algorithm: str = field("", "an RL algorithm by name (rl/stages/algorithms.py; docs/training.md): sets the fields "
+                               "its paper uses that the stage leaves at their defaults: grpo | dr_grpo | dapo | gspo | "
+                               "cispo | rloo | reinforce_pp (kind grpo) | ppo (kind ppo); '' = the fields as written",
+                           choice("", *algorithms.NAMES))
+    applied_algorithm: str = field("", "written by stage() and config.json, not by hand: the algorithm whose fields "
+                                       "the entry already holds; a new `algorithm` replaces only the fields still at "
+                                       "that name's values ('' = the kind's defaults)", choice("", *algorithms.NAMES))
     iterations: int = field(50, "RL iterations (sample -> score -> update)", integer(1, 10**6))
     n_prompts: int = field(16, "problems per iteration", integer(1, 10**6))
     samples: int = field(8, "answers per problem (GRPO group size K) when the curriculum is off", integer(1, 4096))
@@ -131,6 +138,11 @@ def group_sizes(cfg) -> list[int]:
 
 def cross_checks(cfg):
     """Rules between sections (each section checks its own fields)."""
+    if msg := algorithms.kind_error(cfg.rl.algorithm, cfg.KIND):
+        yield "algorithm", msg
+    elif cfg.rl.applied_algorithm != cfg.rl.algorithm:  # rl.stages.with_algorithm could not move the fields from it
+        yield "applied_algorithm", (f"{cfg.rl.applied_algorithm!r} is not a {cfg.KIND} algorithm; it is written by "
+                                    "stage() and config.json, not by hand: remove it")
     if cfg.tools.on and records_routes(cfg):
         yield "tools", "tool rollouts record no MoE routes: turn routing_replay and record_routes off"
     try:

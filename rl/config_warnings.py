@@ -1,0 +1,123 @@
+"""Warnings on a valid config: a field whose value was chosen for another setting than the one the run has.
+
+    for line in warnings(cfg):        # cfg: a validated RunConfig; each line names the field, the setting its value
+        print("warning:", line)       # was chosen for, and the value (or the algorithm name) that fits this run
+
+They never stop a run (the config is valid; the value may be meant): rl.preflight.prepare prints them in the dry run
+and at launch, after what each stage's algorithm name set (rl/stages/algorithms.py). Each rule is a small pure
+function of the typed config:
+
+- clip ranges of another loss: GSPO clips a sequence ratio (~3e-4 / 4e-4), PPO and CISPO a token ratio (~0.2);
+- Dr. GRPO half set: scale_by_std=False without its constant normaliser, or the normaliser with the std kept;
+- the learning rate of LoRA on full fine-tuning (and the reverse), on a pretrained checkpoint: LORA_LR and
+  FULL_FINETUNE_LR are the rates the SmolLM2 recipes measured (REPRODUCING.md), which the recipes take from here;
+- tools on a prompt that never shows the tool's call markers, with no earlier SFT stage to teach them.
+"""
+from __future__ import annotations
+
+import math
+
+from rewards.python_tool import byte_markers
+
+LORA_LR = 2e-4  # the SmolLM2 recipes' learning rate with LoRA adapters (rank 16, every projection)
+FULL_FINETUNE_LR = 1e-5  # theirs for full fine-tuning (20x smaller: every weight moves)
+SEQUENCE_CLIP_MAX = 0.01  # clip ranges below this are sequence-ratio ranges (GSPO: 3e-4 / 4e-4), above token-ratio
+
+
+def warnings(cfg) -> list[str]:
+    """Every warning of a validated RunConfig, each a line naming its field path."""
+    out = []
+    for i, st in enumerate(cfg.stages):
+        p = f"stages[{i}]."
+        out += [p + w for w in stage_warnings(st)]
+        out += [p + w for w in lr_warnings(cfg, st)]
+        out += [p + w for w in tools_warnings(cfg, i)]
+    return out
+
+
+def stage_warnings(st) -> list[str]:
+    """A stage's own fields: clip ranges of another loss, Dr. GRPO half set."""
+    if st.kind not in ("grpo", "ppo"):
+        return []
+    return [*clip_warnings(st), *dr_grpo_warnings(st)]
+
+
+def _clips(st) -> dict:
+    """The clip fields the stage's policy loss reads (cispo's clip_low only with cispo_floor)."""
+    keys = ("clip_high",) if st.policy_loss == "cispo" and not st.cispo_floor else ("clip_low", "clip_high")
+    return {k: getattr(st, k) for k in keys}
+
+
+def clip_warnings(st) -> list[str]:
+    clips = _clips(st)
+    if st.policy_loss == "gspo":
+        wide = {k: v for k, v in clips.items() if v >= SEQUENCE_CLIP_MAX}
+        if wide:
+            return [f"{_fields(wide)} {_were(wide)} chosen for a token-ratio loss (policy_loss ppo: PPO and DAPO clip "
+                    "at ~0.2); policy_loss gspo clips the sequence ratio, which moves far less per step: GSPO's "
+                    "paper uses clip_low=0.0003, clip_high=0.0004 (algorithm='gspo' sets them)"]
+    elif st.policy_loss in ("ppo", "cispo"):
+        narrow = {k: v for k, v in clips.items() if 0 < v < SEQUENCE_CLIP_MAX}
+        if narrow:
+            return [f"{_fields(narrow)} {_were(narrow)} chosen for policy_loss gspo (a sequence ratio); policy_loss "
+                    f"{st.policy_loss} clips each token's ratio, which at 1 +- {max(narrow.values())} stops almost "
+                    "every token's update: the token-ratio ranges are ~0.2 (0.2 / 0.28 with DAPO's clip-higher)"]
+    return []
+
+
+def dr_grpo_warnings(st) -> list[str]:
+    if st.kind != "grpo" or st.advantage != "grpo":
+        return []
+    norm = "seq-mean-token-sum-norm"
+    if not st.scale_by_std and st.agg != norm:
+        return [f"scale_by_std=False is Dr. GRPO's advantage, but agg={st.agg!r} still divides by each response's "
+                f"or the batch's token count, the length bias Dr. GRPO removes with a constant normaliser "
+                f"(agg={norm!r}); algorithm='dr_grpo' sets both"]
+    if st.scale_by_std and st.agg == norm:
+        return [f"agg={norm!r} is Dr. GRPO's constant normaliser, chosen for scale_by_std=False; with the std "
+                "scaling kept the run is half Dr. GRPO: algorithm='dr_grpo' sets both (or agg='token-mean')"]
+    return []
+
+
+def lr_warnings(cfg, st) -> list[str]:
+    """The learning rate of LoRA on full fine-tuning of a checkpoint, or the reverse."""
+    if not (cfg.model.hf_path or cfg.model.pretrained):
+        return []
+    lora_on = cfg.model.lora is not None
+    if not lora_on and math.isclose(st.lr, LORA_LR):
+        return [f"lr={st.lr} was chosen for LoRA adapters (model.lora; {LORA_LR} in the SmolLM2 recipes, "
+                f"{LORA_LR / FULL_FINETUNE_LR:.0f}x full fine-tuning's {FULL_FINETUNE_LR}), but model.lora is None: "
+                f"full fine-tuning at it moves every weight that much further per step; set lr={FULL_FINETUNE_LR} "
+                "(the recipes' lora=0 variant does)"]
+    if lora_on and math.isclose(st.lr, FULL_FINETUNE_LR):
+        return [f"lr={st.lr} was chosen for full fine-tuning ({FULL_FINETUNE_LR} in the SmolLM2 recipes), but "
+                f"model.lora is set: the adapters, starting at zero, barely move at it; the recipes' LoRA rate is "
+                f"{LORA_LR}"]
+    return []
+
+
+def tools_warnings(cfg, i: int) -> list[str]:
+    """Tools on in stage i while the prompt never shows the call markers and no earlier SFT stage teaches them."""
+    st = cfg.stages[i]
+    tools = getattr(st, "tools", None)
+    if tools is None or not tools.on:
+        return []
+    marker = byte_markers().call_start
+    chat = bool(cfg.model.hf_path or cfg.model.pretrained) and cfg.model.chat_template
+    prompt = cfg.model.system_prompt if chat else ""
+    if marker in prompt or any(s.kind == "sft" for s in cfg.stages[:i]):
+        return []
+    where = ("model.system_prompt, written for answers without the tool" if prompt else
+             "no model.system_prompt (the prompt is the question alone)")
+    return [f"tools.kind={tools.kind!r}, but the prompt never shows the tool's call marker {marker!r} ({where}) and "
+            f"no earlier sft stage teaches it, so the policy has no way to learn to call it: set "
+            f"model.system_prompt to a tool prompt (rewards.python_tool.TOOL_SYSTEM_PROMPT, as "
+            "experiments/configs/smollm2_tools.py does) or start with a cold start on tool demonstrations"]
+
+
+def _fields(d: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in d.items())
+
+
+def _were(d: dict) -> str:
+    return "was" if len(d) == 1 else "were"
