@@ -23,6 +23,12 @@ iteration alone, an ~11 min compile, 38.5-39.3 min per run alone.
 Variants: seed=N; lora=0 (full fine-tuning, lr 1e-5: +44.1 points on seed 0 against LoRA's +47.3, a 201 s
 compile against ~640 s; REPRODUCING.md); variant=tiny (tests: the same recipe on the qwen_gsm8k tiny files, a
 random qwen3 checkpoint with a ChatML template, in seconds).
+
+Sweep (get_sweep): seeds 0, 1, 2 of the variant the arg picks (LoRA, or `:lora=0` full fine-tuning; LoRA on / off
+changes two fields together, the adapters and the learning rate, so each is its own sweep):
+
+    python -m experiments.sweep --config experiments/configs/smollm2_grpo.py --workdir runs/smollm2_grpo/sweep
+    python -m experiments.sweep --config experiments/configs/smollm2_grpo.py:lora=0 --workdir runs/smollm2_grpo/full
 """
 from experiments.configs.common import base_config, check_variant, parse_arg, stage
 from experiments.configs.qwen_gsm8k import make_tiny_files
@@ -65,6 +71,11 @@ def get_config(arg=None):
     if variant == "tiny":
         tiny(c)
     return c
+
+
+def get_sweep(arg=None):
+    """Seeds 0, 1, 2 (REPRODUCING.md's three) of the variant `arg` picks."""
+    return {"axes": {}, "seeds": [0, 1, 2]}
 
 
 def tiny(c):
