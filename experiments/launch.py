@@ -4,8 +4,10 @@
         --workdir runs/quickstart [--config.stages[2].iterations=40 --config.seed=1 ...]
 
 Steps: load the config file and call its get_config(arg); apply the --config.* overrides
-(the value is parsed as a Python literal when the field holds a number / bool / tuple, else kept
-as text; a boolean is not a number; list entries are addressed as stages[2] or stages.2); validate
+(the value is parsed as a Python literal when the field holds a number / bool / tuple / section, else kept
+as text; a boolean is not a number; list entries are addressed as stages[2] or stages.2; a section takes
+dict(a=1, b=2) or {'a': 1, 'b': 2} as in a config file, read as a literal, never evaluated; a field of a section
+that is off, --config.model.upcycle.n_experts=4, turns the section on with its other fields at their defaults); validate
 everything, including what needs the data and the machine (rl/preflight.py: mesh vs devices, a
 checkpoint folder's files, problems the splits can supply, prompt and solution lengths, memory);
 every problem is printed together, each naming the field and a value that works, and the launcher
@@ -16,7 +18,8 @@ resumes if the workdir already holds a checkpoint). A recipe written for the byt
 
     --dry_run       run every check, do not train
     --verbose       print the resolved config
-    --help_config   print every config field with its default and meaning
+    --help_config   print every config field with its default and meaning (every section's fields: model.lora.*,
+                    model.upcycle.*, stages[i].tools.*, stages[i].curriculum.*, ...)
     --init_from W   start from the end of what run W ran of the stages this config shares with it (e.g. a
                     sweep's shared cold start; rl/prefix.py): same numbers as running those stages here
 """
@@ -91,8 +94,32 @@ def split_path(path: str) -> list:
     return parts
 
 
+class _DictCalls(ast.NodeTransformer):
+    """dict(a=1, b=2) -> {'a': 1, 'b': 2} in a parsed expression (keyword arguments only; any other call stays a
+    call, which ast.literal_eval refuses)."""
+
+    def visit_Call(self, node):
+        self.generic_visit(node)  # inner dict(...) first
+        if (isinstance(node.func, ast.Name) and node.func.id == "dict" and not node.args
+                and all(kw.arg is not None for kw in node.keywords)):
+            return ast.Dict(keys=[ast.Constant(kw.arg) for kw in node.keywords],
+                            values=[kw.value for kw in node.keywords])
+        return node
+
+
+def literal(text: str):
+    """A Python literal from command-line text, as a config file writes it: numbers, strings, booleans, None,
+    tuples, lists, {...} and dict(key=value, ...) (read as the dict literal it spells, nested ones too). Nothing is
+    evaluated (ast.literal_eval of the parsed tree); ValueError for anything else."""
+    try:
+        return ast.literal_eval(_DictCalls().visit(ast.parse(text.strip(), mode="eval")).body)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as e:
+        raise ValueError(f"not a literal: {text!r} ({type(e).__name__})") from None
+
+
 def parse_value(text: str, current):
-    """Parse an override value like the field it replaces (bool / int / float / tuple / str)."""
+    """Parse an override value like the field it replaces: bool, a string kept as text, else a literal (number,
+    tuple, None, or a section as dict(...) / {...}; text that is no literal is kept for the validator to name)."""
     if isinstance(current, bool):
         low = text.strip().lower()
         if low in ("true", "1", "yes"):
@@ -103,8 +130,8 @@ def parse_value(text: str, current):
     if isinstance(current, str):
         return text
     try:
-        v = ast.literal_eval(text)  # user-supplied config text, a literal only (never model output)
-    except (ValueError, SyntaxError):
+        v = literal(text)  # user-supplied config text, a literal only (never model output)
+    except ValueError:
         return text  # the validator will say what the field expects
     if isinstance(v, bool) and isinstance(current, (int, float)):  # ConfigDict would store True as 1.0
         raise cv.ConfigError(f"expected a number, got {text!r} (a boolean is not a number)")
@@ -115,33 +142,60 @@ def parse_value(text: str, current):
     return v
 
 
-def apply_override(config, path: str, text: str) -> None:
-    """Set config[path] = parsed text, where path names an existing field."""
-    parts = split_path(path)
-    node = config
-    shown = ""
-    for p in parts[:-1]:
-        shown += f"[{p}]" if isinstance(p, int) else (f".{p}" if shown else p)
-        try:
-            node = node[p]
-        except (KeyError, IndexError, TypeError, AttributeError):
-            raise cv.ConfigError(f"--config.{path}: {shown} does not exist") from None
-    last = parts[-1]
+_MISSING = object()
+
+
+def _child(node, key):
     try:
-        current = node[last]
+        return node[key]
     except (KeyError, IndexError, TypeError, AttributeError):
-        known = list(node.keys()) if hasattr(node, "keys") else []
-        raise cv.ConfigError(f"--config.{path}: no field {last!r} there" + (f"; {suggest(last, known)}" if known
-                                                                            else "")) from None
-    try:
-        value = parse_value(text, current)
-    except cv.ConfigError as e:
-        raise cv.ConfigError(f"--config.{path}: {e}") from None
+        return _MISSING
+
+
+def _store(node, key, value) -> None:
     if isinstance(node, ml_collections.ConfigDict):
         with node.ignore_type():
-            node[last] = value
+            node[key] = value
     else:
-        node[last] = value
+        node[key] = value
+
+
+def set_override(config, path: str, text: str):
+    """Set config[path] = text parsed like the field it replaces (parse_value) and return the value set. A section
+    on the way that is off (None) or absent is created with its defaults first (rl.config_validation
+    .section_defaults: model.upcycle.n_experts=4 turns upcycling on). ConfigError naming the part of the path that
+    does not exist."""
+    parts = split_path(path)
+    node, shown = config, ""
+    for k, p in enumerate(parts[:-1]):
+        shown += f"[{p}]" if isinstance(p, int) else (f".{p}" if shown else p)
+        child = _child(node, p)
+        if child is None or child is _MISSING:
+            defaults = cv.section_defaults(config, parts[:k + 1])
+            if defaults is None:
+                raise cv.ConfigError(f"{shown} does not exist" if child is _MISSING else
+                                     f"{shown} is None and not a section")
+            _store(node, p, ml_collections.ConfigDict(defaults))
+            child = node[p]
+        node = child
+    if not isinstance(node, (ml_collections.ConfigDict, dict, list)):
+        raise cv.ConfigError(f"{shown} is {node!r}, not a section")
+    last = parts[-1]
+    current = _child(node, last)
+    if current is _MISSING:
+        known = list(node.keys()) if hasattr(node, "keys") else []
+        raise cv.ConfigError(f"no field {last!r} there" + (f"; {suggest(last, known)}" if known else ""))
+    value = parse_value(text, current)
+    _store(node, last, value)
+    return node[last]
+
+
+def apply_override(config, path: str, text: str) -> None:
+    """Set config[path] = parsed text (set_override); ConfigError naming the flag."""
+    try:
+        set_override(config, path, text)
+    except cv.ConfigError as e:
+        raise cv.ConfigError(f"--config.{path}: {e}") from None
 
 
 def apply_overrides(config, overrides: list[tuple[str, str]]) -> None:

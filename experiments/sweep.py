@@ -1,11 +1,14 @@
 """Run a config's sweep (grid x seeds), one launcher process per run, then a table, results.csv and plots.
 
     python -m experiments.sweep --config experiments/configs/quickstart.py[:arg] --workdir runs/qs_sweep \
-        [--seeds 0,1,2] [--only AXIS=VALUE ...] [--parallel N] [--init_from shared|none|PATH] \
-        [--metric pass@1] [--stage grpo] [--dry_run] [--config.a.b=value ...]
+        [--axis stages[2].lr=1e-4,2e-4 ...] [--seeds 0,1,2] [--only AXIS=VALUE ...] [--parallel N] \
+        [--init_from shared|none|PATH] [--metric pass@1] [--stage grpo] [--dry_run] [--config.a.b=value ...]
 
 The config file's `get_sweep(arg=None)` returns {"axes": {"<field path>": [values...], ...}, "seeds": [0, 1, ...]};
-the grid is the product of the axes, each point run once per seed in workdir/<point name>/seed<k> by
+`--axis PATH=V1,V2` (repeatable) sweeps any config without one: the --axis flags replace the file's axes, each
+value parsed like the launcher's --config.PATH=V (a number, a string, dict(...) for a section; commas inside
+brackets do not split), and an axis that names no field is refused before anything runs.
+The grid is the product of the axes, each point run once per seed in workdir/<point name>/seed<k> by
 `python -m experiments.launch` (a separate process each, so a crash costs one run), its output in that
 directory's launch.log. The sweep prints a `start` line with that log's path as each run starts, a live status
 line while runs go (experiments/sweep_log.py: units done per running run; redrawn in place on a terminal, a plain
@@ -37,9 +40,9 @@ line per point, mean and a +-sd band over seeds).
 from __future__ import annotations
 
 import argparse
-import ast
 import concurrent.futures as cf
 import contextlib
+import copy
 import csv
 import io
 import itertools
@@ -92,10 +95,49 @@ def point_name(point: dict) -> str:
     return ",".join(parts)
 
 
+def split_values(text: str) -> list[str]:
+    """'1e-5,2e-4' -> ['1e-5', '2e-4']: split at the commas outside brackets and quotes ("dict(a=1, b=2),None" is
+    two values)."""
+    out, cur, depth, quote = [], "", 0, ""
+    for ch in text:
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+            continue
+        cur += ch
+    return out + [cur.strip()]
+
+
+def axes_from_flags(config_spec: str, flags: list[str]) -> dict[str, list]:
+    """{path: values} of --axis PATH=V1,V2 flags, each value parsed as the launcher parses --config.PATH=V on this
+    config (launch.set_override); ConfigError naming the flag and the part of the path that does not exist."""
+    config, axes = launch.get_config(config_spec), {}
+    for flag in flags:
+        path, eq, text = flag.partition("=")
+        values = split_values(text) if eq else []
+        if not path.strip() or not values or not all(values):
+            raise cv.ConfigError(f"--axis {flag!r}: expected PATH=V1,V2,... (e.g. stages[0].lr=1e-5,2e-4)")
+        if path in axes:
+            raise cv.ConfigError(f"--axis {path}: given twice")
+        try:
+            axes[path] = [cv.to_dict(launch.set_override(copy.deepcopy(config), path, v)) for v in values]
+        except cv.ConfigError as e:
+            raise cv.ConfigError(f"--axis {path}: {e}") from None
+    return axes
+
+
 def _matches(value, text: str) -> bool:
     try:
-        parsed = ast.literal_eval(text)
-    except (ValueError, SyntaxError):
+        parsed = launch.literal(text)
+    except ValueError:
         parsed = text
     return value == parsed or str(value) == text
 
@@ -353,6 +395,8 @@ def parse(argv):
     ap.add_argument("--workdir", required=True)
     ap.add_argument("--metric", default="pass@1", choices=METRICS)
     ap.add_argument("--stage", default="", help="show this stage only in the table and plot (default: every stage)")
+    ap.add_argument("--axis", action="append", default=[], metavar="PATH=V1,V2",
+                    help="a sweep axis (repeat for a grid), replacing get_sweep()'s axes, e.g. stages[0].lr=1e-5,2e-4")
     ap.add_argument("--seeds", default="", help="comma list replacing get_sweep()'s seeds, e.g. 0,1,2")
     ap.add_argument("--only", action="append", default=[], metavar="AXIS=VALUE", help="run only matching points")
     ap.add_argument("--parallel", type=int, default=0, help="launchers at once (0 = what this machine holds)")
@@ -386,9 +430,11 @@ def _main(argv: list[str], locks: list) -> int:
     ap, args, extra = parse(argv)
     try:
         module, arg = launch.load_config_file(args.config)
-        if not hasattr(module, "get_sweep"):
-            ap.error(f"{args.config} has no get_sweep()")
-        sweep = module.get_sweep(arg)
+        if not hasattr(module, "get_sweep") and not (args.axis or args.seeds):
+            ap.error(f"{args.config} has no get_sweep(): give the sweep as --axis PATH=V1,V2 and/or --seeds 0,1,2")
+        sweep = module.get_sweep(arg) if hasattr(module, "get_sweep") else {}
+        if args.axis:
+            sweep = {**sweep, "axes": axes_from_flags(args.config, args.axis)}
         full_grid = grid(sweep)
         points = select(full_grid, args.only) if args.only else full_grid
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()] if args.seeds else list(sweep.get("seeds", [0]))

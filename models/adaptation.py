@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from models.fields import field
+
 # Block-relative path -> (lead dims, contracted "in" dims) of that weight (models/transformer.py _block_shapes).
 TARGETS = {
     "attn/wq": (0, 1), "attn/wk": (0, 1), "attn/wv": (0, 1), "attn/wo": (0, 2),
@@ -27,9 +29,11 @@ class LoraConfig:
     """The `model.lora` section: rank r >= 1, 0 < alpha <= MAX_ALPHA (the update is scaled by alpha / r), known
     targets."""
 
-    rank: int = 8  # r: inner width of each adapter
-    alpha: float = 16.0  # the update is (alpha / rank) * A @ B
-    targets: tuple[str, ...] = DEFAULT_TARGETS  # block-relative param paths (TARGETS)
+    rank: int = field(8, "r: inner width of each adapter, 1..65536")
+    alpha: float = field(16.0, "the update is (alpha / rank) * A @ B; 0 < alpha <= 65536")
+    targets: tuple[str, ...] = field(DEFAULT_TARGETS, "block-relative weights adapted (models/adaptation.py "
+                                                      "TARGETS): attn/*, mlp/* (dense blocks), moe/* (routed experts), "
+                                                      "moe/shared/*; the router is never adapted")
 
     def __post_init__(self):
         object.__setattr__(self, "targets", tuple(self.targets) if isinstance(self.targets, (list, tuple))
@@ -66,11 +70,11 @@ class LoraConfig:
 class UpcycleConfig:
     """The `model.upcycle` section (see the module docstring for the choices)."""
 
-    n_experts: int = 4  # experts per MoE block, each a copy of the dense MLP
-    top_k: int = 2  # experts per token; gates renormalised to sum to one
-    moe_every: int = 2  # block i becomes MoE iff (i + 1) % moe_every == 0 (2: every other block, as the paper)
-    router_init_std: float = 0.02  # std of the fresh router's normal init
-    capacity_factor: float | None = None  # None = dropless; else >= n_experts / top_k (nothing dropped at init)
+    n_experts: int = field(4, "experts per MoE block, each a copy of the dense MLP, 2..4096")
+    top_k: int = field(2, "experts per token; gates renormalised to sum to one")
+    moe_every: int = field(2, "block i becomes MoE iff (i + 1) % moe_every == 0 (2: every other block, as the paper)")
+    router_init_std: float = field(0.02, "std of the fresh router's normal init")
+    capacity_factor: float | None = field(None, "None = dropless; else >= n_experts / top_k (nothing dropped at init)")
 
     def __post_init__(self):
         errors = []

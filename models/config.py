@@ -95,10 +95,13 @@ class ModelConfig(Checked):
                                           _block_indices)
 
     # Adaptation of a pretrained model (a dict in an experiment config becomes the typed section):
-    lora: LoraConfig | None = field(None, "LoRA adapters, dict(rank=, alpha=, targets=) (models/lora.py); None = none",
-                                    _section(LoraConfig))
+    lora: LoraConfig | None = field(None, "LoRA adapters, dict(rank=, alpha=, targets=) (models/lora.py); None = "
+                                          "none; setting one field (model.lora.rank=16) turns it on, the rest at the "
+                                          "defaults below", _section(LoraConfig), section=LoraConfig)
     upcycle: UpcycleConfig | None = field(None, "upcycle this dense model into an MoE, dict(n_experts=, top_k=, ...) "
-                                                "(models/upcycle.py); None = none", _section(UpcycleConfig))
+                                                "(models/upcycle.py); None = none; setting one field "
+                                                "(model.upcycle.n_experts=4) turns it on, the rest at the defaults "
+                                                "below", _section(UpcycleConfig), section=UpcycleConfig)
 
     def __post_init__(self):
         super().__post_init__()  # every bad field at once, each named (FieldErrors, a ValueError)

@@ -39,11 +39,13 @@ class FieldErrors(ValueError):
         return [f"{prefix}{p} {m}" if p else f"{prefix.rstrip('.')}: {m}" for p, m in self.errors]
 
 
-def field(default, doc: str, check: Check | None = None):
-    """A dataclass field with its doc and range check in the metadata."""
+def field(default, doc: str, check: Check | None = None, section: type | None = None):
+    """A dataclass field with its doc and range check in the metadata; `section`: the dataclass of the optional
+    section the field holds (None = off), which section_type reports (the command line creates it with its defaults)."""
+    meta = {"doc": doc, "check": check, **({"section": section} if section is not None else {})}
     if isinstance(default, (list, dict)):
-        return dataclasses.field(default_factory=lambda: type(default)(default), metadata={"doc": doc, "check": check})
-    return dataclasses.field(default=default, metadata={"doc": doc, "check": check})
+        return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
 
 
 def doc_of(cls, name: str) -> str:
@@ -55,10 +57,25 @@ def default_of(f: dataclasses.Field):
     return f.default_factory() if f.default is dataclasses.MISSING else f.default
 
 
+def section_type(f: dataclasses.Field) -> type | None:
+    """The section dataclass a field holds, None for a plain field: the metadata's (an optional section such as
+    model.lora, a stage's nested section such as tools) or its default's type (a run section such as eval)."""
+    sec = f.metadata.get("section")
+    if sec is None:
+        d = default_of(f)
+        sec = type(d) if dataclasses.is_dataclass(d) and not isinstance(d, type) else None
+    return sec
+
+
 def describe(cls, prefix: str) -> list[str]:
-    """'prefix.name = default  # doc' for every field of a Checked dataclass (nested sections are not expanded)."""
-    return [f"{prefix}.{f.name} = {default_of(f)!r}  # {f.metadata.get('doc', '')}"
-            for f in dataclasses.fields(cls)]
+    """'prefix.name = default  # doc' for every field of a dataclass, each optional section's fields (a field made
+    with `section=`: model.lora, model.upcycle) after its own line."""
+    lines = []
+    for f in dataclasses.fields(cls):
+        lines.append(f"{prefix}.{f.name} = {default_of(f)!r}  # {f.metadata.get('doc', '')}")
+        if f.metadata.get("section") is not None and f.metadata.get("nested", True):  # not a stage's flat keys
+            lines += describe(f.metadata["section"], f"{prefix}.{f.name}")
+    return lines
 
 
 def suggest(name: str, known) -> str:

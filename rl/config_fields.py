@@ -10,11 +10,12 @@ from __future__ import annotations
 import math
 
 from models.fields import (Check, Checked, FieldErrors, boolean, choice, construct, default_of, describe, doc_of,
-                           field, from_dict, integer, name, num, optional, plain, suggest, text, unknown_field)
+                           field, from_dict, integer, name, num, optional, plain, section_type, suggest, text,
+                           unknown_field)
 
 __all__ = ["Check", "Checked", "FieldErrors", "boolean", "choice", "construct", "default_of", "describe", "doc_of",
-           "field", "from_dict", "integer", "name", "num", "optional", "plain", "suggest", "text", "unknown_field",
-           "three_ints", "three_weights"]
+           "field", "from_dict", "integer", "name", "num", "optional", "plain", "section_type", "suggest", "text",
+           "unknown_field", "three_ints", "three_weights"]
 
 
 def three_ints(lo: int = 1, hi: int = 4096) -> Check:

@@ -36,10 +36,9 @@ import ml_collections
 from models.config import ModelConfig
 from models.pretrained import SOURCES as PRETRAINED_SOURCES
 from rewards.combine import RewardSection
-from rl import curriculum
 from rl import stages as stage_lib
 from rl.config_fields import (Checked, FieldErrors, boolean, choice, default_of, field, from_dict, integer, num,
-                              suggest, text, unknown_field)
+                              plain, section_type, suggest, text, unknown_field)
 from rl.config_fields import describe as describe_fields
 from rl.tasks import mix_error, split_source_errors
 
@@ -249,7 +248,9 @@ class ModelSection(ModelConfig):
                                    "turn, the user turn carries the layout instruction)", text)
 
     def cross_checks(self):
-        yield from super().cross_checks()
+        for name, msg in super().cross_checks():
+            if not (name == "upcycle" and (self.hf_path or self.pretrained)):  # the checkpoint's own n_experts decides
+                yield name, msg  # (rl.context.dense_model_cfg checks it against the checkpoint)
         if self.hf_path and self.pretrained:
             yield "pretrained", f"({self.pretrained!r}) and model.hf_path ({self.hf_path!r}) are both set; keep one"
 
@@ -332,6 +333,30 @@ def default_config() -> ml_collections.ConfigDict:
     return c
 
 
+def section_defaults(config, parts: list) -> dict | None:
+    """The defaults (plain dicts) of the section at a config path, for the command line to create one that is off
+    (None) or absent: ['model', 'upcycle'] -> UpcycleConfig's fields, ['stages', 0, 'tools'] -> the tools section of
+    stage 0's kind. None where the path names no section (a plain field, an unknown name, a stage of no known kind)."""
+    cls, f, i = RunConfig, None, 0
+    while i < len(parts):
+        if cls is RunConfig and parts[i] == "stages":  # a stage's class is its kind's
+            try:
+                cls, f, i = stage_lib.CONFIGS[config["stages"][parts[i + 1]]["kind"]], None, i + 2
+            except (KeyError, IndexError, TypeError, AttributeError):
+                return None
+            continue
+        f = next((g for g in dataclasses.fields(cls) if g.name == parts[i]), None)
+        if f is None or not f.metadata.get("nested", True):  # a stage's flat-keyed sections are not paths
+            return None
+        cls, i = section_type(f), i + 1
+        if cls is None:
+            return None
+    if f is None:
+        return None
+    value = default_of(f)
+    return plain(cls() if value is None else value)
+
+
 def describe() -> str:
     """Every field with its default and doc, one per line (for --help_config and docs/configs.md), read from the
     dataclasses' field metadata."""
@@ -346,8 +371,16 @@ def describe() -> str:
     for k, (default, doc, kinds) in seen.items():
         where = "every kind" if len(kinds) == len(stage_lib.CONFIGS) else "/".join(kinds)
         lines.append(f"stages[i].{k} = {default!r}  # ({where}) {doc}")
-    for f in dataclasses.fields(curriculum.CurriculumConfig):
-        lines.append(f"stages[i].curriculum.{f.name} = {f.default!r}  # (grpo/ppo) {f.metadata.get('doc', '')}")
+    nested: dict[str, tuple[type, list[str]]] = {}  # a stage's sections written as sub-dicts: curriculum, tools
+    for kind, cls in stage_lib.CONFIGS.items():
+        for f in dataclasses.fields(cls):
+            if f.metadata.get("nested"):
+                nested.setdefault(f.name, (f.metadata["section"], []))[1].append(kind)
+    for name, (sec, kinds) in nested.items():
+        where = "every kind" if len(kinds) == len(stage_lib.CONFIGS) else "/".join(kinds)
+        for line in describe_fields(sec, f"stages[i].{name}"):
+            lhs, _, doc = line.partition("  # ")
+            lines.append(f"{lhs}  # ({where}) {doc}")
     return "\n".join(lines)
 
 

@@ -37,6 +37,7 @@ import numpy as np
 from models import hf, hf_checks, kernels, layer_stack, lora, sampling, sharding, slot_sampling, transformer, upcycle
 from models import pretrained as pretrained_models
 from models.config import ModelConfig, num_params
+from models.fields import FieldErrors
 from models.tokenizer import ByteTokenizer, HFTokenizer
 from rewards import python_tool
 from rewards.code_exec import wall_limit_s
@@ -260,7 +261,10 @@ def dense_model_cfg(cfg: cv.RunConfig | dict, notes: list | None = None) -> Mode
     if not path:
         return ModelConfig(**arch)
     field = checkpoint_field(cfg.model)
-    model_cfg, said = pretrained.on_checkpoint(hf_checkpoint_cfg(path, arch, field=field), arch, path)
+    try:  # the section's run-time fields on the checkpoint's architecture: upcycle needs a dense checkpoint
+        model_cfg, said = pretrained.on_checkpoint(hf_checkpoint_cfg(path, arch, field=field), arch, path)
+    except FieldErrors as e:
+        raise cv.ConfigError(f"model.{field} ({path}): " + "; ".join(e.prefixed("model."))) from None
     if notes is not None:
         notes += said
     return model_cfg

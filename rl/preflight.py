@@ -173,6 +173,8 @@ def prepare(config, *, environment: bool = True, port: bool = False, workdir: st
     lora_msg = _lora_error(model_cfg) if model_cfg is not None else None
     if lora_msg:
         errors.append(lora_msg)
+    elif model_cfg is not None and verbose and (frozen := lora_frozen_note(cfg, model_cfg)):
+        print(frozen, flush=True)
     plan = None
     if sizes is not None and model_cfg is not None and not lora_msg:  # the plan builds the adapters
         plan = memory_plan.plan_for_config(cfg, model_cfg, sizes, context.run_rules(cfg))
@@ -239,6 +241,25 @@ def _lora_error(model_cfg) -> str | None:
     except ValueError as e:
         return f"model.lora.targets: {e}"
     return None
+
+
+EXPERT_TARGETS = ("moe/w_gate", "moe/w_up", "moe/w_down")
+
+
+def lora_frozen_note(cfg: cv.RunConfig, model_cfg) -> str | None:
+    """What LoRA leaves frozen on an MoE policy, said before the run: the routers always (LoRA adapts no router;
+    after model.upcycle they keep their random init) and the routed experts unless model.lora.targets names
+    moe/*. None without LoRA or experts."""
+    if model_cfg.lora is None or not model_cfg.is_moe_model:
+        return None
+    missing = [t for t in EXPERT_TARGETS if t not in model_cfg.lora.targets]
+    upcycled, n = cfg.model.upcycle is not None, len(model_cfg.moe_layers)
+    what = "the upcycled model" if upcycled else "an MoE model"
+    router = "stay at their random init" if upcycled else "stay frozen"
+    experts = (f"; its routed experts stay frozen too ({', '.join(missing)} not in model.lora.targets: add them for "
+               "one adapter per expert)") if missing else ""
+    return (f"note: model.lora on {what}: the routers of its {n} MoE block{'s' * (n != 1)} {router} (LoRA "
+            f"adapts no router; model.lora=None trains them in full){experts}")
 
 
 def _raise_config(fn):

@@ -221,3 +221,64 @@ def test_a_sweep_whose_runs_all_fail_prints_their_errors_not_an_empty_table(tmp_
     out = capsys.readouterr().out
     assert rc == 1 and "RuntimeError: out of memory in step" in out
     assert "no run finished a stage: no table" in out and "| clip_high" not in out
+
+
+# -- --axis: a sweep of any recipe without a new file (issue 53, item 5) -------------------------------------------
+GRPO_TINY = os.path.join(ROOT, "experiments/configs/grpo_arith.py") + ":variant=tiny"  # stage 1 is GRPO
+
+
+def test_axis_values_split_outside_brackets_and_parse_like_overrides():
+    assert sweep.split_values("1e-5,2e-4") == ["1e-5", "2e-4"]
+    assert sweep.split_values("dict(kind='python', max_turns=2), {'kind': ''},'a,b'") == [
+        "dict(kind='python', max_turns=2)", "{'kind': ''}", "'a,b'"]
+    axes = sweep.axes_from_flags(GRPO_TINY, ["stages[1].lr=1e-5,2e-4", "stages[1].agg=token-mean,seq-mean-token-mean",
+                                             "stages[1].tools=dict(kind='python'),{'kind': ''}",
+                                             "run.overlap=true,false", "model.lora.rank=4,8"])
+    assert axes["stages[1].lr"] == [1e-5, 2e-4] and axes["stages[1].agg"] == ["token-mean", "seq-mean-token-mean"]
+    assert axes["stages[1].tools"] == [{"kind": "python"}, {"kind": ""}] and axes["run.overlap"] == [True, False]
+    assert axes["model.lora.rank"] == [4, 8]  # an off section's field, as on the launcher's command line
+    # every point resolves to the config the launcher would run for the same --config.* flags
+    cfg = sweep.resolve(GRPO_TINY, sweep.run_overrides({"stages[1].tools": axes["stages[1].tools"][0],
+                                                         "model.lora.rank": 4}, 0, []))
+    assert cfg["stages"][1]["tools"]["kind"] == "python" and cfg["model"]["lora"]["rank"] == 4
+
+
+@pytest.mark.parametrize("flag,message", [
+    ("stages[1].lrr=1e-5", "--axis stages[1].lrr: no field 'lrr' there; did you mean 'lr'?"),
+    ("stages[5].lr=1e-5", "--axis stages[5].lr: stages[5] does not exist"),
+    ("stages[1].lr", "--axis 'stages[1].lr': expected PATH=V1,V2"),
+    ("stages[1].lr=1e-5,", "expected PATH=V1,V2"),
+])
+def test_a_bad_axis_is_refused_naming_it(flag, message):
+    from rl import config_validation as cv
+
+    with pytest.raises(cv.ConfigError) as e:
+        sweep.axes_from_flags(GRPO_TINY, [flag])
+    assert message in str(e.value)
+
+
+def test_axis_sweep_of_a_recipe_without_get_sweep_dry_run(tmp_path, capsys):
+    tool = os.path.join(ROOT, "experiments/configs/tool_arith.py") + ":variant=tiny"  # no get_sweep
+    wd = str(tmp_path / "sw")
+    rc = sweep.main(["--config", tool, "--workdir", wd, "--axis", "stages[1].lr=1e-5,2e-4", "--seeds", "0,1",
+                     "--dry_run"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "2 point(s) x 2 seed(s) = 4 runs" in out and "lr_1e-05 seed1: config OK" in out
+    assert "6 runs validated" in out  # + the cold start shared per seed
+    assert sweep.main(["--config", tool, "--workdir", wd, "--axis", "stages[1].lr=abc", "--seeds", "0",
+                       "--dry_run"]) == 2  # a value the field refuses: before anything runs, naming it
+    assert "stages[1].lr must be a number, got 'abc'" in capsys.readouterr().err
+    assert sweep.main(["--config", tool, "--workdir", wd, "--axis", "stages[1].lrr=1e-5", "--dry_run"]) == 2
+    assert "--axis stages[1].lrr: no field 'lrr' there" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # neither get_sweep nor --axis / --seeds: nothing to sweep
+        sweep.main(["--config", tool, "--workdir", wd, "--dry_run"])
+    assert "has no get_sweep(): give the sweep as --axis" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name,runs", [("smollm2_grpo", 3), ("smollm2_tools", 3), ("smollm2_upcycle", 6)])
+def test_smollm2_recipes_sweep_their_documented_variants(tmp_path, capsys, name, runs):
+    spec = os.path.join(ROOT, f"experiments/configs/{name}.py") + ":variant=tiny"
+    assert sweep.main(["--config", spec, "--workdir", str(tmp_path / "sw"), "--dry_run"]) == 0
+    out = capsys.readouterr().out
+    assert f"= {runs} runs" in out and f"{runs} runs validated" in out, out

@@ -25,6 +25,12 @@ compile against ~640 s; REPRODUCING.md); variant=tiny (tests: the same recipe on
 random qwen3 checkpoint with a ChatML template, in seconds). The stage is named (`algorithm="dapo"` with the KL kept):
 `--config.stages[0].algorithm=gspo` (or dr_grpo, cispo, grpo, ...) switches its algorithm in one override
 (docs/training.md, "Algorithms by name"); `--config.model.lora=None` alone keeps LoRA's lr and is warned (use lora=0).
+
+Sweep (get_sweep): seeds 0, 1, 2 of the variant the arg picks (LoRA, or `:lora=0` full fine-tuning; LoRA on / off
+changes two fields together, the adapters and the learning rate, so each is its own sweep):
+
+    python -m experiments.sweep --config experiments/configs/smollm2_grpo.py --workdir runs/smollm2_grpo/sweep
+    python -m experiments.sweep --config experiments/configs/smollm2_grpo.py:lora=0 --workdir runs/smollm2_grpo/full
 """
 from experiments.configs.common import base_config, check_variant, parse_arg, stage
 from experiments.configs.qwen_gsm8k import make_tiny_files
@@ -70,6 +76,11 @@ def get_config(arg=None):
     if variant == "tiny":
         tiny(c)
     return c
+
+
+def get_sweep(arg=None):
+    """Seeds 0, 1, 2 (REPRODUCING.md's three) of the variant `arg` picks."""
+    return {"axes": {}, "seeds": [0, 1, 2]}
 
 
 def tiny(c):

@@ -51,6 +51,11 @@ trajectories in the chat template (the call, the template's tool turn, `Answer: 
 
 Variants: seed=N; cold=1 (the cold start above); lora=0 (full fine-tuning, lr 1e-5); variant=tiny (tests: the
 same recipe on the qwen_gsm8k tiny files, a random qwen3 with a ChatML template, in seconds).
+
+Sweep (get_sweep): seeds 0, 1, 2 of the variant the arg picks (with cold=1 the cold start runs once per seed and
+GRPO starts from it):
+
+    python -m experiments.sweep --config experiments/configs/smollm2_tools.py:cold=1 --workdir runs/smollm2_tools/cold
 """
 from experiments.configs.common import base_config, check_variant, parse_arg, stage
 from experiments.configs.qwen_gsm8k import make_tiny_files
@@ -79,6 +84,11 @@ def get_config(arg=None):
     if variant == "tiny":
         tiny(c)
     return c
+
+
+def get_sweep(arg=None):
+    """Seeds 0, 1, 2 of the variant `arg` picks."""
+    return {"axes": {}, "seeds": [0, 1, 2]}
 
 
 def tiny(c):

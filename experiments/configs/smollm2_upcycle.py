@@ -29,6 +29,11 @@ near-copies after 12 iterations (upcycle.expert_spread ~2.5e-4), so the ~1 % of 
 and trainer pick near-identical experts and replay changes nothing measurable.
 
 Variants: seed=N; r3=0|1; variant=tiny (tests: the same recipe on the qwen_gsm8k tiny files, in seconds).
+
+Sweep (get_sweep): both arms (stages[0].routing_replay, the field r3 sets) x seeds 0, 1, 2, REPRODUCING.md's six
+runs:
+
+    python -m experiments.sweep --config experiments/configs/smollm2_upcycle.py --workdir runs/smollm2_upcycle/sweep
 """
 from experiments.configs.common import base_config, check_variant, parse_arg, stage
 from experiments.configs.smollm2_grpo import GRPO, smollm2_policy, tiny
@@ -55,3 +60,8 @@ def get_config(arg=None):
         tiny(c)
         c.eval.k = 0
     return c
+
+
+def get_sweep(arg=None):
+    """Routing replay on / off (the r3 arms) x seeds 0, 1, 2."""
+    return {"axes": {"stages[0].routing_replay": [True, False]}, "seeds": [0, 1, 2]}
