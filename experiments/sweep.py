@@ -60,7 +60,8 @@ from matplotlib.figure import Figure
 
 from experiments import launch, sweep_log
 from rl import config_validation as cv
-from rl import context, memory_plan, plots, preflight, workdir_lock
+from rl import calibration, context, memory_plan, plots, preflight, workdir_lock
+from rl import time_estimate as time_est
 from rl.checkpoint import CheckpointError, find_policy
 from rl.metrics import read_jsonl
 from rl.prefix import differing_fields, shared_stages, with_added_defaults
@@ -613,10 +614,23 @@ def estimate(shared_todo: list[dict], todo: list[dict], k: int, n_par: int, fini
         secs = float(np.median(rates)) * (tot["gen_tokens"] + tot["train_tokens"]) / max(n_par, 1)
         lines.append(f"time estimate: about {secs / 60:.0f} min with {n_par} at once (scaled from the wall time of "
                      f"{len(rates)} finished run(s) here; compiles and a busy machine shift it)")
-    else:
-        lines.append("time estimate: none yet (no finished run of this sweep to scale from: run one point first, "
-                     "e.g. --only AXIS=VALUE --seeds 0, and the next dry run scales from its wall time)")
+    if jobs:
+        lines.append(calibrated_estimate([({**cfg, "stages": cfg["stages"][skip:]} if skip else cfg) for cfg, skip in jobs],
+                                         n_par))
     return "\n".join(lines)
+
+
+def calibrated_estimate(cfgs: list[dict], n_par: int) -> str:
+    """rl/time_estimate.py per run to go (at this machine's calibration) and for all of them, n_par at a time."""
+    cal = calibration.load(log=print)
+    ests = [time_est.estimate(c, context.build_model_cfg(c), cal) for c in cfgs]
+    per = sorted({time_est.fmt_s(e["total_s"]) for e in ests})
+    one = time_est.parallel_wall(ests, 1, os.cpu_count() or 1)
+    par = time_est.parallel_wall(ests, n_par, os.cpu_count() or 1)
+    return (f"time estimate from this machine's calibration (rl/time_estimate.py, compiles cold): per run "
+            f"{' / '.join(per)}; all {len(ests)} one at a time ~{time_est.fmt_s(one)}"
+            + (f", {n_par} at a time ~{time_est.fmt_s(par)} (compute shares the cores; compiles overlap)"
+               if n_par > 1 else ""))
 
 
 def _dry_run(config_spec: str, runs: list[dict]) -> int:

@@ -164,6 +164,17 @@ def _size_factor(m) -> float:
     return math.sqrt(groups) * (1.0 + math.log2(max(m.d_model, 64) / 64) / 4)
 
 
+def parallel_wall(ests: list[dict], n_par: int, cores: int) -> float:
+    """Wall seconds of runs launched `n_par` at a time on `cores` cores. Their compute (sampling, logprobs, the
+    update, evaluations) already fills every core of the machine, so it adds up whatever n_par; compiling and host
+    work run on one core each and overlap up to min(n_par, cores) at once; never shorter than the longest run."""
+    if not ests:
+        return 0.0
+    serial = sum(e["compile_s"] + sum(st["parts"]["host"] * st["units"] for st in e["stages"]) for e in ests)
+    compute = sum(e["total_s"] for e in ests) - serial
+    return max(max(e["total_s"] for e in ests), compute + serial / max(1, min(n_par, cores)))
+
+
 def fmt_s(x: float) -> str:
     if x < 90:
         return f"{x:.0f} s" if x >= 10 else f"{x:.1f} s"

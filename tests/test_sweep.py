@@ -145,7 +145,9 @@ def test_dry_run_validates_every_run_and_the_shared_one(tmp_path, capsys):
     assert "stages cold_start, rejection shared per seed" in out and "_shared seed1: config OK" in out
     assert "4 runs validated" in out
     # the compute of what is to run (the launcher's estimate summed) and a time estimate
-    assert "compute estimate for the 4 run(s) to go" in out and "time estimate: none yet" in out
+    assert "compute estimate for the 4 run(s) to go" in out
+    # ... from this machine's calibration (rl/time_estimate.py): per run, all 4 one at a time and with --parallel
+    assert "time estimate from this machine's calibration" in out and "all 4 one at a time ~" in out
     with pytest.raises(SystemExit):  # --stage must name a stage of the config
         sweep.main(["--config", QS, "--workdir", str(tmp_path / "sw"), "--seeds", "0", "--stage", "nope", "--dry_run"])
 

@@ -113,3 +113,16 @@ def test_dry_run_text_names_every_phase(monkeypatch, tmp_path):
         assert s.name in text
     assert "evaluations" in text and "compiling" in text and "total" in text
     assert est["total_s"] > 0
+
+
+def test_parallel_runs_share_the_cores_for_compute_and_overlap_compiles():
+    cfg, m = _cfg()
+    est = time_estimate.estimate(cfg, m, CAL)
+    serial = est["compile_s"] + sum(st["parts"]["host"] * st["units"] for st in est["stages"])
+    compute = est["total_s"] - serial
+    one = time_estimate.parallel_wall([est] * 4, 1, cores=2)
+    assert one == pytest.approx(4 * est["total_s"])
+    four = time_estimate.parallel_wall([est] * 4, 4, cores=2)
+    assert four == pytest.approx(max(est["total_s"], 4 * compute + 4 * serial / 2))
+    assert time_estimate.parallel_wall([est], 8, cores=2) == pytest.approx(est["total_s"])  # never below one run
+    assert time_estimate.parallel_wall([], 2, cores=2) == 0.0
