@@ -23,6 +23,8 @@ import tarfile
 import tempfile
 from collections import defaultdict
 
+from rewards.combine import score
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _OTHER_FAMILIES = ("code-", "instructions", "gym")  # problem ids of the families combine.score does not grade
 
@@ -55,7 +57,6 @@ def load_records(path: str, kind: str = "greedy") -> tuple[list[dict], int]:
 
 def solved_here(pairs: list[tuple[str, str]]) -> list[float]:
     """This tree's verdicts (rewards.combine.score's `solved`) on (response, gold) pairs."""
-    from rewards.combine import score
     return [float(score(text, gold)["solved"]) for text, gold in pairs]
 
 
