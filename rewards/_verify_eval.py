@@ -69,6 +69,44 @@ def symbols(node) -> set[str]:
 
 
 # ---------------------------------------------------------------------------------------------
+# number literals: a result as written, not an expression that evaluates to it (the graders' literal rule)
+
+def integer_literal(node) -> int | None:
+    """The value of an integer literal, signed or not ("-2" is ('neg', 2)), else None."""
+    sign = 1
+    if node[0] == "neg":
+        sign, node = -1, node[1]
+    if node[0] == "num" and node[2] is None and node[1].denominator == 1:
+        return sign * int(node[1])
+    return None
+
+
+def reduced_fraction(node) -> bool:
+    """A fraction n/d of integer literals in lowest terms with d > 1 (-2/3 parses as (-2)/3 or -(2/3))."""
+    node = node[1] if node[0] == "neg" else node
+    if node[0] != "/":
+        return False
+    n, d = integer_literal(node[1]), integer_literal(node[2])
+    return n is not None and d is not None and d > 1 and math.gcd(n, d) == 1
+
+
+def literal(node) -> bool:
+    """A number as written: an integer or a decimal (13, -4, 2.5), a fraction in lowest terms (-3/4, \\frac{3}{4}),
+    a percentage of one (28%), or a decimal times a power of ten (5 x 10^4, which is also how 5万 parses); no
+    other operation, so the question's own 34+48, 8*9, 12/18 or 2\\frac{1}{2} (2 + 1/2) is not a literal."""
+    kind = node[0]
+    if kind == "pct":
+        return literal(node[1]) and node[1][0] != "pct"
+    if kind == "*" and node[2][0] == "^" and integer_literal(node[2][1]) == 10:
+        return _decimal(node[1]) and integer_literal(node[2][2]) is not None
+    return _decimal(node) or reduced_fraction(node)
+
+
+def _decimal(node) -> bool:
+    return (node[1] if node[0] == "neg" else node)[0] == "num"
+
+
+# ---------------------------------------------------------------------------------------------
 # exact rationals
 
 def binary(kind: str, a, b, zero_division: type[Exception]):

@@ -4,10 +4,14 @@
     r = score("步骤一：3+4=7\\n答案：7", "7", RewardConfig(w_process=0.2))
     r["total"], r["outcome"], r["process"], r["format"], r["error"]
 
-    total = w_outcome   * outcome            outcome: 1.0 when the text has a final answer (extract_answer) and
-                                             is_equiv(text, gold): the verifier reads that same answer through
-                                             rewards.parse.answer_candidates (0.0 without an answer, and 0.0
-                                             without reasoning when requires_reasoning is on)
+    total = w_outcome   * outcome            outcome: 1.0 when the text has a final answer (extract_answer: an
+                                             answer occurrence, or without one the final sentence's one value;
+                                             an answer naming several values has none) and
+                                             is_equiv(text, gold, literal=True): the verifier reads that same
+                                             answer through rewards.parse.answer_candidates, and a gold written as
+                                             number literals needs a literal ("34+48" does not state 82) (0.0
+                                             without an answer, and 0.0 without reasoning when requires_reasoning
+                                             is on)
           + w_process   * process            mean of the non-None step scores of rewards.steps.check_steps
                                              (process_default when no step has a checkable claim)
           + w_format    * format             rewards.format.format_reward(text, lang) in [0, 1], in the layout
@@ -166,7 +170,7 @@ def score(text, gold, cfg: RewardConfig | None = None, *, n_tokens=None) -> dict
             text = text[-cfg.max_chars:]  # the cost cap: nothing below sees more (the answer is at the end)
         answer = extract_answer(text)
         correct = bool(answer is not None and gold
-                       and is_equiv(text[-ANSWER_WINDOW:], gold, timeout=cfg.verify_timeout))
+                       and is_equiv(text[-ANSWER_WINDOW:], gold, timeout=cfg.verify_timeout, literal=True))
         reasoning = penalties.has_reasoning(text, cfg.min_reasoning_steps)
         outcome = 1.0 if correct and (reasoning or not cfg.requires_reasoning) else 0.0
 

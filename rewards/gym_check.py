@@ -36,11 +36,10 @@ validating entry point for trusted payloads, used by rl.tasks.base). is_equiv ru
 from __future__ import annotations
 
 import json
-import math
 import re
 from fractions import Fraction
 
-from rewards._verify_eval import binary, symbols
+from rewards._verify_eval import binary, integer_literal, reduced_fraction, symbols
 from rewards.mathparse import ParseError, parse_answer, parse_arithmetic
 from rewards.parse import as_text, extract_answer
 from rewards.verify import is_equiv
@@ -98,31 +97,6 @@ def _answer(text) -> str | None:
     return answer
 
 
-def _integer(node) -> int | None:
-    """The value of an integer literal, signed or not ("-2" is ('neg', 2)), else None."""
-    sign = 1
-    if node[0] == "neg":
-        sign, node = -1, node[1]
-    if node[0] == "num" and node[2] is None and node[1].denominator == 1:
-        return sign * int(node[1])
-    return None
-
-
-def _reduced(node) -> bool:
-    """A fraction n/d of integer literals in lowest terms with d > 1 (-2/3 parses as (-2)/3)."""
-    node = node[1] if node[0] == "neg" else node
-    if node[0] != "/":
-        return False
-    n, d = _integer(node[1]), _integer(node[2])
-    return n is not None and d is not None and d > 1 and math.gcd(n, d) == 1
-
-
-def _literal(node) -> bool:
-    """A number as written: 13, -4, 2.5, -3/4 (a fraction in lowest terms); no other operation."""
-    bare = node[1] if node[0] == "neg" else node
-    return bare[0] == "num" or _reduced(node)
-
-
 def _stated_value(node, variable):
     """`node` without a leading "variable =": "e = 13" -> 13 (any one-letter name when variable is None)."""
     if node[0] == "rel" and node[2] == ("=",) and node[1][0][0] == "sym":
@@ -132,14 +106,18 @@ def _stated_value(node, variable):
 
 
 def _number_ok(answer: str, data: dict) -> bool:
-    node = _stated_value(parse_answer(answer), data.get("variable"))
-    return _literal(node) and is_equiv(answer, data["gold"], timeout=VERIFY_TIMEOUT)
+    """A number as written (rewards.verify's literal rule, the math families' own), "e = 13" for the equation's
+    unknown only: an expression with the gold value ("5 - 3 - 6") and another variable score 0."""
+    node = parse_answer(answer)
+    if node[0] == "rel" and _stated_value(node, data.get("variable")) is node:
+        return False  # an equation that is not "unknown = value": "y = 13", "5 - 3 - 6 = -4"
+    return is_equiv(answer, data["gold"], timeout=VERIFY_TIMEOUT, literal=True)
 
 
 def _fraction_ok(answer: str, data: dict) -> bool:
     node = parse_answer(answer)
-    whole = _integer(node) is not None and Fraction(data["gold"]).denominator == 1  # "3" when the gold is whole
-    return (whole or _reduced(node)) and is_equiv(answer, data["gold"], timeout=VERIFY_TIMEOUT)
+    whole = integer_literal(node) is not None and Fraction(data["gold"]).denominator == 1  # "3" when the gold is whole
+    return (whole or reduced_fraction(node)) and is_equiv(answer, data["gold"], timeout=VERIFY_TIMEOUT)
 
 
 def _constant(node) -> bool:

@@ -22,10 +22,18 @@ extract_answer(text) reads the winner (within the last ANSWER_WINDOW characters)
     \\boxed{3}" gives "2, 3"; "first \\boxed{3}, then corrected: \\boxed{4}" gives "4");
   * a line or tag value is cut at its first sentence end (". ", "。", a newline, "I hope", "<|"), then taken
     after its last "is" ("Final Answer: The largest $n$ is 34" gives "34"), then math regions in it win
-    ("so the answer is $y = 5$" gives "y = 5"), and for Latin prose its last number ("12 apples" gives "12");
+    ("so the answer is $y = 5$" gives "y = 5"), Latin prose gives its number ("12 apples" gives "12") and a
+    formula is read whole;
+  * one value (issue 52): a reading never picks one value out of several. A sentence that names two or more
+    values (_values: numbers and math regions with a digit, each distinct value once, not counting step markers
+    nor the working before an "=") is prose with no reading ("it is either 71 or 72", "not 71 but 72"), or a
+    formula read whole with no number fallback ("71 or 72" is a list; "71或72", which the parser refuses, matches
+    nothing);
+  * a text with no answer occurrence at all answers with its final sentence when that names exactly one value
+    ("...So, Mia has 15 marbles." gives "15");
   * values lose surrounding whitespace, trailing . and 。, and $...$, $$...$$, \\(...\\), \\[...\\] delimiters.
-answer_candidates(text) gives verification the same readings in order, plus fallbacks when there is no answer
-occurrence: a multiple-choice letter at the start, the last math region, the last number of prose.
+answer_candidates(text) gives verification the same readings in order, plus fallbacks for a bare answer: a
+multiple-choice letter at the start, the last math regions when they are all the text names, else the text.
 
 Every public function accepts anything (str, bytes, None, other objects) and never raises; bytes are decoded
 as UTF-8 with replacement, other non-str input counts as empty text. All scans are linear in the text length.
@@ -34,10 +42,11 @@ from __future__ import annotations
 
 import bisect
 import re
+from fractions import Fraction
 from typing import NamedTuple
 
 from rewards.mathparse import FUNCS, GREEK
-from rewards.text import as_text, brace_pairs
+from rewards.text import MATH_CHARS, as_text, brace_pairs
 
 __all__ = [
     "Step", "AnswerMarker", "ANSWER_WINDOW", "as_text", "cn_to_int", "parse_steps", "split_steps", "step_spans",
@@ -242,6 +251,7 @@ def step_spans(text) -> list[tuple[int, int]]:
 # Final answers: the one extractor (format checks, verification, the combined reward and evaluation use it)
 
 ANSWER_WINDOW = 20_000  # the final answer is searched for in the last characters of a text only
+MAX_SENTENCE_CHARS = 1_000  # a longer sentence states no single value (no number is picked out of it)
 _CHOICE = re.compile(r"^\s*\(?([A-E])\)?\s*[.:)]\s+\S")
 _SENTENCE_END = re.compile(r"\n|\.\s|。|I hope|<\|")
 _IS = re.compile(r"\bis\b")
@@ -255,7 +265,6 @@ _CODE_LIKE = re.compile(r"__|\b(?:lambda|import|eval|exec|os|sys|open|system)\b|
 _GAP_WORDS = re.compile(r"\\text\s*\{([^{}]*)\}|\\[a-zA-Z]+|[$,;.:()\[\]\\]")
 _PROSE_WORD = re.compile(r"(?<![\\a-zA-Z0-9])[a-zA-Z]*[a-z][a-zA-Z]*(?![a-zA-Z0-9])")
 _LATEX_CMD_ARG = re.compile(r"\\[a-zA-Z]+\s*(?:\{[^{}]*\})?")
-_HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 _MATH_WORDS = {"sqrt", "frac", "dfrac", "tfrac", "cdot", "times", "infty", "infinity", "percent",
                "percentage", "text", "left", "right", "boxed", "sin", "cos", "tan", "log", "ceil",
                "floor", "units", "pmatrix", "bmatrix", "matrix", "begin", "end", "mathrm"}
@@ -383,15 +392,20 @@ def _short_gap(gap: str) -> bool:
     return len(words) <= 4 and any(w.lower() in ("and", "or", "&", "和", "或") for w in words)
 
 
-def _join_trailing(spans: list[tuple[int, int, str]], text: str) -> str:
-    """The last answer, joined with the answers before it when only short connectors separate them."""
+def _trailing_run(spans: list[tuple[int, int, str]], text: str) -> list[tuple[int, int, str]]:
+    """The last answer span and the ones just before it that only short connectors separate from it."""
     run = [spans[-1]]
     for prev in reversed(spans[:-1]):
         if prev[1] <= run[0][0] and _short_gap(text[prev[1]:run[0][0]]):
             run.insert(0, prev)
         else:
             break
-    return ", ".join(s[2] for s in run)
+    return run
+
+
+def _join_trailing(spans: list[tuple[int, int, str]], text: str) -> str:
+    """The last answer, joined with the answers before it when only short connectors separate them."""
+    return ", ".join(s[2] for s in _trailing_run(spans, text))
 
 
 def _regions(text: str) -> list[tuple[int, int, str]]:
@@ -407,18 +421,137 @@ def _is_prose(text: str) -> bool:
     return any(len(w) >= 4 for w in words) or len(words) >= 2
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# One value per answer: the values a sentence names (docs/rewards.md, "An answer names one value")
+
+_WORKING_CHARS = frozenset("0123456789+-*/^()% \t")  # what the arithmetic before an "=" is made of (after MATH_CHARS)
+_STEP_WORDS = (_ZH_STEP, _EN_STEP)
+
+
+class _Value(NamedTuple):
+    key: object  # the number's exact value (Fraction, percent flag), or a math region's text without spaces
+    text: str    # as written: "1,000", "3/4", "\\frac{1}{2}"
+
+
+def _number_key(s: str):
+    """(exact value, percent) of a number as _LAST_NUMBER finds it ("1,000", "2,5", "3 / 4", "28%"); the text itself
+    when it does not convert."""
+    t = "".join(s.split())
+    pct = t.endswith("%")
+    t = t.rstrip("%")
+    try:
+        if "/" in t:
+            n, d = t.split("/")
+            return Fraction(int(n), int(d)), pct
+        if re.fullmatch(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?", t):
+            t = t.replace(",", "")
+        return Fraction(t.replace(",", ".")), pct
+    except (ValueError, ZeroDivisionError, OverflowError):
+        return t
+
+
+def _drop_working(seg: str) -> str:
+    """`seg` with the working of its equations blanked: the arithmetic (digits, + - * / ^ ( ) %, spaces, and "," or
+    "." between digits) right before each "=", when it holds a digit, and the "=" itself: "is 9 + 5 = 14" keeps
+    "is" and "14"; "x = 3 and y = 2" loses only its "="s (a name is not arithmetic). Linear: a backward scan stops
+    at the previous "="."""
+    folded = seg.translate(MATH_CHARS)
+    out, kept, floor = [], 0, 0
+    for eq in (i for i, ch in enumerate(folded) if ch == "="):
+        j = eq
+        while j > floor and (folded[j - 1] in _WORKING_CHARS
+                             or (folded[j - 1] in ",." and j < eq and folded[j].isdigit())):
+            j -= 1
+        cut = j if any(ch.isdigit() for ch in folded[j:eq]) else eq
+        out.append(seg[kept:cut])
+        out.append(" " * (eq + 1 - cut))
+        kept = floor = eq + 1
+    out.append(seg[kept:])
+    return "".join(out)
+
+
+def _values(sentence: str) -> list[_Value]:
+    """The distinct values a sentence names, in order of last mention: each math region holding a digit ($71$,
+    $\\frac{1}{2}$, $9 + 6 = 15$: one value each) and each number outside them, not counting step markers
+    ("Step 2:") nor the working before an "=" ("9 + 5 = 14" names 14). Equal numbers are one value (15 and 15.0)."""
+    found: dict = {}
+    pos = 0
+    for start, end, content in _regions(sentence) + [(len(sentence), len(sentence), "")]:
+        outside = _drop_working(sentence[pos:start])
+        for rx in _STEP_WORDS:
+            outside = rx.sub(" ", outside)
+        for num in _LAST_NUMBER.findall(outside):
+            num = num.strip()
+            found.pop(key := _number_key(num), None)
+            found[key] = num
+        if any(ch.isdigit() for ch in content):
+            c = content.strip()
+            key = _number_key(c) if _LAST_NUMBER.fullmatch(c) else "".join(c.split())
+            found.pop(key, None)
+            found[key] = c
+        pos = end
+    return [_Value(k, t) for k, t in found.items()]
+
+
+def _one_value(sentence: str, values: list[_Value]) -> str | None:
+    """The value a sentence states when it names exactly one (as written), else None; a sentence over
+    MAX_SENTENCE_CHARS states none (a runaway line, or hostile text the parser refuses, such as 5,000 "-"s)."""
+    return values[0].text if len(values) == 1 and len(sentence) <= MAX_SENTENCE_CHARS else None
+
+
+def _final_sentence(text: str) -> str:
+    """The last sentence of a text (pieces split as answer values are cut: ". ", "。", a newline, "I hope", "<|"),
+    without its closing "." or "。"."""
+    for piece in reversed(_SENTENCE_END.split(text)):
+        piece = piece.strip().rstrip(" .。")
+        if piece:
+            return piece
+    return ""
+
+
+def _region_reading(regions: list[tuple[int, int, str]], text: str, keys: set) -> str | None:
+    """The last math region of `text` joined with those just before it (_join_trailing), when they name every
+    value in `keys` (the text's _values); None when the text names a value outside them ("it could be $71$, but I
+    think it's $72$")."""
+    run = _trailing_run(regions, text)
+    covered = {v.key for start, end, _ in run for v in _values(text[start:end])}
+    return ", ".join(c for _, _, c in run) if keys <= covered else None
+
+
 def _readings(raw: str) -> list[str]:
-    """Readings of an answer line's value, best first: the sentence it starts, after its last "is" ("the
-    largest n is 34"), math regions in it ($y = 5$), and for prose its last number first."""
-    tail = _SENTENCE_END.split(raw.strip(), maxsplit=1)[0].strip().rstrip(". ")
-    if _IS.search(tail):
-        tail = _IS.split(tail)[-1].strip()
+    """Readings of an answer line's value, best first: the sentence it starts, after its last "is" ("the largest n
+    is 34"), math regions in it ($y = 5$), for prose its number, and for a formula the parser reads it whole (with
+    its one number as a fallback). A reading never picks one value out of several: a sentence that names two or
+    more values (_values) has none unless it is one formula or one run of joined regions ("71 or 72" is the list
+    71, 72; "it is either 71 or 72", "not 71 but 72", "71或72" give [])."""
+    sentence = _SENTENCE_END.split(raw.strip(), maxsplit=1)[0].strip().rstrip(". ")
+    tail = _IS.split(sentence)[-1].strip() if _IS.search(sentence) else sentence
+    values = _values(tail)
+    keys = {v.key for v in values}
+    if any(v.key not in keys for v in _values(sentence)):
+        return []  # "not 71, it is 72": the words before "is" name another value
     regions = _regions(tail)
     if regions:
-        return [_join_trailing(regions, tail)]
-    nums = _LAST_NUMBER.findall(tail)
-    last = [nums[-1]] if nums and nums[-1] != tail else []
-    return last + [tail] if _is_prose(tail) else [tail] + last
+        joined = _region_reading(regions, tail, keys)
+        return [] if joined is None else [joined]
+    one = _one_value(tail, values)
+    if _is_prose(tail):
+        if not values:
+            return [tail]  # a text answer: "no real solutions"
+        return [] if one is None else [one]
+    return [tail] + ([one] if one is not None and one != tail else [])
+
+
+def _unmarked_readings(text: str) -> list[str] | None:
+    """Readings of a text with no answer occurrence: its final sentence, when that names exactly one value and
+    looks like no code ("So, Mia has 15 marbles." gives 15; "Ben has 9 + 5 = 14." gives 14; "They have 71 or 72."
+    and "...so Mia has" give None). A formula or Chinese sentence reads whole first ("5万元", "x = 3"), prose by
+    its value."""
+    sentence = _final_sentence(text)
+    value = _one_value(sentence, _values(sentence))
+    if value is None or _CODE_LIKE.search(sentence):
+        return None
+    return [value] if _is_prose(sentence) or value == sentence else [sentence, value]
 
 
 def _marker_readings(text: str, markers: list[AnswerMarker]) -> list[str] | None:
@@ -438,13 +571,22 @@ def _marker_readings(text: str, markers: list[AnswerMarker]) -> list[str] | None
     return None
 
 
+def _answer_readings(text: str, markers: list[AnswerMarker]) -> list[str] | None:
+    """The readings of the text's answer: its winning answer occurrence's, or, when it has no answer occurrence
+    at all, its final sentence's (_unmarked_readings). None when it has neither; [] when its answer names no
+    single value."""
+    readings = _marker_readings(text, markers)
+    return _unmarked_readings(text) if readings is None and not markers else readings
+
+
 def extract_answer(text) -> str | None:
     """The final answer string: the value of the last answer occurrence that has one (an empty "Answer:" or
-    an unterminated "\\boxed{" at the very end does not erase an earlier answer), read as the module
-    docstring says; None when there is none."""
+    an unterminated "\\boxed{" at the very end does not erase an earlier answer), or without any occurrence the
+    one value of the final sentence, read as the module docstring says; None when there is none (or when the
+    answer names more than one value)."""
     try:
         text = as_text(text)[-ANSWER_WINDOW:]
-        readings = _marker_readings(text, find_answer_markers(text))
+        readings = _answer_readings(text, find_answer_markers(text))
         for r in readings or ():
             value = clean_answer(r)
             if value is not None:
@@ -455,10 +597,11 @@ def extract_answer(text) -> str | None:
 
 
 def answer_candidates(text) -> list[str]:
-    """Answer strings to try for verification, best first: the readings of extract_answer's occurrence; without
-    one, the content so far of a cut-off last \\boxed{, a multiple-choice letter at the start ("(B) ..."), the
-    last math region ($...$, \\(...\\), \\[...\\]; a number in prose after it in a long text), the last number
-    of prose (Latin prose first by its number; Chinese text as a whole, then its last number), else the text."""
+    """Answer strings to try for verification, best first: the readings of extract_answer's answer (its occurrence,
+    or the final sentence's one value); without one, the content so far of a cut-off last \\boxed{, a
+    multiple-choice letter at the start ("(B) ..."), the last math regions when they name every value of the text,
+    else the text itself (a formula or text answer the parser reads whole; never one number picked out of
+    several)."""
     try:
         text = as_text(text)[-ANSWER_WINDOW:]
         markers = find_answer_markers(text)
@@ -472,19 +615,11 @@ def answer_candidates(text) -> list[str]:
         choice = _CHOICE.match(text)
         if choice:
             return [choice.group(1), text]
+        unmarked = None if markers else _unmarked_readings(text)
+        if unmarked:
+            return unmarked
         regions = _regions(text)
-        if regions:
-            after = _LAST_NUMBER.findall(text[regions[-1][1]:])
-            if after and len(text) > 80:  # prose after the last formula ends in a number
-                return [after[-1]]
-            return [_join_trailing(regions, text)]
-        nums = _LAST_NUMBER.findall(text)
-        if text.count("$") >= 2 or "\\(" in text or "\\[" in text or _CODE_LIKE.search(text):
-            nums = []  # broken math delimiters: the text does not state a clean answer
-        if _is_prose(text):
-            return ([nums[-1]] if nums else []) + [text]
-        if nums and _HAN.search(text):
-            return [text, nums[-1]]  # Chinese: "6个" reads as a whole, "所以他今年31岁" by its last number
-        return [text]  # formula-only text that does not parse states no answer
+        joined = _region_reading(regions, text, {v.key for v in _values(text)}) if regions else None
+        return [text] if joined is None else [joined]
     except Exception:  # noqa: BLE001
         return []

@@ -12,8 +12,8 @@ How a pair is decided (cheapest first):
    (rewards._verify_eval.exact_equal) on exact Fractions, in-process, no parser and no sympy.
 2. Otherwise each side is reduced to its final answer by the one extractor,
    rewards.parse.answer_candidates (the readings of extract_answer's occurrence: last \\boxed{},
-   answer line, #### line or <answer> tag; else the last $...$ region or the last number of a
-   long text), parsed by rewards.mathparse (own tokenizer and Pratt parser: model text is never
+   answer line, #### line or <answer> tag; else the final sentence's one value, the last $...$
+   regions when they are all the text names, or the text), parsed by rewards.mathparse (own tokenizer and Pratt parser: model text is never
    passed to eval/exec/sympify/parse_expr/parse_latex; Chinese units, qualifiers and full-width
    forms are read there) and compared structurally: sets and lists without order, tuples and
    intervals with order and brackets, matrices element-wise, equations and inequalities up to a
@@ -520,7 +520,24 @@ def _as_text(value) -> str | None:
 MAX_NESTING = 100            # brackets nested deeper than this reject the input
 
 
-def _is_equiv(pred, gold, timeout: float) -> bool:
+def _literal_answer(node) -> bool:
+    """Whether an answer states number literals (rewards._verify_eval.literal): the value it states (_reduce:
+    "x = 82" and "34 + 48 = 82" state 82) is a literal, or a collection of them ("x=7, y=-2", "(1, 2)")."""
+    node = _reduce(node)
+    if node[0] in _COLLECTIONS:
+        return bool(node[1]) and all(_literal_answer(x) for x in node[1])
+    if node[0] == "seq":
+        return bool(node[3]) and all(_literal_answer(x) for x in node[3])
+    return ev.literal(node)
+
+
+def _plain_literal(s: str) -> bool:
+    """A plain number string (_plain_number) that is a literal: not a fraction out of lowest terms ("12/18")."""
+    m = _PLAIN_FRAC.fullmatch(s.strip())
+    return m is None or (int(m.group(3)) > 1 and math.gcd(int(m.group(2)), int(m.group(3))) == 1)
+
+
+def _is_equiv(pred, gold, timeout: float, literal: bool = False) -> bool:
     pred, gold = _as_text(pred), _as_text(gold)
     if pred is None or gold is None:
         return False
@@ -534,6 +551,8 @@ def _is_equiv(pred, gold, timeout: float) -> bool:
         return False
     pa, pb = _plain_number(pred), _plain_number(gold)
     if pa is not None and pb is not None:
+        if literal and _plain_literal(gold) and not _plain_literal(pred):
+            return False
         return ev.exact_equal(_plain_node(pa), _plain_node(pb)) is True
     _check_deadline(deadline)
     cands_p = answer_candidates(pred)
@@ -547,6 +566,8 @@ def _is_equiv(pred, gold, timeout: float) -> bool:
     try:
         _check_exponents(node_p)
         _check_exponents(node_g)
+        if literal and _literal_answer(node_g) and not _literal_answer(node_p):
+            return False  # a gold written as number literals asks for a result, not an expression of it
         if _Comparer(deadline).equiv(node_p, node_g):
             return True
     except ev.Bomb:
@@ -554,13 +575,19 @@ def _is_equiv(pred, gold, timeout: float) -> bool:
     return _same_text(text_p, text_g)
 
 
-def is_equiv(pred, gold, timeout: float = 1.0) -> bool:
+def is_equiv(pred, gold, timeout: float = 1.0, *, literal: bool = False) -> bool:
     """True when the predicted answer (or text ending in one) states the gold answer.
+
+    With literal=True (the graders' rule, rewards.combine.score): when the gold is written as number literals
+    (an integer, a decimal, a fraction in lowest terms, a percentage, a d x 10^k, or a collection of them, after
+    "x =": rewards._verify_eval.literal) the answer must state literals too, so "34+48", "8*9" and "12/18" do not
+    state 82, 72 and 2/3, while "82", "x = 82", "34 + 48 = 82" and "0.67" (rounded) do; a gold expression keeps
+    symbolic equivalence. The default (False) is plain value equivalence, which the step checker agrees with.
 
     Never raises; returns False for non-strings, oversized or malformed input, and when the
     time budget (seconds) runs out before equivalence is shown."""
     try:
-        return _is_equiv(pred, gold, 1.0 if timeout is None else float(timeout)) is True
+        return _is_equiv(pred, gold, 1.0 if timeout is None else float(timeout), bool(literal)) is True
     except (_Deadline, Exception):  # noqa: BLE001 - a reward must never crash the loop
         return False
 

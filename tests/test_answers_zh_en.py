@@ -16,7 +16,7 @@ import pytest
 
 from rewards.combine import RewardConfig, score
 from rewards.format import FormatConfig, format_reward
-from rewards.parse import answer_candidates, clean_answer, extract_answer
+from rewards.parse import answer_candidates, clean_answer, extract_answer, find_answer_markers
 from rewards.verify import is_equiv
 
 ROWS = [json.loads(line) for line in (Path(__file__).parent / "data" / "answers_zh_en.jsonl").read_text(
@@ -67,7 +67,7 @@ def test_gsm8k_marker_and_headings():
     assert extract_answer("#### 72") == "72" and is_equiv("#### 72", "72")
     assert extract_answer("so 3 + 4 = 7\n#### -7.5") == "-7.5"
     assert extract_answer("#### Step 1\nwork") is None and extract_answer("#### 1. Setup\nwork") is None
-    assert extract_answer("a #### 72") is None  # not at the start of a line
+    assert find_answer_markers("a #### 72") == []  # not at the start of a line (an unmarked sentence, then)
 
 
 def test_r1_format_mode():

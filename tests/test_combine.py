@@ -156,7 +156,10 @@ def test_format_mode_reaches_the_format_reward():
 
 
 def test_outcome_needs_an_extracted_answer():
-    assert score("I think it is 14", "14")["outcome"] == 0.0  # no answer marker: no outcome reward
+    # no answer marker: the final sentence counts when it names exactly one value (issue 52; docs/rewards.md)
+    assert score("I think it is 14", "14")["outcome"] == 1.0
+    assert score("I think it is 13 or 14", "14")["outcome"] == 0.0
+    assert score("Step 1: 7*2 = 14, 14 + 1 = 15", "15")["outcome"] == 0.0  # two results: no answer
     assert score("步骤一：7×2=14\n答案：14个", "14")["outcome"] == 1.0
     assert score("Step 1: 4*3 = 12\nFinal Answer: The total is 12.", "12", RewardConfig(lang="en"))["outcome"] == 1.0
 
