@@ -297,8 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     temp = args.temperature or e["temperature"]
     probs = problems_of(ctx, args.split)
     print(f"checkpoint {where}" + (f"\nno --ckpt given: {why}" if why else ""))
-    print(f"evaluating {len(probs)} {args.split} problems of {ctx.cfg['tasks']['mix']}: greedy + {k} samples at "
-          f"T={temp}", flush=True)
+    print(f"evaluating {len(probs)} {args.split} problems of {ctx.cfg['tasks']['mix']}: greedy"
+          + (f" + {k} samples at T={temp}" if k > 0 else " only (--k 0)"), flush=True)
     samples: list = []
     try:
         m = ev.evaluate(ctx, params, probs, jax.random.key(args.seed), k, temp, samples_out=samples,

@@ -252,7 +252,7 @@ def small_n_note(n: int) -> str:
         return ""
     lo, hi = wilson_interval(0.5, n)
     return (f"n = {n} test problems (< {SMALL_N}): too few to tell policies apart (a 95 % interval at pass@1 0.5 "
-            f"spans {lo:.2f}-{hi:.2f}; a lift counts only beyond about 2 x its paired SE); evaluate on {SMALL_N} or "
+            f"spans {lo:.2f}-{hi:.2f}; a lift counts only beyond about 2 x its paired SE);\nevaluate on {SMALL_N} or "
             "more problems to judge a run (a run: eval.n_test and tasks.n_test; experiments.eval: --n).")
 
 

@@ -92,6 +92,11 @@ def progress_values(m: dict, kl_place: str | None = None) -> dict[str, float]:
     return out
 
 
+def progress_number(v: float) -> str:
+    """A progress value with three decimals, or three significant digits below 0.01 (a KL of 0.00039 is not 0.000)."""
+    return f"{v:.3f}" if v == 0 or abs(v) >= 0.01 else f"{v:.2e}"
+
+
 def summary_entry(test_metrics: dict) -> dict:
     """The summary.json entry of one test evaluation: SUMMARY_KEYS, the Wilson interval, n, the per-problem solved
     indicators (for the paired lift, rl.metrics.paired_lift), per-family metrics."""
@@ -352,7 +357,7 @@ def _run(loop: Loop, meta, latest) -> dict:
             if u == loop.u0 or (line_every is not None and (last or stop or time.time() - t_line >= line_every)):
                 t_line = time.time()
                 loop.clock.say(f"{sc.name} unit {u + 1}/{sc.units} done in {m['time/unit']:.1f} s" + "".join(
-                    f", {k} {v:.3f}" for k, v in progress_values(m, kl_place).items()))
+                    f", {k} {progress_number(v)}" for k, v in progress_values(m, kl_place).items()))
             val = None
             if last:
                 res = loop.evaluate(stage_lib.policy_params(run), si, u, stage=sc.name)
@@ -369,7 +374,7 @@ def _run(loop: Loop, meta, latest) -> dict:
             if loop.gunit % cfg.log.every == 0 or last:
                 ctx.writer.write(loop.gunit, m, stage=sc.name, phase="train", unit=str(u))
             bar.update(1)
-            bar.set_postfix({k: f"{v:.3f}" for k, v in progress_values(m, kl_place).items()})
+            bar.set_postfix({k: progress_number(v) for k, v in progress_values(m, kl_place).items()})
             ran += 1
             if last:  # before the checkpoint that marks the stage done: a rerun fails the same way
                 stage_lib.check_trained(run)

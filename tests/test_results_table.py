@@ -10,7 +10,7 @@ import pytest
 
 from rl import evaluation as ev
 from rl import metrics as mlib
-from rl.run import progress_values, summary_entry
+from rl.run import progress_number, progress_values, summary_entry
 
 
 def entry(solved) -> dict:
@@ -44,8 +44,8 @@ def rows_of(table: str) -> dict[str, dict[str, str]]:
     head = re.split(r"\s{2,}", lines[0].strip())
     out = {}
     for line in lines[2:]:
-        if set(line.strip()) <= {"-", " "} or line.startswith("n = "):
-            continue
+        if line.startswith("n = "):  # the words below a small table
+            break
         cells = re.split(r"\s{2,}", line.strip())
         out[cells[0]] = dict(zip(head, cells))
     return out
@@ -79,7 +79,7 @@ def test_table_intervals_and_paired_lift_against_a_hand_computation():
 def test_a_small_test_set_says_so_in_words():
     rows = {"initial": entry([0] * 8), "grpo": entry([1, 0, 0, 1, 0, 0, 0, 0])}
     table = mlib.results_table(rows, k=0, temperature=0.6)
-    note = table.splitlines()[-1]
+    note = "\n".join(table.splitlines()[-2:])
     lo, hi = wilson_ref(4, 8)
     assert note.startswith("n = 8 test problems (< 64): too few to tell policies apart")
     assert f"{lo:.2f}-{hi:.2f}" in note and "eval.n_test" in note
@@ -111,3 +111,5 @@ def test_progress_line_shows_the_kl_the_loss_used():
     no_ref = {"loss": 0.1, "reward/mean": 0.5, "loss/kl": 0.0}  # kl_coef 0: no reference, no KL shown
     assert "loss/kl" not in progress_values(no_ref, "loss")
     assert progress_values({"loss": 2.0}, None) == {"loss": 2.0}  # an SFT epoch
+    # a small KL is shown, not rounded to 0.000
+    assert progress_number(0.00039) == "3.90e-04" and progress_number(0.013) == "0.013" and progress_number(0.0) == "0.000"
