@@ -1,14 +1,17 @@
 """Evaluate a run's checkpoint, finished or still running, on any split or task mix.
 
-    python -m experiments.eval --workdir runs/quickstart --ckpt best [--split test] [--n 128] [--k 8]
+    python -m experiments.eval --workdir runs/quickstart [--ckpt best|last|N] [--split test] [--n 128] [--k 8]
         [--temperature 0.6] [--mix add:1.0] [--seed 0] [--samples 2]
 
-Loads the policy with rl.checkpoint.load_policy (best | last | a global unit N; read-only, so a running run is not
+Loads the policy with rl.checkpoint.load_policy (best | last | a global unit N; without --ckpt the best policy when
+the run kept one and the last checkpoint otherwise, saying which: `resolve_ckpt`; read-only, so a running run is not
 disturbed), draws the problems from the run's own task config (or `--mix`, a task mix spec as in tasks.mix) and
 evaluates them exactly as the trainer does (rl.evaluation.evaluate: greedy pass@1 with its standard error and
 95 % Wilson interval, pass@k, maj@k, format rate, length; per task family for mixed problem sets). Prints a
 table and writes workdir/evals/<ckpt>-<split>[-<mix>][-tools].json with the samples (prompt, response, extracted
-answer, gold, reward parts) in the .samples.jsonl beside it. Runs on one device whatever the run's mesh was.
+answer, gold, reward parts) in the .samples.jsonl beside it. The table is rl.metrics.results_table's (pass@k and
+maj@k only when k > 0, headed with their sampling temperature; words when n < 64). Runs on one device whatever
+the run's mesh was.
 `--tools` draws every answer, greedy and k-sample, with the sandboxed Python tool (docs/tools.md;
 `--max-turns`, `--tool-output-tokens`, `--tool-timeout` as a stage's `tools` section): pass@1 and pass@k then are
 the tool-using ones, pass@1_no_tools the plain greedy one, with the tool metrics (calls per answer, errors) beside
@@ -60,6 +63,19 @@ from rl.tasks.render import ANSWER_LINE_SYSTEM_PROMPT
 from rl.tool_rollout import ToolsConfig
 
 SPLITS = ("train", "validation", "test")
+
+
+def resolve_ckpt(workdir: str, ckpt: str = "") -> tuple[str, str]:
+    """(which checkpoint, why): `ckpt` as given; none given, "best" when the run kept a best policy
+    (rl.checkpoint.find_policy finds one), else "last", the reason saying which and why."""
+    if ckpt:
+        return ckpt, ""
+    try:
+        ck.find_policy(workdir, "best")
+        return "best", "the best policy by validation pass@1 (--ckpt last takes the newest checkpoint)"
+    except CheckpointError:
+        return "last", ("the last checkpoint, since the run kept no best policy (checkpoint.keep_best off, or no "
+                        "validation evaluation yet)")
 
 
 def open_run(workdir: str, ckpt: str, *, mix: str = "", split: str = "test", n: int = 0):
@@ -168,13 +184,12 @@ TOOL_COLUMNS = ("pass@1_tools", "pass@1_tools_se", "pass@1_no_tools", "tools/cal
                 "tools/samples_with_call", "tools/errors", "tools/tokens")
 
 
-def print_metrics(label: str, m: dict) -> dict:
-    """Print the pass@1 +- SE [95 % interval] / pass@k / maj@k table (and per family, and with tools the tool
-    columns) of evaluate's metrics; returns the summary entry."""
+def print_metrics(label: str, m: dict, temperature: float) -> dict:
+    """Print the pass@1 +- SE [95 % interval] / pass@k / maj@k table (rl.metrics.results_table: pass@k only when
+    k > 0, with its temperature; and per family, and with tools the tool columns) of evaluate's metrics; returns
+    the summary entry."""
     entry = summary_entry(m)
-    cols = ["pass@1", "pass@1_se", "pass@k", "maj@k", "format_rate", "mean_length"]
-    row = {**entry, "n": m["n_problems"], "95% CI": "[{:.3f}, {:.3f}]".format(*entry["pass@1_ci95"])}
-    print(mlib.format_table({label: row}, cols + ["95% CI", "n"], row_header="checkpoint"))
+    print(mlib.results_table({label: entry}, int(m["k"]), temperature, row_header="checkpoint"))
     fams = sorted({key.split("/", 1)[1] for key in entry if key.startswith("n_problems/")})
     if fams:
         print(mlib.format_table({f: {c: entry.get(f"{c}/{f}") for c in ("pass@1", "pass@1_se", "format_rate")}
@@ -212,7 +227,7 @@ def main_pretrained(args) -> int:
                         n_show=max(args.samples, k, 1 if tools else 0), tools=tools)
     finally:
         ctx.scorer.close()
-    entry = print_metrics(f"{os.path.basename(path.rstrip('/'))} ({ctx.cfg['tasks']['mix']})", m)
+    entry = print_metrics(f"{os.path.basename(path.rstrip('/'))} ({ctx.cfg['tasks']['mix']})", m, temp)
     wall = time.perf_counter() - t0
     print(f"wall time {wall:.0f} s")
     if args.out:
@@ -235,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", help="a run directory (or --model)")
     ap.add_argument("--model", default="", help="a pretrained model instead of a run: a name (smollm2-135m-instruct), "
                     "a .gguf file or a Hugging Face folder")
-    ap.add_argument("--ckpt", default="best", help="best | last | a global unit number")
+    ap.add_argument("--ckpt", default="", help="best | last | a global unit number (default: best when the run "
+                    "kept a best policy, else last)")
     ap.add_argument("--split", default="test", choices=SPLITS)
     ap.add_argument("--n", type=int, default=0, help="problems (default: the run's count for that split)")
     ap.add_argument("--k", type=int, default=-1, help="samples per problem for pass@k / maj@k (default: the run's)")
@@ -273,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         tools = tools_config(args)
-        ctx, params, where = open_run(args.workdir, args.ckpt, mix=args.mix, split=args.split, n=args.n)
+        which, why = resolve_ckpt(args.workdir, args.ckpt)
+        ctx, params, where = open_run(args.workdir, which, mix=args.mix, split=args.split, n=args.n)
     except (CheckpointError, ConfigError, ValueError) as e:
         print(f"eval error: {e}", file=sys.stderr)
         return 2
@@ -281,18 +298,19 @@ def main(argv: list[str] | None = None) -> int:
     k = e["k"] if args.k < 0 else args.k
     temp = args.temperature or e["temperature"]
     probs = problems_of(ctx, args.split)
-    print(f"checkpoint {where}\nevaluating {len(probs)} {args.split} problems of {ctx.cfg['tasks']['mix']}: greedy "
-          f"+ {k} samples at T={temp}", flush=True)
+    print(f"checkpoint {where}" + (f"\nno --ckpt given: {why}" if why else ""))
+    print(f"evaluating {len(probs)} {args.split} problems of {ctx.cfg['tasks']['mix']}: greedy"
+          + (f" + {k} samples at T={temp}" if k > 0 else " only (--k 0)"), flush=True)
     samples: list = []
     try:
         m = ev.evaluate(ctx, params, probs, jax.random.key(args.seed), k, temp, samples_out=samples,
                         n_show=args.samples, tools=tools)
     finally:
         ctx.scorer.close()
-    entry = print_metrics(f"{args.ckpt} ({args.split})", m)
+    entry = print_metrics(f"{which} ({args.split})", m, temp)
     out_dir = os.path.join(args.workdir, "evals")
     os.makedirs(out_dir, exist_ok=True)
-    name = f"{args.ckpt}-{args.split}" + (f"-{re.sub(r'[^A-Za-z0-9_.@-]+', '_', args.mix)}" if args.mix else "")
+    name = f"{which}-{args.split}" + (f"-{re.sub(r'[^A-Za-z0-9_.@-]+', '_', args.mix)}" if args.mix else "")
     name += "-tools" if tools else ""
     with open(os.path.join(out_dir, name + ".json"), "w", encoding="utf-8") as f:
         json.dump({"checkpoint": where, "split": args.split, "mix": ctx.cfg["tasks"]["mix"], "k": k,

@@ -7,7 +7,8 @@
 Each --prompt is a question put into the run's prompt template (`--raw`: the text is the whole prompt). Without
 --prompt, the first --n problems of --split are shown with their gold answer and reward parts. For each prompt
 the greedy answer and --k samples at --temperature are printed in full with the extracted final answer. The
-policy comes from rl.checkpoint.load_policy (read-only); sampling runs on one device with the run's
+policy comes from rl.checkpoint.load_policy (read-only; without --ckpt the best policy when the run kept one, else
+the last checkpoint, as experiments.eval); sampling runs on one device with the run's
 sampling settings (max_new_tokens, top_p, top_k).
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ import sys
 
 import jax
 
-from experiments.eval import open_run, problems_of
+from experiments.eval import open_run, problems_of, resolve_ckpt
 from rewards.parse import extract_answer
 from rl.checkpoint import CheckpointError
 from rl.config_validation import ConfigError
@@ -27,7 +28,8 @@ from rl.tasks.base import Problem
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m experiments.sample", description=__doc__.split("\n\n")[0])
     ap.add_argument("--workdir", required=True)
-    ap.add_argument("--ckpt", default="best", help="best | last | a global unit number")
+    ap.add_argument("--ckpt", default="", help="best | last | a global unit number (default: best when the run "
+                    "kept a best policy, else last)")
     ap.add_argument("--prompt", action="append", default=[], help="a question (repeat for several)")
     ap.add_argument("--raw", action="store_true", help="use each --prompt verbatim as the model's prompt")
     ap.add_argument("--split", default="validation", choices=("train", "validation", "test"))
@@ -38,11 +40,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
 
     try:
-        ctx, params, where = open_run(args.workdir, args.ckpt, split=args.split, n=0 if args.prompt else args.n)
+        which, why = resolve_ckpt(args.workdir, args.ckpt)
+        ctx, params, where = open_run(args.workdir, which, split=args.split, n=0 if args.prompt else args.n)
     except (CheckpointError, ConfigError, ValueError) as e:
         print(f"sample error: {e}", file=sys.stderr)
         return 2
-    print(f"checkpoint {where}")
+    print(f"checkpoint {where}" + (f"\nno --ckpt given: {why}" if why else ""))
     if args.prompt:
         probs = [Problem(id=f"prompt-{i}", question=q, answer="?", steps=None, difficulty=1, source="user")
                  for i, q in enumerate(args.prompt)]

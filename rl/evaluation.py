@@ -10,7 +10,8 @@ into summary.json (and `by_family`, the same per task family for mixed problem s
                          correct=[...k bools], answers=[...k str|None], texts=[...k str], formats=[...k floats])
     metrics = summarize([rec, ...], k=8)
     # {"pass@1", "pass@k", "maj@k", "format_rate", "mean_length", "language_consistency", "distinct_answers",
-    #  "distinct_ngrams", "repetition_share", "sample_accuracy", "n_problems", "k"}
+    #  "distinct_ngrams", "repetition_share", "sample_accuracy", "n_problems", "k",
+    #  "solved": the greedy answers' per-problem indicators as "0110..." (solved_bits)}
 
 pass@k uses the unbiased estimator 1 - C(n-c, k) / C(n, k) (n samples, c correct), computed
 as a product so it never overflows. maj@k votes among the first k samples by answer equivalence:
@@ -118,6 +119,12 @@ class ProblemSamples:
     formats: list[float] = field(default_factory=list)
 
 
+def solved_bits(flags) -> str:
+    """Per-problem indicators as a string, "1" solved and "0" not, in problem order ("0110"): what a paired
+    comparison of two evaluations on the same problems needs (rl.metrics.paired_lift), compact in JSON."""
+    return "".join("1" if f else "0" for f in flags)
+
+
 def summarize(records: list[ProblemSamples], k: int, ngram: int = 2, repetition_threshold: float = 0.3) -> dict:
     """Aggregate per-problem records into the eval metrics (means over problems)."""
     if not records:
@@ -131,6 +138,7 @@ def summarize(records: list[ProblemSamples], k: int, ngram: int = 2, repetition_
         "language_consistency": float(np.mean([r.language for r in records])),
         "n_problems": len(records),
         "k": int(k),
+        "solved": solved_bits([r.greedy_correct for r in records]),
     }
     if k > 0 and all(len(r.correct) >= k for r in records):
         out["pass@k"] = float(np.mean([pass_at_k(len(r.correct), int(sum(r.correct)), k) for r in records]))

@@ -5,8 +5,14 @@
     w.write_samples(step, sample_recs, stage="grpo", split="validation")   # samples.jsonl + TensorBoard text
     w.close()
     print(format_table(summary["eval"], ["pass@1", "pass@k", "format_rate"]))
+    print(results_table(summary["eval"], k=4, temperature=0.6))   # the held-out table a run ends with
     clock = Clock(); clock.say("evaluating the initial policy")          # "[   3.1 s] evaluating ..."
     memory_metrics()   # {"mem/rss_gib", "mem/peak_rss_gib"}: every unit's record carries them (summary: "memory")
+
+The held-out table (`results_table`) gives each row's greedy pass@1 with its standard error and 95 % Wilson
+interval (`wilson_interval`), its lift over the initial policy with the paired standard error (`paired_lift`: the
+same test problems, per-problem solved indicators), pass@k / maj@k with their sampling temperature (only when k > 0),
+and says in words when the test set is too small (n < SMALL_N) for its rows to be told apart.
 
 `metrics.jsonl` lines are {"step": int, "stage": str, "phase": str, "time": float, ...metrics};
 non-finite floats are written as null so every line is valid JSON. `flatten` turns nested
@@ -213,3 +219,66 @@ def format_table(rows: dict[str, dict], columns: list[str], row_header: str = "s
     widths = [max(len(str(r[i])) for r in [head] + body) for i in range(len(head))]
     fmt = lambda r: "  ".join(str(x).ljust(w) for x, w in zip(r, widths))  # noqa: E731
     return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in body])
+
+
+SMALL_N = 64  # test problems below which a table's rows cannot be told apart (95 % intervals wider than ~0.25)
+
+
+def wilson_interval(p: float, n: int, z: float = 1.96) -> list[float]:
+    """95 % Wilson score interval of a proportion p over n trials (better than p +- 1.96 se near 0 and 1)."""
+    if n <= 0:
+        return [0.0, 1.0]
+    den = 1 + z * z / n
+    mid = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return [max(0.0, mid - half), min(1.0, mid + half)]
+
+
+def paired_lift(base: str | None, other: str | None) -> tuple[float, float] | None:
+    """(mean of other_i - base_i, its standard error) over the same problems, from two evaluations' per-problem
+    solved indicators ("0110...", rl.evaluation.solved_bits): SE = sd(d, ddof=1) / sqrt(n), the paired standard
+    error (problems both solve or both miss add no noise, so it is below sqrt(se_a^2 + se_b^2) when the two agree
+    more than chance). None when either is missing or they differ in length; the SE is nan for one problem."""
+    if not base or not other or len(base) != len(other):
+        return None
+    d = np.array([int(b) - int(a) for a, b in zip(base, other)], np.float64)
+    se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else math.nan
+    return float(d.mean()), se
+
+
+def small_n_note(n: int) -> str:
+    """The table's words for a test set below SMALL_N problems ("" from SMALL_N on)."""
+    if n <= 0 or n >= SMALL_N:
+        return ""
+    lo, hi = wilson_interval(0.5, n)
+    return (f"n = {n} test problems (< {SMALL_N}): too few to tell policies apart (a 95 % interval at pass@1 0.5 "
+            f"spans {lo:.2f}-{hi:.2f}; a lift counts only beyond about 2 x its paired SE);\nevaluate on {SMALL_N} or "
+            "more problems to judge a run (a run: eval.n_test and tasks.n_test; experiments.eval: --n).")
+
+
+def results_table(rows: dict[str, dict], k: int, temperature: float, baseline: str = "initial",
+                  row_header: str = "stage") -> str:
+    """The held-out table of summary entries (rl.run.summary_entry), one row per key of `rows`: greedy pass@1, its
+    standard error and 95 % Wilson interval, the lift over the `baseline` row with its paired SE (when `rows` holds
+    the baseline), pass@k and maj@k headed with k and their sampling temperature (only when k > 0), format rate,
+    mean length and n; below it the small_n_note when n < SMALL_N."""
+    base = rows.get(baseline, {}).get("solved")
+    sampled = [f"pass@{k} (T {temperature:g})", f"maj@{k} (T {temperature:g})"] if k > 0 else []
+    cols = ["pass@1", "pass@1_se", "95% CI"] + (["lift", "lift_se (paired)"] if base else []) + sampled + [
+        "format_rate", "mean_length", "n"]
+    table = {}
+    for name, e in rows.items():
+        n = e.get("n_problems")
+        ci = e.get("pass@1_ci95") or (wilson_interval(e["pass@1"], int(n)) if n else None)
+        row = {"pass@1": e.get("pass@1"), "pass@1_se": e.get("pass@1_se"), "format_rate": e.get("format_rate"),
+               "mean_length": e.get("mean_length"), "n": None if n is None else int(n),
+               "95% CI": None if ci is None else f"[{ci[0]:.3f}, {ci[1]:.3f}]"}
+        if sampled:
+            row[sampled[0]], row[sampled[1]] = e.get("pass@k"), e.get("maj@k")
+        lift = None if name == baseline else paired_lift(base, e.get("solved"))
+        if lift is not None:
+            row["lift"], row["lift_se (paired)"] = f"{lift[0]:+.3f}", lift[1]
+        table[name] = row
+    ns = [int(e["n_problems"]) for e in rows.values() if e.get("n_problems")]
+    note = small_n_note(min(ns)) if ns else ""
+    return format_table(table, cols, row_header) + (f"\n{note}" if note else "")

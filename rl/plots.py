@@ -6,7 +6,9 @@
 One panel each, over global units (the `step` of metrics.jsonl): the supervised loss of the SFT stages (cold start,
 rejection rounds: their own panel, since the RL panels have nothing to show there), validation pass@1 (every
 stage), and for the RL stages reward, sampled accuracy (RL `accuracy`, rejection `sample_accuracy`), KL, entropy,
-response length. Each panel spans the units its metric was logged in. Stage boundaries are dashed vertical lines
+response length. Only panels with data are drawn (a run without SFT has no SFT panel; `drawn_panels`). Each panel
+spans the units its metric was logged in; validation pass@1 has an error bar per evaluation, its 95 % Wilson
+interval over the n validation problems (`eval_intervals`). Stage boundaries are dashed vertical lines
 labelled with the stage name, a label moved down a row where it would overlap the one before (`stage_labels`); a
 reward-hacking sign (rl/hacking.py) shades the units that triggered it in red on the panel of its metric. A sweep draws one line per point: the mean over seeds, and a
 band of +- one sample standard deviation (ddof=1) where there are two or more seeds.
@@ -17,6 +19,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
+from rl.metrics import wilson_interval
 
 # (panel title, metric keys: the first one a record holds is used)
 SFT_LOSS = "SFT loss (cold start, rejection rounds)"
@@ -59,6 +63,27 @@ def panel_series(records: list[dict], keys) -> tuple[list[int], list[float]]:
     return xs, ys
 
 
+def eval_intervals(records: list[dict], keys) -> tuple[list[int], list[float], list[float], list[float]]:
+    """(steps, values, lower, upper): each evaluation point of a pass@1 panel ("<split>/pass@1", with
+    "<split>/n_problems" in the record) and its 95 % Wilson interval; empty lists for any other panel."""
+    key = keys[0]
+    out = ([], [], [], [])
+    if not key.endswith("/pass@1"):
+        return out
+    n_key = key[: -len("pass@1")] + "n_problems"
+    for r in records:
+        v, n = _value(r, (key,)), _value(r, (n_key,))
+        if v is not None and n:
+            for col, x in zip(out, (int(r["step"]), v, *wilson_interval(v, int(n)))):
+                col.append(x)
+    return out
+
+
+def drawn_panels(record_sets: list[list[dict]]) -> list[tuple[str, tuple]]:
+    """The PANELS with data in any of the record sets (one run: one set; a sweep: every run's), in PANELS order."""
+    return [(name, keys) for name, keys in PANELS if any(panel_series(recs, keys)[0] for recs in record_sets)]
+
+
 def stage_starts(records: list[dict]) -> list[tuple[int, str]]:
     """(first step, stage name) of every stage after `initial`, in order."""
     out, seen = [], set()
@@ -70,15 +95,20 @@ def stage_starts(records: list[dict]) -> list[tuple[int, str]]:
     return out
 
 
-def _figure():
+def _figure(n: int):
+    """A figure with n panels (at least one), four to a row."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure  # no pyplot: no global backend state, safe inside notebooks and threads
 
-    fig = Figure(figsize=(18, 7))
+    n = max(n, 1)
+    cols = min(n, 4)
+    rows = math.ceil(n / cols)
+    fig = Figure(figsize=(4.5 * cols, 3.5 * rows))
     FigureCanvasAgg(fig)  # a renderer, to measure the stage labels
-    axes = list(fig.subplots(2, 4).reshape(-1))
-    fig.delaxes(axes[-1])
-    return fig, axes[: len(PANELS)]
+    axes = list(np.asarray(fig.subplots(rows, cols)).reshape(-1))
+    for ax in axes[n:]:
+        fig.delaxes(ax)
+    return fig, axes[:n]
 
 
 def _decorate(ax, title, starts, span=None):
@@ -130,21 +160,27 @@ def run_curves(records: list[dict], path: str, hacking: dict | None = None, titl
 
 def run_figure(records: list[dict], hacking: dict | None = None, title: str = ""):
     """The matplotlib Figure run_curves saves."""
-    fig, axes = _figure()
+    panels = drawn_panels([records])
+    fig, axes = _figure(len(panels))
     starts = stage_starts(records)
     by_title = {}
-    for ax, (name, keys) in zip(axes, PANELS):
+    for ax, (name, keys) in zip(axes, panels):
         xs, ys = panel_series(records, keys)
-        if xs:
-            ax.plot(xs, ys, marker="." if len(xs) < 40 else None, lw=1.2)
-        else:
-            ax.text(0.5, 0.5, "not logged", transform=ax.transAxes, ha="center", color="0.5")
+        (line,) = ax.plot(xs, ys, marker="." if len(xs) < 40 else None, lw=1.2)
+        ex, ev, lo, hi = (np.asarray(c, np.float64) for c in eval_intervals(records, keys))
+        if len(ex):
+            ax.errorbar(ex, ev, yerr=[ev - lo, hi - ev], fmt="none", ecolor=line.get_color(), alpha=0.5, capsize=2,
+                        lw=0.8)
         _decorate(ax, name, starts, _span(xs))
         by_title[name] = ax
+    if not panels:
+        axes[0].text(0.5, 0.5, "no metrics logged yet", transform=axes[0].transAxes, ha="center", color="0.5")
     for stage, rep in (hacking or {}).items():
         for sign in rep.get("flagged", []):
             lo, hi = rep["signs"][sign]["steps"]
-            ax = by_title[SIGN_PANEL.get(sign, "reward")]
+            ax = by_title.get(SIGN_PANEL.get(sign, "reward"))
+            if ax is None:  # its metric was not logged
+                continue
             ax.axvspan(lo - 0.5, hi + 0.5, color="red", alpha=0.12)
             ax.text(lo - 0.5, 0.02, f" {sign}", transform=ax.get_xaxis_transform(), fontsize=7, color="red")
     if title:
@@ -164,10 +200,11 @@ def mean_band(runs: list[tuple[list[int], list[float]]]) -> tuple[np.ndarray, np
 
 def sweep_curves(groups: dict[str, list[list[dict]]], path: str, title: str = "") -> str:
     """One line per sweep point (mean over its seeds' records) with a +- sample-std band."""
-    fig, axes = _figure()
+    panels = drawn_panels([r for runs in groups.values() for r in runs if r])
+    fig, axes = _figure(len(panels))
     first = next((rs[0] for rs in groups.values() if rs), [])
     starts = stage_starts(first)
-    for ax, (name, keys) in zip(axes, PANELS):
+    for ax, (name, keys) in zip(axes, panels):
         drawn = []
         for label, runs in groups.items():
             series = [panel_series(r, keys) for r in runs if r]

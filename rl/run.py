@@ -14,7 +14,8 @@ validation + test at each stage end. The policy with the best validation pass@1 
 workdir/checkpoints/best_policy; at the end it is evaluated on the test split and reported in
 summary.json next to the last stage:
 {"eval": {stage: {"pass@1", "pass@1_se", "pass@1_ci95", "pass@k", "maj@k", "format_rate", "mean_length",
-                  "language_consistency", and for mixed task families "pass@1/<family>", "pass@1_se/<family>",
+                  "language_consistency", "n_problems", "solved" (the greedy answers' per-problem outcomes, "0110...":
+                  the paired lift's input), and for mixed task families "pass@1/<family>", "pass@1_se/<family>",
                   "pass@1_ci95/<family>", "format_rate/<family>", "language_consistency/<family>", ...}},
  "hacking": {rl stage: rl.hacking.stage_report(...)},
  "best": {"stage", "unit", "global_unit", "val_pass@1", "test": {...}, and "note" when every validation pass@1 was 0},
@@ -27,6 +28,10 @@ summary.json next to the last stage:
  "model": rl.context.RunContext.adaptation_record() - the checkpoint upcycled and its section, the adapter count}.
 `compile` counts every process of the run (rl/compile_cache.py; run.compile_cache turns the persistent cache off).
 
+The run ends with the held-out table (rl.metrics.results_table): pass@1 with its 95 % interval, the lift over the
+initial policy with its paired SE, pass@k at its temperature when k > 0, and words when n < 64. Progress lines show
+the KL the objective used (`progress_values`).
+
 Every evaluation also appends complete samples (prompt, response, extracted answer, gold, reward parts) to
 workdir/samples.jsonl and TensorBoard text; at the end of every RL stage the reward-hacking report
 (rl/hacking.py) is printed and stored; workdir/curves.png (rl/plots.py) is redrawn at every stage end. Every
@@ -35,7 +40,6 @@ phase that takes more than a moment prints a progress line (rl.metrics.Clock), p
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import time
@@ -58,9 +62,8 @@ from rl.train_loop import NonFiniteError  # noqa: F401 - what a run raises when 
 
 SUMMARY_KEYS = ("pass@1", "pass@1_se", "pass@1_ci95", "pass@k", "maj@k", "format_rate", "mean_length",
                 "language_consistency")
-TABLE_KEYS = ("pass@1", "pass@1_se", "pass@k", "maj@k", "format_rate", "mean_length")
 FAMILY_TABLE_KEYS = ("pass@1", "language_consistency")  # per task family, for mixed runs (a second table)
-PROGRESS_KEYS = ("loss", "reward/mean", "accuracy", "kept_share", "kl")  # shown on progress bars and lines
+PROGRESS_KEYS = ("loss", "reward/mean", "accuracy", "kept_share")  # shown on progress bars and lines (+ the KL)
 PLAIN_LINE_SECONDS = 30.0  # a progress line at most this often when stdout is not a terminal (tee, nohup, a scheduler)
 
 
@@ -74,26 +77,40 @@ def progress_mode(log_progress: bool, stdout_tty: bool, stderr_tty: bool) -> tup
     return bars, (None if bars and stdout_tty else PLAIN_LINE_SECONDS)
 
 
-def wilson_interval(p: float, n: int, z: float = 1.96) -> list[float]:
-    """95 % Wilson score interval of a proportion p over n trials (better than p +- 1.96 se near 0 and 1)."""
-    if n <= 0:
-        return [0.0, 1.0]
-    den = 1 + z * z / n
-    mid = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return [max(0.0, mid - half), min(1.0, mid + half)]
+def progress_values(m: dict, kl_place: str | None = None) -> dict[str, float]:
+    """The numbers a unit's progress line and bar show, by label: PROGRESS_KEYS, then the KL the objective used
+    when the stage has a reference policy (its metrics hold the sampled batch's `kl`): with kl_place "loss" (GRPO,
+    PPO's default) `loss/kl`, the KL term as the loss aggregated it over the update; with "reward" (PPO) `kl
+    (reward)`, the sampled batch's KL the rewards were penalised by. (The sampled `kl` alone is 0 for the first
+    iterations, drawn by the reference itself.)"""
+    out = {k: float(m[k]) for k in PROGRESS_KEYS if isinstance(m.get(k), (float, np.floating))}
+    if isinstance(m.get("kl"), (float, np.floating)):
+        if kl_place == "reward":
+            out["kl (reward)"] = float(m["kl"])
+        elif isinstance(m.get("loss/kl"), (float, np.floating)):
+            out["loss/kl"] = float(m["loss/kl"])
+    return out
+
+
+def progress_number(v: float) -> str:
+    """A progress value with three decimals, or three significant digits below 0.01 (a KL of 0.00039 is not 0.000)."""
+    return f"{v:.3f}" if v == 0 or abs(v) >= 0.01 else f"{v:.2e}"
 
 
 def summary_entry(test_metrics: dict) -> dict:
-    """The summary.json entry of one test evaluation: SUMMARY_KEYS, the Wilson interval, per-family metrics."""
+    """The summary.json entry of one test evaluation: SUMMARY_KEYS, the Wilson interval, n, the per-problem solved
+    indicators (for the paired lift, rl.metrics.paired_lift), per-family metrics."""
     out = {k: float(test_metrics[k]) for k in SUMMARY_KEYS if k in test_metrics and k != "pass@1_ci95"}
-    out["pass@1_ci95"] = wilson_interval(float(test_metrics["pass@1"]), int(test_metrics["n_problems"]))
+    out["pass@1_ci95"] = mlib.wilson_interval(float(test_metrics["pass@1"]), int(test_metrics["n_problems"]))
+    out["n_problems"] = int(test_metrics["n_problems"])
+    if "solved" in test_metrics:
+        out["solved"] = test_metrics["solved"]
     for k, v in test_metrics.items():
         if "/" in k and k.split("/", 1)[0] in ev.FAMILY_KEYS:
             out[k] = float(v)
     fams = sorted({k.split("/", 1)[1] for k in out if k.startswith("n_problems/")})
     for f in fams:
-        out[f"pass@1_ci95/{f}"] = wilson_interval(out[f"pass@1/{f}"], int(out[f"n_problems/{f}"]))
+        out[f"pass@1_ci95/{f}"] = mlib.wilson_interval(out[f"pass@1/{f}"], int(out[f"n_problems/{f}"]))
     return out
 
 
@@ -219,8 +236,12 @@ class Loop:
             b = self.summary["best"]
             what = "earliest" if "note" in b else "best"
             rows[f"{what} ({b['stage']} unit {b['unit']} = checkpoint {b['global_unit']})"] = b["test"]
-        print("\nheld-out test set after each stage (pass@1 +- its standard error):")
-        print(mlib.format_table(rows, list(TABLE_KEYS)))
+        e = ctx.cfg.eval
+        print("\nheld-out test set after each stage: greedy pass@1, its standard error and 95 % (Wilson) interval"
+              + (";\nlift = pass@1 - the initial policy's on the same problems, with its paired standard error"
+                 if "initial" in rows else "")
+              + (f";\npass@{e.k} / maj@{e.k} from {e.k} samples at T {e.temperature:g}" if e.k > 0 else "") + ":")
+        print(mlib.results_table(rows, e.k, e.temperature))
         if "note" in self.summary.get("best", {}):
             print(f"earliest: {self.summary['best']['note']}")
         if family_columns(rows):
@@ -329,6 +350,7 @@ def _run(loop: Loop, meta, latest) -> dict:
         bar = tqdm(total=sc.units, initial=loop.u0, desc=f"{sc.name} ({sc.kind})", disable=not bars,
                    dynamic_ncols=True)
         t_line = time.time()
+        kl_place = getattr(getattr(sc, "kl", None), "kl_place", None)  # where an RL stage's KL goes
         for u in range(loop.u0, sc.units):
             t0 = time.time()
             run, m = stage_lib.unit(run, u)
@@ -340,7 +362,7 @@ def _run(loop: Loop, meta, latest) -> dict:
             if u == loop.u0 or (line_every is not None and (last or stop or time.time() - t_line >= line_every)):
                 t_line = time.time()
                 loop.clock.say(f"{sc.name} unit {u + 1}/{sc.units} done in {m['time/unit']:.1f} s" + "".join(
-                    f", {k} {v:.3f}" for k, v in m.items() if k in PROGRESS_KEYS and isinstance(v, (float, np.floating))))
+                    f", {k} {progress_number(v)}" for k, v in progress_values(m, kl_place).items()))
             val = None
             if last:
                 res = loop.evaluate(stage_lib.policy_params(run), si, u, stage=sc.name)
@@ -357,7 +379,7 @@ def _run(loop: Loop, meta, latest) -> dict:
             if loop.gunit % cfg.log.every == 0 or last:
                 ctx.writer.write(loop.gunit, m, stage=sc.name, phase="train", unit=str(u))
             bar.update(1)
-            bar.set_postfix({k: f"{v:.3f}" for k, v in m.items() if k in PROGRESS_KEYS and isinstance(v, (float, np.floating))})
+            bar.set_postfix({k: progress_number(v) for k, v in progress_values(m, kl_place).items()})
             ran += 1
             if last:  # before the checkpoint that marks the stage done: a rerun fails the same way
                 stage_lib.check_trained(run)

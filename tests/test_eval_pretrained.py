@@ -26,7 +26,7 @@ def test_model_path_evaluates_through_the_chat_template(tmp_path, capsys):
                       "--max-new-tokens", "6", "--out", str(out)])
     assert rc == 0
     printed = capsys.readouterr().out
-    assert "pass@1" in printed and "maj@k" in printed and "95% CI" in printed
+    assert "pass@1" in printed and "pass@2 (T 0.9)" in printed and "maj@2 (T 0.9)" in printed and "95% CI" in printed
     summary = json.loads((out / "summary.json").read_text())
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert summary["metrics"]["n_problems"] == 6 and summary["k"] == 2

@@ -1,5 +1,6 @@
 """curves.png (rl/plots.py): stage labels never overlap, even for stages one unit long; the SFT stages' loss has
-its own panel, and the RL panels span only the units their metric was logged in (no empty SFT units)."""
+its own panel, and the RL panels span only the units their metric was logged in (no empty SFT units); only panels
+with data are drawn, and validation pass@1 carries its 95 % Wilson interval at every evaluation."""
 from rl import plots
 
 
@@ -61,3 +62,40 @@ def test_sweep_curves_keep_labels_apart(tmp_path):
     recs = _records()
     path = plots.sweep_curves({"a": [recs, recs], "b": [recs]}, str(tmp_path / "c.png"))
     assert (tmp_path / "c.png").stat().st_size > 10_000 and path.endswith("c.png")
+
+
+def _rl_only_records():
+    """A run without SFT (GRPO from a pretrained start): evaluations with their n, RL train records."""
+    recs = [{"step": 0, "stage": "initial", "phase": "eval", "validation/pass@1": 0.25, "validation/n_problems": 16}]
+    for s in range(1, 5):
+        recs.append({"step": s, "stage": "grpo", "phase": "train", "loss": -0.01 * s, "reward/mean": 0.1 * s,
+                     "accuracy": 0.05 * s, "kl": 1e-3 * s, "entropy": 2.0, "response_length": 20.0 + s})
+    recs.append({"step": 2, "stage": "grpo", "phase": "eval", "validation/pass@1": 0.0, "validation/n_problems": 16})
+    recs.append({"step": 4, "stage": "grpo", "phase": "eval", "validation/pass@1": 0.5, "validation/n_problems": 16})
+    return recs
+
+
+def test_only_panels_with_data_and_error_bars_on_evaluations():
+    import numpy as np
+    from matplotlib.container import ErrorbarContainer
+
+    recs = _rl_only_records()
+    fig = plots.run_figure(recs)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert plots.SFT_LOSS not in titles and len(fig.axes) == len(plots.PANELS) - 1  # no empty SFT panel
+    assert all(ax.lines for ax in fig.axes)  # every panel drawn has a curve
+    assert not any("not logged" in t.get_text() for ax in fig.axes for t in ax.texts)
+    val = next(ax for ax in fig.axes if ax.get_title() == "validation pass@1")
+    (bars,) = [c for c in val.containers if isinstance(c, ErrorbarContainer)]
+    segs = bars.lines[2][0].get_segments()  # one vertical segment per evaluation: (x, lower) -> (x, upper)
+    z = 1.96
+    for seg, (x, p) in zip(segs, ((0, 0.25), (2, 0.0), (4, 0.5))):
+        c, n = p * 16, 16.0  # the Wilson interval in its count form, float64
+        mid = (c + z * z / 2) / (n + z * z)
+        half = z / (n + z * z) * np.sqrt(c * (n - c) / n + z * z / 4)
+        np.testing.assert_allclose(seg, [[x, max(mid - half, 0)], [x, mid + half]], atol=1e-9)
+    assert segs[1][1][1] > 0.15  # pass@1 0 of 16 still has an upper bound well above 0 (an SE bar would be empty)
+    # no other panel has error bars; a sweep draws only its panels with data too
+    assert not any(c for ax in fig.axes if ax is not val for c in ax.containers)
+    assert plots.drawn_panels([recs, _records()]) == list(plots.PANELS)
+    assert [n for n, _ in plots.drawn_panels([recs])] == titles

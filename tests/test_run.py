@@ -341,6 +341,48 @@ def test_sample_and_eval_read_the_runs_compiled_programs(full_run, monkeypatch, 
     assert seen == [run_setting]
 
 
+def test_eval_without_ckpt_takes_the_best_policy_else_the_last(full_run, tmp_path, capsys):
+    """experiments.eval --workdir with no --ckpt: the best policy when the run kept one, the last checkpoint
+    otherwise (checkpoint.keep_best off: here the same run without its best_policy folder), saying which; with
+    --k 0 no pass@k / maj@k column."""
+    import shutil
+
+    from experiments import eval as eval_cmd
+
+    assert eval_cmd.resolve_ckpt(str(full_run))[0] == "best" and eval_cmd.resolve_ckpt(str(full_run), "3") == ("3", "")
+    wd = tmp_path / "no_best"
+    shutil.copytree(full_run, wd, ignore=shutil.ignore_patterns("evals"))
+    shutil.rmtree(wd / "checkpoints" / "best_policy")
+    assert eval_cmd.main(["--workdir", str(wd), "--n", "2", "--k", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "checkpoints/last/14" in out
+    assert "no --ckpt given: the last checkpoint, since the run kept no best policy" in out
+    assert "pass@1" in out and "pass@" not in out.replace("pass@1", "") and "maj@" not in out
+    assert "n = 2 test problems (< 64): too few to tell policies apart" in out
+    assert (wd / "evals" / "last-test.json").exists()
+
+
+def test_the_final_table_and_progress_lines_can_be_judged(full_output):
+    """The run's last table: 95 % interval, lift over the initial policy with its paired SE (from the per-problem
+    outcomes in summary.json), pass@k with its temperature, the words for n < 64; GRPO lines show the loss's KL."""
+    from rl.metrics import paired_lift
+
+    wd, out = full_output
+    summary = json.loads((wd / "summary.json").read_text())
+    table = out[out.index("held-out test set after each stage"):]
+    assert "lift = pass@1 - the initial policy's on the same problems, with its paired standard error" in table
+    head = next(ln for ln in table.splitlines() if ln.startswith("stage "))
+    assert head.split()[:8] == ["stage", "pass@1", "pass@1_se", "95%", "CI", "lift", "lift_se", "(paired)"]
+    assert "pass@2 (T 0.6)" in head and "maj@2 (T 0.6)" in head
+    ev = summary["eval"]
+    lift, se = paired_lift(ev["initial"]["solved"], ev["grpo"]["solved"])
+    row = next(ln for ln in table.splitlines() if ln.startswith("grpo "))
+    assert f"{lift:+.3f}  " in row and "[{:.3f}, {:.3f}]".format(*ev["grpo"]["pass@1_ci95"]) in row
+    assert "n = 8 test problems (< 64): too few to tell policies apart" in table
+    grpo_lines = [ln for ln in out.splitlines() if "grpo unit" in ln and "done in" in ln and ", loss " in ln]
+    assert grpo_lines and all("loss/kl " in ln and ", kl " not in ln for ln in grpo_lines)
+
+
 def test_one_numbering_of_units_everywhere(full_output, capsys):
     """The best policy has one name on the console, in summary.json and in experiments.sample / eval: its unit
     within its stage from 1, and its checkpoint number (the global unit, what --ckpt takes)."""
