@@ -302,6 +302,8 @@ def refill(st: State, u: int, first: dict, coef: float) -> tuple[State, dict]:
         scores = ctx.scorer.result(ctx.scorer.submit(texts, _problems(st, a), a["lengths"]))
         st, d = judge(st, a, texts, scores, coef)
         draws.append(d)
+    if len(draws) > 1:
+        kernels.phase_end()  # the rounds' sampling and reference passes are done, as the first draw's were
     d = merge(draws, n)
     d["m"].update({"refill/groups_drawn": float(len(d["a"]["ks"])), "refill/rounds": float(len(draws) - 1),
                    "refill/groups_kept": float(np.sum(d["keep"][group_starts(d["a"]["ks"])])),
