@@ -13,7 +13,9 @@ Sequence-level advantages are broadcast onto tokens by the trainer (`adv[:, None
 Typical use (GRPO):
 
     adv = advantages.grpo(rewards, group_size=8)                  # [N]
-    keep = advantages.zero_variance_groups(rewards, group_size=8)  # DAPO dynamic sampling
+
+Which groups train (zero reward variance: filter_zero_variance off / drop / refill) is decided in one place, the GRPO
+stage's rl.stages.grpo.grpo_token_advantages.
 """
 
 from __future__ import annotations
@@ -37,7 +39,6 @@ __all__ = [
     "whiten",
     "place_step_rewards",
     "process_grpo",
-    "zero_variance_groups",
     "ESTIMATORS",
     "get_estimator",
     "group_runs",
@@ -200,15 +201,6 @@ def process_grpo(step_scores: jax.Array, step_end_positions: jax.Array, step_mas
     token_rewards = place_step_rewards(normed, pos, seq_len, valid)
     # Sum over steps ending at or after t == reverse cumulative sum of the placed rewards.
     return jnp.flip(jnp.cumsum(jnp.flip(token_rewards, axis=1), axis=1), axis=1)
-
-
-def zero_variance_groups(rewards: jax.Array, group_size: int) -> jax.Array:
-    """DAPO dynamic sampling: bool `[n_groups]`, True for groups to KEEP (rewards not all equal).
-
-    Expand to rows with `jnp.repeat(keep, group_size)`.
-    """
-    r = _grouped(rewards, group_size)
-    return r.max(axis=1) != r.min(axis=1)
 
 
 def _batch_whitened(rewards: jax.Array, group_size: int) -> jax.Array:

@@ -11,13 +11,15 @@ function of the typed config:
 - Dr. GRPO half set: scale_by_std=False without its constant normaliser, or the normaliser with the std kept;
 - the learning rate of LoRA on full fine-tuning (and the reverse), on a pretrained checkpoint: LORA_LR and
   FULL_FINETUNE_LR are the rates the SmolLM2 recipes measured (REPRODUCING.md), which the recipes take from here;
-- tools on a prompt that never shows the tool's call markers, with no earlier SFT stage to teach them.
+- tools on a prompt that never shows the tool's call markers, with no earlier SFT stage to teach them;
+- a refill cap (max_refill_rounds) on a GRPO stage that does not refill.
 """
 from __future__ import annotations
 
 import math
 
 from rewards.python_tool import byte_markers
+from rl.stages.grpo import MAX_REFILL_ROUNDS
 
 LORA_LR = 2e-4  # the SmolLM2 recipes' learning rate with LoRA adapters (rank 16, every projection)
 FULL_FINETUNE_LR = 1e-5  # theirs for full fine-tuning (20x smaller: every weight moves)
@@ -36,10 +38,19 @@ def warnings(cfg) -> list[str]:
 
 
 def stage_warnings(st) -> list[str]:
-    """A stage's own fields: clip ranges of another loss, Dr. GRPO half set."""
+    """A stage's own fields: clip ranges of another loss, Dr. GRPO half set, a refill cap without the refill."""
     if st.kind not in ("grpo", "ppo"):
         return []
-    return [*clip_warnings(st), *dr_grpo_warnings(st)]
+    return [*clip_warnings(st), *dr_grpo_warnings(st), *refill_warnings(st)]
+
+
+def refill_warnings(st) -> list[str]:
+    """max_refill_rounds away from its default on a GRPO stage whose filter_zero_variance is not "refill"."""
+    rounds = getattr(st, "max_refill_rounds", MAX_REFILL_ROUNDS)
+    if rounds == MAX_REFILL_ROUNDS or st.filter_zero_variance == "refill":
+        return []
+    return [f"max_refill_rounds={rounds} was chosen for filter_zero_variance='refill' (DAPO's dynamic sampling); "
+            f"this stage has {st.filter_zero_variance!r}, which draws one batch per iteration"]
 
 
 def _clips(st) -> dict:

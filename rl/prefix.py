@@ -43,10 +43,11 @@ def with_added_defaults(old: dict, new: dict) -> dict:
     """`old` (a stored config.json) plus every field that `new` has, `old` lacks and `new` holds at its default:
     a field added to the code after that run was launched, left at its default, changes nothing the run computed,
     so resuming it, seeding from it or reusing it stays possible. Likewise a stage key its kind no longer has and
-    never read (rl.stages.legacy_keys: GRPO's gamma, ...) is dropped when `new` lacks it, and a stage written before
-    algorithm names existed takes `new`'s names: a name only sets fields, which are compared themselves. Any other
-    difference is kept. The RECORD_KEY entry (which kernels the launching process used) is dropped: it is not a
-    config field."""
+    never read (rl.stages.legacy_keys: GRPO's gamma, ...) is dropped when `new` lacks it, a value spelled as an
+    older release wrote it reads in today's spelling (rl.stages.current_values: filter_zero_variance true -> "drop"),
+    and a stage written before algorithm names existed takes `new`'s names: a name only sets fields, which are
+    compared themselves. Any other difference is kept. The RECORD_KEY entry (which kernels the launching process
+    used) is dropped: it is not a config field."""
     def fill(o, n, d):
         if isinstance(o, dict) and isinstance(n, dict):
             out = dict(o)
@@ -64,6 +65,9 @@ def with_added_defaults(old: dict, new: dict) -> dict:
         return o
 
     old = {k: v for k, v in old.items() if k != RECORD_KEY} if isinstance(old, dict) else old
+    if isinstance(old, dict) and isinstance(old.get("stages"), list):
+        old = {**old, "stages": [stage_kinds.current_values(st.get("kind"), st) if isinstance(st, dict) else st
+                                 for st in old["stages"]]}
     out = fill(_norm(old), _norm(new), _norm(_defaults_like(new)))
     if isinstance(out, dict) and isinstance(out.get("stages"), list) and isinstance(new, dict):
         news = new.get("stages") if isinstance(new.get("stages"), list) else []

@@ -13,7 +13,8 @@ Each phase is a sum of a few terms from rl/calibration.py's figures, times a fac
 - logprobs: the KL reference's forward over the padded batch (when the stage has one) and the sampler / trainer
   check over one minibatch (PPO: the old logprobs and values over the batch), at the matmul rate of their tokens.
 - the update: models.flops.train_flops over the padded batch x epochs (LoRA's cheaper backward included), on
-  EXPECTED_KEPT of the groups when groups without reward variance are dropped (filter_zero_variance).
+  EXPECTED_KEPT of the groups when groups without reward variance are dropped (filter_zero_variance "drop"); with
+  "refill" a full batch, after ceil(1 / EXPECTED_KEPT) draws (at most 1 + max_refill_rounds) of sampling and logprobs.
 - an evaluation: (n_val + n_test) x (1 + k) answers through the same sampler.
 - compiling: `compile_s` of the calibration's reference program x COMPILE_UNITS per program family the run builds
   (sampler, train step, logprob pass, evaluation); a second launch reads them from the compilation cache
@@ -104,19 +105,31 @@ def _stage(s, cfg, m, cal: dict) -> dict:
         grouped = s.rl.batch_layout != "flat" and not s.records_routes and len(set(sizes)) == 1
         tokens = s.n_prompts * P + rows * N if grouped else rows * seq  # grouped: each prompt once (grouped_batch)
         step_rows = max(1, s.token_budget // seq)
-        kept = EXPECTED_KEPT if getattr(s, "filter_zero_variance", False) else 1.0
+        draws, kept = zero_variance_factors(s)
         # the KL reference over the batch; the sampler / trainer check over one minibatch (PPO: the whole batch,
         # with its values)
         check = tokens if s.kind == "ppo" else min(rows, step_rows) * seq
         logprobs = forward_s(m, cal, tokens=check, seq_len=seq)
         if s.uses_reference:
             logprobs += forward_s(m, cal, tokens=tokens, seq_len=seq)
-        parts = {"sampling": decode_s(m, cal, rows=rows, prompts=s.n_prompts, prompt_len=P, new_tokens=N,
-                                      slots=smp.batch_rows, dtype=dtype),
-                 "logprobs": logprobs,
+        parts = {"sampling": draws * decode_s(m, cal, rows=rows, prompts=s.n_prompts, prompt_len=P, new_tokens=N,
+                                              slots=smp.batch_rows, dtype=dtype),
+                 "logprobs": draws * logprobs,
                  "update": s.rl.epochs * kept * s_train(m, cal, tokens, seq, s.token_budget)}
     parts["host"] = UNIT_OVERHEAD_S
     return parts
+
+
+def zero_variance_factors(s) -> tuple[float, float]:
+    """(batches drawn, share of a batch's groups trained) per iteration of an RL stage: "drop" one draw and
+    EXPECTED_KEPT of it; "refill" the draws EXPECTED_KEPT needs to fill a batch (at most 1 + max_refill_rounds) and a
+    full batch; "off" (and PPO) one draw, all of it."""
+    mode = getattr(s, "filter_zero_variance", "off")
+    if mode == "drop":
+        return 1.0, EXPECTED_KEPT
+    if mode == "refill":
+        return float(min(math.ceil(1.0 / EXPECTED_KEPT), 1 + s.max_refill_rounds)), 1.0
+    return 1.0, 1.0
 
 
 def s_train(m, cal, tokens, seq, step_tokens):

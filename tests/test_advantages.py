@@ -92,11 +92,6 @@ def test_rloo_matches_reference():
     np.testing.assert_allclose(np.asarray(A.rloo(jnp.array([1.0, 0, 0, 0]), 4)), [1, -1 / 3, -1 / 3, -1 / 3], rtol=1e-6)
 
 
-def test_zero_variance_groups():
-    r = jnp.array([1.0, 1, 1, 0, 0, 0, 0.5, 0.5, 1.0])
-    np.testing.assert_array_equal(np.asarray(A.zero_variance_groups(r, 3)), [False, False, True])
-
-
 def test_registry():
     assert set(A.ESTIMATORS) >= {"grpo", "dr_grpo", "rloo"}
     r = jnp.array([1.0, 0, 0, 0])

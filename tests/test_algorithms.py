@@ -20,13 +20,14 @@ PAPERS = {
     # DeepSeekMath: (r - mean) / std, 1/|o_i| per response then mean over the group, eps 0.2, k3 KL in the loss, 0.04
     "grpo": ("grpo", dict(advantage="grpo", scale_by_std=True, agg="seq-mean-token-mean", policy_loss="ppo",
                           clip_low=0.2, clip_high=0.2, kl_place="loss", kl_coef=0.04, kl_kind="k3",
-                          filter_zero_variance=False)),
+                          filter_zero_variance="off")),
     # Dr. GRPO: no std, no length normaliser (a constant instead), PPO's clip, no KL
     "dr_grpo": ("grpo", dict(advantage="grpo", scale_by_std=False, agg="seq-mean-token-sum-norm", policy_loss="ppo",
-                             clip_low=0.2, clip_high=0.2, kl_coef=0.0, filter_zero_variance=False)),
-    # DAPO: clip-higher 0.2 / 0.28, token-level loss, dynamic sampling (groups with equal rewards out), no KL
+                             clip_low=0.2, clip_high=0.2, kl_coef=0.0, filter_zero_variance="off")),
+    # DAPO: clip-higher 0.2 / 0.28, token-level loss, dynamic sampling (groups with equal rewards out, more drawn
+    # until the batch is full), no KL
     "dapo": ("grpo", dict(advantage="grpo", scale_by_std=True, agg="token-mean", policy_loss="ppo", clip_low=0.2,
-                          clip_high=0.28, kl_coef=0.0, filter_zero_variance=True)),
+                          clip_high=0.28, kl_coef=0.0, filter_zero_variance="refill")),
     # GSPO: sequence ratio clipped at 3e-4 / 4e-4, mean over sequences, group-normalised advantage, no KL
     "gspo": ("grpo", dict(advantage="grpo", scale_by_std=True, policy_loss="gspo", agg="seq-mean-token-mean",
                           clip_low=3e-4, clip_high=4e-4, kl_coef=0.0)),
@@ -35,10 +36,10 @@ PAPERS = {
                            agg="token-mean", kl_coef=0.0)),
     # RLOO (Back to Basics): leave-one-out baseline, REINFORCE on the whole sequence (a sum of token logprobs)
     "rloo": ("grpo", dict(advantage="rloo", scale_by_std=False, policy_loss="reinforce", agg="seq-mean-token-sum",
-                          filter_zero_variance=False)),
+                          filter_zero_variance="off")),
     # REINFORCE++: rewards normalised over the batch (no group baseline), PPO's clipped loss, token-level
     "reinforce_pp": ("grpo", dict(advantage="reinforce_pp", scale_by_std=False, policy_loss="ppo", clip_low=0.2,
-                                  clip_high=0.2, agg="token-mean", filter_zero_variance=False)),
+                                  clip_high=0.2, agg="token-mean", filter_zero_variance="off")),
     # PPO for language models: value head + GAE (gamma 1, lambda 0.95), k1 KL in the per-token reward, eps 0.2
     "ppo": ("ppo", dict(policy_loss="ppo", clip_low=0.2, clip_high=0.2, agg="token-mean", kl_place="reward",
                         kl_kind="k1", gamma=1.0, lam=0.95, value_clip=0.2)),
@@ -86,6 +87,18 @@ def test_a_name_runs_only_in_its_kind():
         stages.parse_stage(entry)
 
 
+@pytest.mark.parametrize("written", [True, "drop"])
+def test_dapo_refills_a_stage_that_drops_by_default(written):
+    """quickstart writes filter_zero_variance (True before "refill" existed, "drop" now): the kind's default, so
+    algorithm=dapo moves it to DAPO's refill, in either spelling (rl.stages.current_values)."""
+    c = qs_config()
+    c.stages[2] = stage("grpo", "grpo", iterations=2, filter_zero_variance=written)
+    launch.apply_overrides(c, [("stages[2].algorithm", "dapo")])
+    assert cv.validate(c).stages[2].filter_zero_variance == "refill"
+    launch.apply_overrides(c, [("stages[2].algorithm", "grpo")])
+    assert cv.validate(c).stages[2].filter_zero_variance == "off"
+
+
 def test_explicit_fields_override_the_name():
     # in a config file: the kind's own default (kl_coef 0.04) as much as any other value
     cfg = parse(stage("grpo", algorithm="dapo", kl_coef=0.04, clip_high=0.3))
@@ -101,9 +114,11 @@ def test_explicit_fields_override_the_name():
 
 
 def test_switching_a_named_recipe_moves_only_the_fields_the_name_set():
-    """The SmolLM2 recipe is DAPO with a KL to the base: one override switches the group, the KL stays."""
+    """The SmolLM2 recipe is DAPO with a KL to the base and its zero-variance groups dropped (not refilled): one
+    override switches the group, the KL and the filter stay (the recipe sets them)."""
     c = smollm2()
     assert (c.stages[0].algorithm, c.stages[0].clip_high) == ("dapo", 0.28)  # the config file shows the values
+    assert cv.validate(c).stages[0].filter_zero_variance == "drop"  # the measured runs' setting, not dapo's refill
     launch.apply_overrides(c, [("stages[0].algorithm", "gspo")])
     st = cv.validate(c).stages[0]
     assert (st.policy_loss, st.clip_low, st.clip_high, st.agg, st.kl_coef) == \
@@ -116,7 +131,7 @@ def test_switching_a_named_recipe_moves_only_the_fields_the_name_set():
     launch.apply_overrides(c, [("stages[0].algorithm", "dr_grpo")])
     st = cv.validate(c).stages[0]
     assert (st.scale_by_std, st.agg, st.clip_high, st.filter_zero_variance) == \
-        (False, "seq-mean-token-sum-norm", 0.2, False)
+        (False, "seq-mean-token-sum-norm", 0.2, "drop")
     assert config_warnings.warnings(cv.validate(c)) == []
 
 

@@ -37,7 +37,7 @@ def _lora_config(**grpo):
     c = quickstart.get_config("variant=tiny")
     c.model.lora = dict(LORA)
     c.stages = [c.stages[2]]
-    c.stages[0].update(dict(iterations=3, filter_zero_variance=False, entropy_coef=0.01, kl_coef=0.04, lr=3e-2, **grpo))
+    c.stages[0].update(dict(iterations=3, filter_zero_variance="off", entropy_coef=0.01, kl_coef=0.04, lr=3e-2, **grpo))
     c.eval.update(dict(initial=False, every=0))
     return cv.validate(c)
 
@@ -172,7 +172,7 @@ def _cold_start_config():
     c.model.lora = dict(LORA)
     c.stages = [c.stages[0], c.stages[2]]
     c.stages[0].update(dict(epochs=2, n_problems=16, lr=3e-2))
-    c.stages[1].update(dict(iterations=3, filter_zero_variance=False, entropy_coef=0.01, kl_coef=0.04, lr=3e-2))
+    c.stages[1].update(dict(iterations=3, filter_zero_variance="off", entropy_coef=0.01, kl_coef=0.04, lr=3e-2))
     c.eval.update(dict(initial=False, every=0))
     return cv.validate(c)
 
@@ -300,7 +300,7 @@ def test_upcycled_grpo_replays_routes_and_logs_the_router(tmp_path):
     c = quickstart.get_config("variant=tiny")
     c.model.update(dict(n_experts=0, upcycle=dict(n_experts=4, top_k=2, moe_every=1)))
     c.stages = [c.stages[2]]
-    c.stages[0].update(dict(iterations=1, n_prompts=2, samples=2, routing_replay=True, filter_zero_variance=False,
+    c.stages[0].update(dict(iterations=1, n_prompts=2, samples=2, routing_replay=True, filter_zero_variance="off",
                             entropy_coef=0.01))
     cfg = cv.validate(c)
     ctx = context.build_context(cfg, str(tmp_path))
@@ -322,7 +322,7 @@ def test_upcycled_checkpoint_runs_grpo_with_routing_replay(tmp_path):
     c = qwen_gsm8k.get_config("variant=tiny")
     c.model.update(dict(n_experts=0, upcycle=dict(n_experts=4, top_k=2, moe_every=1)))
     c.stages = [c.stages[1]]
-    c.stages[0].update(dict(iterations=1, n_prompts=2, samples=2, routing_replay=True, filter_zero_variance=False,
+    c.stages[0].update(dict(iterations=1, n_prompts=2, samples=2, routing_replay=True, filter_zero_variance="off",
                             entropy_coef=0.01))
     c.sampling.update(dict(max_new_tokens=16, batch_rows=4))
     c.eval.update(dict(k=1, n_val=2, n_test=2))

@@ -180,8 +180,9 @@ def test_every_stage_field_has_one_owner():
 def test_stage_entries_of_an_old_config_json_keep_their_meaning():
     """Stage entries as config.json stored them at 55d2267 (tests/data/stages_55d2267.json: every field of the old
     47-field RL config, GRPO entries with PPO's keys and PPO entries with GRPO's): each parses to the config of the
-    same entry without the keys its kind no longer has, and resuming such a run compares equal to today's config
-    (rl.prefix.with_added_defaults drops them). A value the old code refused still is refused, naming the field."""
+    same entry without the keys its kind no longer has (filter_zero_variance's true / false read as "drop" / "off"),
+    and resuming such a run compares equal to today's config (rl.prefix.with_added_defaults drops them). A value the
+    old code refused still is refused, naming the field."""
     with open(os.path.join(ROOT, "tests", "data", "stages_55d2267.json"), encoding="utf-8") as f:
         old = json.load(f)
     for name, entries in old.items():
@@ -191,9 +192,11 @@ def test_stage_entries_of_an_old_config_json_keep_their_meaning():
             cfg = stages.parse_stage(e)
             names = {"algorithm", "applied_algorithm"}
             added = {"tools", *names} if e["kind"] in ("grpo", "ppo") else set()  # added since, off by default
+            added |= {"max_refill_rounds"} if e["kind"] == "grpo" else set()  # read only by filter "refill"
             assert {k: v for k, v in cfg.to_dict().items() if k not in added} == \
-                {k: v for k, v in e.items() if k not in legacy}, (name, e["kind"])
-            assert all(not getattr(cfg, k).on for k in added - names)
+                stages.current_values(e["kind"], {k: v for k, v in e.items() if k not in legacy}), (name, e["kind"])
+            assert not cfg.tools.on if "tools" in added else True
+            assert e["kind"] != "grpo" or (cfg.refill_rounds == 0 and cfg.filter_zero_variance in ("off", "drop"))
             assert all(cfg.to_dict()[k] == "" for k in added & names)
             new.append(cfg.to_dict())
         assert prefix.with_added_defaults({"stages": entries}, {"stages": new})["stages"] == new

@@ -74,7 +74,7 @@ def main(argv=None) -> int:
     cfg["run"]["reward_workers"] = 0
     ctx = context.build_context(cfg, tempfile.mkdtemp(prefix="gradvar-"), with_services=False)
     rcfg = context.reward_config(cfg)
-    base = {**stages.defaults("grpo"), "name": "g", "samples": args.samples, "filter_zero_variance": False}
+    base = {**stages.defaults("grpo"), "name": "g", "samples": args.samples, "filter_zero_variance": "off"}
     outcome_cfg = stages.parse_stage(base)
     step_cfg = stages.parse_stage({**base, "step_rewards": True, "step_reward_weight": args.step_reward_weight})
     rng = np.random.default_rng(args.seed)

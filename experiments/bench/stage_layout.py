@@ -30,7 +30,7 @@ def run_once(layout: str, iterations: int, quick: bool, workdir: str) -> dict:
     cfg = os.path.join(ROOT, "experiments/configs/quickstart.py") + (":variant=tiny" if quick else "")
     args = ["--config", cfg, "--workdir", workdir, "--config.eval.initial=false", "--config.eval.every=1000",
             "--config.stages[0].epochs=1", "--config.stages[1].rounds=1", "--config.stages[1].n_problems=8",
-            f"--config.stages[2].iterations={iterations}", "--config.stages[2].filter_zero_variance=false",
+            f"--config.stages[2].iterations={iterations}", "--config.stages[2].filter_zero_variance=off",
             f"--config.stages[2].batch_layout={layout}", "--config.log.progress=false"]
     if launch.main(args) != 0:
         raise RuntimeError(f"the {layout} run failed")

@@ -100,7 +100,7 @@ MIXED_N_TRAIN = 800  # tasks.n_train of these runs: the RL stages draw from the 
 # The claims' RL stage: short GRPO on the same problems, outcome reward, small KL to the cold start.
 CLAIM_GRPO = dict(iterations=60, n_prompts=16, samples=8, temperature_start=1.0, temperature_end=0.7, lr=2e-4,
                   warmup_steps=5, epochs=1, token_budget=4096, clip_low=0.2, clip_high=0.28, kl_coef=0.02,
-                  agg="token-mean", filter_zero_variance=True)
+                  agg="token-mean", filter_zero_variance="drop")
 CLAIM_SEEDS = [0, 1, 2]
 
 

@@ -26,7 +26,7 @@ def get_config(arg=None):
         stage("sft", "cold_start", epochs=3, batch_size=64, n_problems=2000, lr=2e-3, warmup_steps=20),
         stage("grpo", "grpo", iterations=200, n_prompts=32, lr=5e-4, warmup_steps=10, temperature_start=1.0,
               temperature_end=0.7, clip_low=0.2, clip_high=0.28, agg=args["agg"], kl_coef=0.02, kl_adaptive=True,
-              kl_target=0.01, kl_horizon=10000, filter_zero_variance=True, token_budget=8192, epochs=2,
+              kl_target=0.01, kl_horizon=10000, filter_zero_variance="drop", token_budget=8192, epochs=2,
               curriculum=dict(enabled=True, samples=(8, 16, 32), refresh_every=5)),
     ]
     if variant == "tiny":

@@ -43,7 +43,7 @@ def get_config(arg=None):
         stage("sft", "cold_start", epochs=10, n_problems=1200, batch_size=8, lr=1.5e-3, warmup_steps=10),
         stage("grpo", "grpo", iterations=80, n_prompts=32, samples=8, temperature_start=1.0, temperature_end=0.7,
               lr=3e-4, warmup_steps=5, epochs=1, token_budget=4096, clip_low=0.2, clip_high=0.28, kl_coef=0.02,
-              agg="token-mean", filter_zero_variance=True),
+              agg="token-mean", filter_zero_variance="drop"),
     ]
     if variant == "tiny":
         tiny_variant(c)

@@ -40,7 +40,7 @@ def get_config(arg=None):
         # sampler and the trainer is numerical (bf16 against float32), the thing this experiment measures
         stage("grpo", "grpo", iterations=50, n_prompts=16, samples=8, max_staleness=0, temperature_start=0.7, temperature_end=0.7,
               temperature_kind="constant", lr=3e-4, warmup_steps=5, token_budget=4096, clip_low=0.2, clip_high=0.28,
-              kl_coef=0.02, agg="token-mean", filter_zero_variance=True, sampler_dtype="bfloat16",
+              kl_coef=0.02, agg="token-mean", filter_zero_variance="drop", sampler_dtype="bfloat16",
               record_routes=True, routing_replay=False, tis_cap=0.0),
     ]
     if variant == "tiny":

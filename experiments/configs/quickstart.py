@@ -51,7 +51,7 @@ def get_config(arg=None):
               lr=1e-3, warmup_steps=3, max_keep_per_problem=4),
         stage("grpo", "grpo", iterations=60, n_prompts=32, samples=8, temperature_start=0.7, temperature_end=0.5,
               lr=2e-4, warmup_steps=10, epochs=1, token_budget=4096, clip_low=0.2, clip_high=0.28, kl_coef=0.02,
-              agg="token-mean", filter_zero_variance=True),
+              agg="token-mean", filter_zero_variance="drop"),
     ]
     if variant == "tiny":
         tiny_variant(c)

@@ -61,7 +61,7 @@ def get_config(arg=None):
     c.stages = [
         stage("grpo", "grpo", iterations=200, n_prompts=64, samples=8, temperature_start=1.0, temperature_end=1.0,
               temperature_kind="constant", lr=1e-6, warmup_steps=10, end_lr_fraction=1.0, clip_low=0.2,
-              clip_high=0.28, kl_coef=0.001, kl_kind="k3", agg="token-mean", filter_zero_variance=True,
+              clip_high=0.28, kl_coef=0.001, kl_kind="k3", agg="token-mean", filter_zero_variance="drop",
               token_budget=16 * 1536, grad_clip=1.0),
     ]
     if variant == "moe":  # ~30 B parameters: fewer rows per step and per sampler call (the memory plan's figures)

@@ -22,7 +22,7 @@ def get_config(arg=None):
     c.reward.update(dict(w_outcome=1.0, w_process=0.0, w_format=0.0))  # the same reward as quickstart
     c.stages = [
         stage("grpo", "grpo_zero", iterations=150, n_prompts=32, samples=8, temperature_start=1.0, temperature_end=0.7,
-              lr=5e-4, warmup_steps=10, clip_high=0.28, kl_coef=0.0, filter_zero_variance=True, token_budget=4096),
+              lr=5e-4, warmup_steps=10, clip_high=0.28, kl_coef=0.0, filter_zero_variance="drop", token_budget=4096),
     ]
     if variant == "tiny":
         tiny_variant(c)

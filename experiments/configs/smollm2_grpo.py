@@ -44,10 +44,11 @@ LORA = dict(rank=16, alpha=32.0, targets=("attn/wq", "attn/wk", "attn/wv", "attn
 # The GRPO stage of the SmolLM2 recipes (smollm2_tools.py adds its tools section): groups of 8 at T 0.7, DAPO's
 # clip-higher (0.2 / 0.28), token-mean loss and zero-variance groups dropped, but with a k3 KL 0.01 to the base
 # (DAPO has none), two groups per minibatch. Named, so `--config.stages[0].algorithm=gspo` (or dr_grpo, ...) switches
-# the whole group of fields in one override; the KL stays (the config sets it).
+# the whole group of fields in one override; the KL and the zero-variance filter stay (the config sets them).
 GRPO = dict(algorithm="dapo", n_prompts=8, samples=8, temperature_start=0.7, temperature_end=0.7,
             temperature_kind="constant", warmup_steps=2, end_lr_fraction=1.0, epochs=1, kl_coef=0.01, kl_kind="k3",
-            token_budget=2304, grad_clip=1.0)
+            token_budget=2304, grad_clip=1.0,
+            filter_zero_variance="drop")  # the measured runs' setting; "refill" (DAPO's own, the name's) is available
 
 
 def smollm2_policy(c, lora: bool, system_prompt: str) -> float:
@@ -96,4 +97,4 @@ def tiny(c):
     c.log.update(dict(tensorboard=False, progress=False))
     c.run.update(dict(reward_workers=0))
     c.stages[0].update(dict(iterations=2, n_prompts=2, samples=4, lr=1e-3, token_budget=16 * 176,
-                            filter_zero_variance=False, entropy_coef=0.01))
+                            filter_zero_variance="off", entropy_coef=0.01))

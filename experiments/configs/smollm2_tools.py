@@ -105,6 +105,6 @@ def tiny(c):
     c.log.update(dict(tensorboard=False, progress=False))
     c.run.update(dict(reward_workers=0))
     c.stages[-1].update(dict(iterations=2, n_prompts=2, samples=4, lr=1e-3, token_budget=16 * 240,
-                             filter_zero_variance=False, entropy_coef=0.01))
+                             filter_zero_variance="off", entropy_coef=0.01))
     if len(c.stages) == 2:  # cold=1: a small cold start too
         c.stages[0].update(dict(n_problems=16, batch_size=8))

@@ -43,9 +43,9 @@ KINDS: dict[str, Kind] = {
 }
 CONFIGS: dict[str, type] = {k: v.config for k, v in KINDS.items()}
 
-__all__ = ["KINDS", "CONFIGS", "parse_stage", "defaults", "with_algorithm", "flat_fields", "legacy_keys",
-           "sft_problem_count", "FieldErrors", "init", "unit", "tree", "meta", "template", "load", "policy_params",
-           "carried_params", "check_trained"]
+__all__ = ["KINDS", "CONFIGS", "parse_stage", "defaults", "with_algorithm", "current_values", "flat_fields",
+           "legacy_keys", "sft_problem_count", "FieldErrors", "init", "unit", "tree", "meta", "template", "load",
+           "policy_params", "carried_params", "check_trained"]
 
 
 def _kind_error(kind) -> FieldErrors:
@@ -75,8 +75,19 @@ def _kind_defaults(kind: str) -> dict:
 
 
 def with_algorithm(kind: str, entry: dict) -> dict:
-    """A flat stage entry with its algorithm name's fields in place (rl/stages/algorithms.py, resolve)."""
-    return algorithms.resolve(kind, entry, _kind_defaults(kind))
+    """A flat stage entry with its algorithm name's fields in place (rl/stages/algorithms.py, resolve), its values in
+    today's spelling first (current_values: an older spelling of a name's value reads as that value)."""
+    return algorithms.resolve(kind, current_values(kind, entry), _kind_defaults(kind))
+
+
+def current_values(kind: str, entry: dict) -> dict:
+    """A flat stage entry with the values an older release spelled otherwise in today's spelling (the kind's
+    SPELLINGS, rl/stages/common.py: GRPO's filter_zero_variance True / False -> "drop" / "off"), so that an old config
+    file or config.json means, resolves and compares as it did. Other kinds and entries come back unchanged."""
+    spellings = CONFIGS[kind].SPELLINGS if kind in CONFIGS else {}
+    if not isinstance(entry, dict) or not any(k in entry for k in spellings):
+        return entry
+    return {**entry, **{k: spell(entry[k]) for k, spell in spellings.items() if k in entry}}
 
 
 def legacy_keys(kind: str) -> dict:

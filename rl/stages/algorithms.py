@@ -38,18 +38,19 @@ ALGORITHMS: dict[str, Algorithm] = {
     "grpo": Algorithm(
         "grpo", "GRPO", "Shao et al. 2024, DeepSeekMath, arXiv:2402.03300",
         dict(advantage="grpo", scale_by_std=True, policy_loss="ppo", agg="seq-mean-token-mean", clip_low=0.2,
-             clip_high=0.2, kl_place="loss", kl_coef=0.04, kl_kind="k3", filter_zero_variance=False)),
+             clip_high=0.2, kl_place="loss", kl_coef=0.04, kl_kind="k3", filter_zero_variance="off")),
     "dr_grpo": Algorithm(
         "grpo", "Dr. GRPO", "Liu et al. 2025, Understanding R1-Zero-Like Training, arXiv:2503.20783",
         dict(advantage="grpo", scale_by_std=False, policy_loss="ppo", agg="seq-mean-token-sum-norm", clip_low=0.2,
-             clip_high=0.2, kl_coef=0.0, filter_zero_variance=False)),
+             clip_high=0.2, kl_coef=0.0, filter_zero_variance="off")),
     "dapo": Algorithm(
         "grpo", "DAPO", "Yu et al. 2025, DAPO, arXiv:2503.14476",
         dict(advantage="grpo", scale_by_std=True, policy_loss="ppo", agg="token-mean", clip_low=0.2, clip_high=0.28,
-             kl_coef=0.0, filter_zero_variance=True),
-        missing="dynamic sampling draws more groups until the batch is full (here zero-variance groups are dropped "
-                "and the batch shrinks); overlong reward shaping is reward.overlong_max_len / overlong_buffer, a "
-                "run-wide section the name does not set"),
+             kl_coef=0.0, filter_zero_variance="refill"),
+        missing="dynamic sampling's cap is max_refill_rounds (default 3 rounds of n_prompts; the paper's recipe "
+                "allows 10 generation batches of 3x the training prompts), which the name leaves alone; overlong "
+                "reward shaping is reward.overlong_max_len / overlong_buffer, a run-wide section the name does not "
+                "set"),
     "gspo": Algorithm(
         "grpo", "GSPO", "Zheng et al. 2025, Group Sequence Policy Optimization, arXiv:2507.18071",
         dict(advantage="grpo", scale_by_std=True, policy_loss="gspo", agg="seq-mean-token-mean", clip_low=3e-4,
@@ -63,13 +64,13 @@ ALGORITHMS: dict[str, Algorithm] = {
     "rloo": Algorithm(
         "grpo", "RLOO", "Ahmadian et al. 2024, Back to Basics, arXiv:2402.14740",
         dict(advantage="rloo", scale_by_std=False, policy_loss="reinforce", agg="seq-mean-token-sum",
-             filter_zero_variance=False),
+             filter_zero_variance="off"),
         missing="the KL penalty in the sequence reward: a grpo stage's KL is a loss term (kl_place reward needs "
                 "PPO's token rewards), so kl_* stay the config's"),
     "reinforce_pp": Algorithm(
         "grpo", "REINFORCE++", "Hu 2025, REINFORCE++, arXiv:2501.03262",
         dict(advantage="reinforce_pp", scale_by_std=False, policy_loss="ppo", agg="token-mean", clip_low=0.2,
-             clip_high=0.2, filter_zero_variance=False),
+             clip_high=0.2, filter_zero_variance="off"),
         missing="the per-token KL penalty in the reward: a grpo stage's KL is a loss term (kl_place reward needs "
                 "PPO's token rewards), so kl_* stay the config's"),
     "ppo": Algorithm(

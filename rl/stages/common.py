@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -102,6 +102,14 @@ class Flat(Checked):
     KIND: ClassVar[str] = ""
     UNIT_FIELD: ClassVar[str] = ""  # the flat key counting the stage's units
     LEGACY: ClassVar[dict[str, Any]] = {}  # flat key -> the value old files may hold (ANY: any value)
+    # own flat key -> a function from any value it accepts (an older release's spelling included) to today's spelling;
+    # applied before the checks, and by rl.stages.current_values to flat entries (names, old config.json files)
+    SPELLINGS: ClassVar[dict[str, Callable]] = {}
+
+    def __post_init__(self):
+        for k, spell in self.SPELLINGS.items():
+            object.__setattr__(self, k, spell(getattr(self, k)))
+        super().__post_init__()
 
     def __getattr__(self, key: str):  # only called when normal lookup fails: a flat key of a section
         sec = owners(type(self)).get(key) if not key.startswith("_") else None

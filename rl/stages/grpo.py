@@ -6,7 +6,9 @@ Advantages per group of K answers to one problem (rl.advantages: grpo, dr_grpo w
 rloo, reinforce_pp), broadcast to the response tokens. `step_rewards` adds +-0.5 per exactly checked step (weight
 step_reward_weight) to every token before the step's end; `process_grpo` replaces the outcome advantage by
 normalised step scores (DeepSeekMath's process supervision), the answer line being the last step, scored by
-the verifier. Groups whose rewards are all equal carry no signal and are dropped (filter_zero_variance).
+the verifier. Groups whose rewards are all equal carry no signal (filter_zero_variance): "off" trains on them,
+"drop" trains on the rest (the batch shrinks), "refill" is DAPO's dynamic sampling: the iteration draws more groups
+until n_prompts carry variance or max_refill_rounds is reached (rl/stages/iteration.py, refill).
 The iteration itself is rl/stages/iteration.py; this module is GRPO's config and advantage function.
 """
 from __future__ import annotations
@@ -17,7 +19,7 @@ import functools
 import numpy as np
 
 from rl import advantages as advm
-from rl.config_fields import boolean, choice, field
+from rl.config_fields import boolean, choice, field, integer
 from rl.curriculum import CurriculumConfig
 from rl.kl_control import KLConfig
 from rl.losses import LossConfig
@@ -28,6 +30,17 @@ from rl.tool_rollout import ToolsConfig
 from rl.train_loop import LoopConfig
 
 ADVANTAGES = ("grpo", "rloo", "reinforce_pp")  # rl.advantages.ESTIMATORS by config name (grpo: dr_grpo unscaled)
+ZERO_VARIANCE = ("off", "drop", "refill")  # filter_zero_variance
+# max_refill_rounds' default: DAPO's recipe (verl, recipe/dapo) samples 3x the training prompts per generation batch
+# (gen_prompt_bsz = 3 x train_prompt_bsz) and stops after max_num_gen_batches = 10 of them; here a round draws
+# n_prompts problems, so 3 rounds bound an update's sampling at 4x a full batch's (docs/training.md)
+MAX_REFILL_ROUNDS = 3
+
+
+def zero_variance_mode(v):
+    """filter_zero_variance in today's spelling: True / False (what configs wrote before "refill") -> "drop" / "off";
+    any other value unchanged (the field's check judges it)."""
+    return ("drop" if v else "off") if isinstance(v, bool) else v
 
 
 def advantage_check(v) -> str | None:
@@ -46,6 +59,7 @@ class GRPOConfig(iteration.RLStageMethods, Flat):
     # PPO's value-head / GAE keys, which every GRPO entry of a config.json written before they moved to PPOConfig
     # holds, at their old defaults; GRPO never read them, so any other value (once silently ignored) is refused
     LEGACY = {"gamma": 1.0, "lam": 0.95, "value_coef": 0.5, "value_clip": 0.2}
+    SPELLINGS = {"filter_zero_variance": zero_variance_mode}  # True / False of older configs: "drop" / "off"
 
     stage: StageInfo = section(StageInfo, "name and problems")
     loop: LoopConfig = section(LoopConfig, "learning-rate schedule and optimizer")
@@ -60,9 +74,21 @@ class GRPOConfig(iteration.RLStageMethods, Flat):
                                    "over the batch, no group baseline)", advantage_check)
     scale_by_std: bool = field(True, "divide by the group std (False = Dr. GRPO); advantage grpo only (set False "
                                      "with rloo and reinforce_pp)", boolean)
-    filter_zero_variance: bool = field(True, "drop groups whose rewards are all equal (zero advantage)", boolean)
+    filter_zero_variance: str = field("drop", "groups whose rewards are all equal (zero advantage): off (trained on) | "
+                                              "drop (left out: the batch shrinks) | refill (DAPO's dynamic sampling: "
+                                              "more groups drawn until n_prompts carry variance, at most "
+                                              "max_refill_rounds rounds); true / false read as drop / off",
+                                      choice(*ZERO_VARIANCE))
+    max_refill_rounds: int = field(MAX_REFILL_ROUNDS, "refill: rounds of n_prompts more problems an iteration may draw "
+                                                      "after its first batch (DAPO's recipe: up to 10 generation "
+                                                      "batches of 3x the training prompts)", integer(1, 1000))
     process_grpo: bool = field(False, "process-supervised GRPO: advantages from normalised step rewards, the answer "
                                       "line being the last step, scored by the verifier", boolean)
+
+    @property
+    def refill_rounds(self) -> int:
+        """Rounds an iteration may draw after its first batch: max_refill_rounds with "refill", else 0."""
+        return self.max_refill_rounds if self.filter_zero_variance == "refill" else 0
 
     def cross_checks(self):
         yield from iteration.cross_checks(self)
@@ -75,6 +101,9 @@ class GRPOConfig(iteration.RLStageMethods, Flat):
                                   f"scaling: set scale_by_std=False with advantage {self.advantage}"
         if self.kl.kl_place == "reward":
             yield "kl_place", "'reward' needs kind ppo (GRPO's sequence advantages have no per-token reward)"
+        if self.filter_zero_variance == "refill" and self.curriculum.enabled:
+            yield "filter_zero_variance", "'refill' draws its extra problems uniformly, the curriculum by difficulty " \
+                                          "bucket: turn one of them off (drop keeps the curriculum)"
 
 
 def grpo_token_advantages(cfg: GRPOConfig, rewards: np.ndarray, ks, loss_mask: np.ndarray, steps=None):
@@ -99,7 +128,7 @@ def grpo_token_advantages(cfg: GRPOConfig, rewards: np.ndarray, ks, loss_mask: n
             adv = adv + cfg.rl.step_reward_weight * np.flip(np.cumsum(np.flip(placed, 1), 1), 1)
     adv = adv * loss_mask
     keep = np.ones(N, bool)
-    if cfg.filter_zero_variance:
+    if cfg.filter_zero_variance != "off":
         for start, n, k in advm.group_runs(ks):
             for g in range(start, start + n, k):
                 rows = slice(g, g + k)

@@ -13,7 +13,9 @@ One iteration:
      temperature, and, when run.overlap is on and no curriculum waits for this iteration's pass rates, samples
      ahead up to iteration u + max_staleness (bounded staleness; each batch carries its behaviour logprobs, the
      sampler's MoE routes when recorded, and the update count it was sampled at)
-  -> advantages (the kind's function), zero-variance groups dropped (GRPO)
+  -> advantages (the kind's function), zero-variance groups dropped (GRPO's filter_zero_variance "drop"), or with
+     "refill" (DAPO's dynamic sampling) more groups drawn, sampled and scored now, until n_prompts carry variance
+     or max_refill_rounds is reached (refill below)
   -> with an off-policy correction on (tis_cap / mis_* / icepop_*): the trainer's logprobs at the start of the
      update become the ratio's old policy and weight the advantages against the behaviour logprobs (rl/offpolicy.py)
   -> epochs over near-equal minibatches (rl.train_loop.train_on), train-side logprobs at the sampling temperature
@@ -175,6 +177,7 @@ class RLStageMethods:
     uses_reference = property(uses_reference)
     records_routes = property(records_routes)
     group_sizes = group_sizes
+    refill_rounds = 0  # rounds an iteration may draw after its first batch (GRPO's filter_zero_variance "refill")
 
     @property
     def corrects_off_policy(self) -> bool:
@@ -219,7 +222,7 @@ def init(ctx, index: int, cfg, params, *, advantages: Callable, value_head: bool
 
 # -- one iteration --------------------------------------------------------------------------------------------
 def unit(st: State, u: int) -> tuple[State, dict]:
-    """Iteration u: produce (or take the batch sampled ahead) -> score -> advantages -> update."""
+    """Iteration u: produce (or take the batch sampled ahead) -> score -> advantages (-> refill) -> update."""
     ctx, cfg = st.base.ctx, st.base.cfg
     pending = [b for b in st.pending if b["unit"] >= u]
     if pending and pending[0]["unit"] == u:
@@ -229,7 +232,7 @@ def unit(st: State, u: int) -> tuple[State, dict]:
         pending = []
     a = cur_b["arrays"]
     texts = _texts(ctx.tok, a)
-    fut = ctx.scorer.submit(texts, [st.base.problems[int(a["ids"][p])] for p in a["prompt_index"]], a["lengths"])
+    fut = ctx.scorer.submit(texts, _problems(st, a), a["lengths"])
     # Producer / consumer: while the reward pool scores this batch, sample ahead up to iteration u + k with the
     # current params (batch u + k then trains k updates later: bounded staleness k).
     ahead = range(u + 1 + len(pending), min(u + lookahead(st), cfg.units - 1) + 1)
@@ -245,26 +248,102 @@ def unit(st: State, u: int) -> tuple[State, dict]:
     t_wait = time.time() - t0
     staleness = st.trained_units - cur_b["version"]
 
-    st, rewards, m = score(st, a, texts, scores)
-    kl_tok, kl_seq = sampled_kl(a, cfg.loss.kl_kind)
     coef = st.kl_ctl.coef_at(st.kl_state, u) if st.kl_ctl is not None else 0.0
-    extra, keep_rows = st.advantages(st, a, texts, rewards, coef, kl_tok)
-    st, um = update(st, a, extra, keep_rows, coef, u)
+    st, d = judge(st, a, texts, scores, coef)
+    if cfg.refill_rounds:  # DAPO's dynamic sampling: more groups, drawn now, until n_prompts carry variance
+        st, d = refill(st, u, d, coef)
+    a, m = d["a"], d["m"]
+    st, um = update(st, a, d["extra"], d["keep"], coef, u)
     kernels.phase_end()
-    if st.kl_ctl is not None and kl_seq is not None:
-        st = dataclasses.replace(st, kl_state=st.kl_ctl.update(st.kl_state, kl_seq, len(rewards)))
-        um["kl_controller_finite_input"] = float(np.isfinite(kl_seq))
+    if st.kl_ctl is not None and d["kl"] is not None:
+        st = dataclasses.replace(st, kl_state=st.kl_ctl.update(st.kl_state, d["kl"], len(d["rewards"])))
+        um["kl_controller_finite_input"] = float(np.isfinite(d["kl"]))
 
-    starts = np.concatenate([[0], np.cumsum(a["ks"])[:-1]]).astype(np.int64)
-    m.update({"kept_groups": float(np.mean(keep_rows[starts])), "response_length": float(np.mean(a["lengths"])),
-              "temperature": cur_b["temperature"], "kl_coef": coef, "n_samples": int(np.sum(a["ks"]))})
-    if kl_seq is not None:
-        m["kl"] = kl_seq
+    m.update({"kept_groups": float(np.mean(d["keep"][group_starts(a["ks"])])),
+              "response_length": float(np.mean(a["lengths"])), "temperature": cur_b["temperature"], "kl_coef": coef,
+              "n_samples": int(np.sum(a["ks"]))})
+    if d["kl"] is not None:
+        m["kl"] = d["kl"]
     m.update(um)
     m.update(produce_metrics(a["stats"]))
     m.update(tool_rollout.metrics(a))
     m.update({"time/score_wait": t_wait, "time/overlap_sample": t_overlap, "staleness": float(staleness)})
     return st, m
+
+
+def judge(st: State, a: dict, texts: list[str], scores: list[dict], coef: float) -> tuple[State, dict]:
+    """One scored draw: {"a": its arrays, "scores", "rewards", "m": the reward metrics (score), "kl": the sampled
+    KL (or None), "extra": the kind's advantage arrays, "keep": the rows to train}."""
+    st, rewards, m = score(st, a, texts, scores)
+    kl_tok, kl_seq = sampled_kl(a, st.base.cfg.loss.kl_kind)
+    extra, keep = st.advantages(st, a, texts, rewards, coef, kl_tok)
+    return st, {"a": a, "scores": scores, "rewards": rewards, "m": m, "kl": kl_seq, "extra": extra, "keep": keep}
+
+
+# -- refill (DAPO's dynamic sampling) -------------------------------------------------------------------------
+REFILL_STREAM = 2  # the rng / key part of refill draws: (u, REFILL_STREAM, round); the update shuffles with (u, 1)
+
+
+def refill(st: State, u: int, first: dict, coef: float) -> tuple[State, dict]:
+    """DAPO's dynamic sampling (GRPO's filter_zero_variance "refill"): while fewer than n_prompts of the iteration's
+    groups carry reward variance, draw n_prompts more problems (among those not drawn yet in this iteration, from
+    the rng stream of (u, round)), sample them with the current params and score them, synchronously; at most
+    cfg.refill_rounds rounds, fewer when not n_prompts problems are left. The first n_prompts kept groups train
+    (merge); refill/groups_drawn, refill/groups_kept (groups trained) and refill/rounds join the metrics."""
+    ctx, n = st.base.ctx, st.base.cfg.rl.n_prompts
+    draws, t0 = [first], time.time()
+    while kept_groups(draws) < n and len(draws) <= st.base.cfg.refill_rounds:
+        drawn = np.concatenate([d["a"]["ids"] for d in draws])
+        if len(st.base.problems) - len(np.unique(drawn)) < n:
+            break
+        st, b = produce(st, u, draw=len(draws), drawn=drawn)
+        a = b["arrays"]
+        texts = _texts(ctx.tok, a)
+        scores = ctx.scorer.result(ctx.scorer.submit(texts, _problems(st, a), a["lengths"]))
+        st, d = judge(st, a, texts, scores, coef)
+        draws.append(d)
+    if len(draws) > 1:
+        kernels.phase_end()  # the rounds' sampling and reference passes are done, as the first draw's were
+    d = merge(draws, n)
+    d["m"].update({"refill/groups_drawn": float(len(d["a"]["ks"])), "refill/rounds": float(len(draws) - 1),
+                   "refill/groups_kept": float(np.sum(d["keep"][group_starts(d["a"]["ks"])])),
+                   "time/refill": time.time() - t0})
+    return st, d
+
+
+def group_starts(ks) -> np.ndarray:
+    """The first row of each contiguous group of sizes `ks`."""
+    return np.concatenate([[0], np.cumsum(ks)[:-1]]).astype(np.int64)
+
+
+def kept_groups(draws: list[dict]) -> int:
+    """Groups whose rows the judged draws keep (groups with reward variance), all draws together."""
+    return int(sum(np.sum(d["keep"][group_starts(d["a"]["ks"])]) for d in draws))
+
+
+def first_kept(keep: np.ndarray, ks, n: int) -> np.ndarray:
+    """Rows to keep [N] with only the first n kept groups (in batch order) kept."""
+    kept = keep[group_starts(ks)]
+    return keep & np.repeat(kept & (np.cumsum(kept) <= n), ks)
+
+
+def merge(draws: list[dict], n_groups: int) -> dict:
+    """The judged draws of one iteration as one (judge's keys), in draw order: rows, groups and the kind's arrays
+    concatenated, prompt_index counting groups across the draws, the first draw's produce statistics (timings, the
+    sampler / trainer match); rows to keep: those of the first n_groups kept groups. Reward metrics are over every
+    drawn answer, the others (PRM) the first draw's; the sampled KL is the mean over every drawn sequence."""
+    arrays = [d["a"] for d in draws]
+    a = {k: np.concatenate([x[k] for x in arrays]) for k in arrays[0] if k not in ("stats", "prompt_index")}
+    offsets = np.cumsum([0] + [len(x["ks"]) for x in arrays[:-1]])
+    a["prompt_index"] = np.concatenate([x["prompt_index"] + o for x, o in zip(arrays, offsets)])
+    a["stats"] = arrays[0]["stats"]
+    scores = [sc for d in draws for sc in d["scores"]]
+    rows = [len(d["rewards"]) for d in draws]
+    kl = None if draws[0]["kl"] is None else float(np.average([d["kl"] for d in draws], weights=rows))
+    keep = first_kept(np.concatenate([d["keep"] for d in draws]), a["ks"], n_groups)
+    return {"a": a, "scores": scores, "rewards": np.concatenate([d["rewards"] for d in draws]),
+            "m": {**draws[0]["m"], **reward_metrics(scores)}, "kl": kl, "keep": keep,
+            "extra": {k: np.concatenate([np.asarray(d["extra"][k]) for d in draws]) for k in draws[0]["extra"]}}
 
 
 def lookahead(st: State) -> int:
@@ -274,15 +353,22 @@ def lookahead(st: State) -> int:
 
 
 # -- produce ------------------------------------------------------------------------------------------------------
-def pick(st: State, u: int) -> tuple[State, tuple[np.ndarray, np.ndarray]]:
-    """(problem ids, samples per problem) of iteration u, with the curriculum's buckets refreshed when due."""
+def draw_parts(u: int, draw: int) -> tuple[int, ...]:
+    """The rng / key parts of iteration u's draw: (u,) for its batch, (u, REFILL_STREAM, round) for a refill round."""
+    return (u,) if draw == 0 else (u, REFILL_STREAM, draw)
+
+
+def pick(st: State, u: int, draw: int = 0, drawn=()) -> tuple[State, tuple[np.ndarray, np.ndarray]]:
+    """(problem ids, samples per problem) of iteration u's draw (0: its batch; a refill round: among the problems
+    not `drawn` yet), with the curriculum's buckets refreshed when due (no refill with a curriculum)."""
     ctx, s, index = st.base.ctx, st.base.cfg, st.base.index
     if st.cur_state is not None:
         if cur.due_refresh(st.cur_state, u, s.curriculum.refresh_every):
             st = dataclasses.replace(st, cur_state=cur.refresh(st.cur_state, u, s.curriculum))
         seed = int(ctx.rng("rl", index).integers(2**31))
         return st, cur.pick(st.cur_state, s.curriculum, s.rl.n_prompts, seed, u)
-    ids = ctx.rng("rl", index, u).choice(len(st.base.problems), size=s.rl.n_prompts, replace=False)
+    rest = np.setdiff1d(np.arange(len(st.base.problems)), np.asarray(drawn, np.int64))
+    ids = ctx.rng("rl", index, *draw_parts(u, draw)).choice(rest, size=s.rl.n_prompts, replace=False)
     return st, (np.sort(ids), np.full((len(ids),), s.rl.samples, np.int64))
 
 
@@ -291,20 +377,22 @@ def temperature(cfg, u: int) -> float:
     return schedules.temperature_at(u, r.iterations, r.temperature_start, r.temperature_end, r.temperature_kind)
 
 
-def produce(st: State, u: int) -> tuple[State, dict]:
-    """Sample iteration u's batch with the current params; reference logprobs (and PPO values) at the
-    sampling temperature; the sampler / trainer logprob match measured on the same params."""
+def produce(st: State, u: int, draw: int = 0, drawn=()) -> tuple[State, dict]:
+    """Sample iteration u's batch (or its refill round `draw`, among the problems not `drawn`) with the current
+    params; reference logprobs (and PPO values) at the sampling temperature; the sampler / trainer logprob match
+    measured on the same params."""
     ctx, cfg, index = st.base.ctx, st.base.cfg, st.base.index
-    st, (ids, ks) = pick(st, u)
+    st, (ids, ks) = pick(st, u, draw, drawn)
+    key = ctx.key("rl", index, *draw_parts(u, draw))
     temp = temperature(cfg, u)
     prompts = [ctx.prompt(st.base.problems[i]) for i in ids]
     params = common.policy_params(st)
     t0 = time.time()
     if cfg.tools.on:  # tool calls (rl/tool_rollout.py): the loss mask is the policy's own tokens
-        smpl = tool_rollout.sample(ctx, params, prompts, ks, ctx.key("rl", index, u), temperature=temp,
+        smpl = tool_rollout.sample(ctx, params, prompts, ks, key, temperature=temp,
                                    model_cfg=st.sample_cfg, cfg=cfg.tools)
     else:
-        smpl = ctx.sample(params, prompts, ks, ctx.key("rl", index, u), temperature=temp, model_cfg=st.sample_cfg,
+        smpl = ctx.sample(params, prompts, ks, key, temperature=temp, model_cfg=st.sample_cfg,
                           return_routes=records_routes(cfg))
     t_sample = time.time() - t0
     b = rollout.build_batch([ctx.tok.encode(p, add_bos=True) for p in prompts], smpl, ctx.seq_len, pad_id=ctx.tok.PAD)
@@ -364,6 +452,11 @@ def grouped_layout(st: State, ks):
     c = ctx.cfg
     return grouped_batch.plan(ks, st.max_rows, ctx.row_multiple, c["tasks"]["max_prompt_len"],
                               c["sampling"]["max_new_tokens"], ctx.tok.PAD)
+
+
+def _problems(st: State, a: dict) -> list:
+    """The problem of each row of a produced batch (what the reward pool scores it against)."""
+    return [st.base.problems[int(a["ids"][p])] for p in a["prompt_index"]]
 
 
 def _texts(tok, a: dict) -> list[str]:
