@@ -262,6 +262,10 @@ def checked_config(args, overrides) -> tuple[Prepared, bool]:
     data are checked and their problems reported together (rl.preflight.prepare, which the run then uses as is)."""
     config = get_config(args.config)
     recipe_hf = bool(config.model.get("hf_path") or config.model.get("pretrained"))
+    # a checkpoint recipe's prompt length was measured on its own prompts: other prompts (another task mix, language,
+    # system turn) get theirs measured again, as a byte-tokenizer recipe's are (rl.pretrained.port_lengths)
+    new_prompts = any(p.startswith("tasks.") or p.startswith("model.system_prompt") or p.startswith("model.chat")
+                      for p, _ in overrides)
     errors = []
     try:
         apply_overrides(config, overrides)
@@ -273,7 +277,7 @@ def checked_config(args, overrides) -> tuple[Prepared, bool]:
         raise cv.problems_error("invalid config", errors + (e.problems or [str(e)])) from None
     prep = None
     try:  # a misspelled override is reported with the machine's and the data's problems
-        prep = preflight.prepare(cfg, port=not recipe_hf, workdir=args.workdir or None)
+        prep = preflight.prepare(cfg, port=not recipe_hf or new_prompts, workdir=args.workdir or None)
     except cv.ConfigError as e:
         errors.extend(e.problems or [str(e)])
     if prep is not None and args.verbose:

@@ -61,7 +61,7 @@ def port_lengths(cfg: RunConfig, longest_prompt: int, context: int) -> tuple[Run
     if longest_prompt > P:
         tasks = tasks.replace(max_prompt_len=longest_prompt)
         notes.append(f"tasks.max_prompt_len = {P} -> {longest_prompt} (the longest prompt in the checkpoint's "
-                     f"tokenizer and chat template; the recipe counted bytes)")
+                     f"tokenizer and chat template)")
     need = min(tasks.max_prompt_len + N, context)  # beyond the context: the pre-run checks report it
     if need > model.max_seq_len:
         notes.append(f"model.max_seq_len = {model.max_seq_len} -> {need} (tasks.max_prompt_len + "

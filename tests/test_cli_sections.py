@@ -152,3 +152,13 @@ def test_readme_command_line_forms_pass_a_dry_run():
             path, value = "model.hf_path", tiny_ckpt
         rc, out = dry_run(GRPO_TINY, f"--config.{path}={value}")
         assert rc == 0 and "config OK" in out, f"README's {path}={value}:\n{out[-2000:]}"
+
+
+def test_another_task_mix_on_a_checkpoint_recipe_measures_its_prompts_again():
+    """A checkpoint recipe's tasks.max_prompt_len fits its own prompts; `--config.tasks.mix=...` alone (no second
+    override) gets the new prompts' length in the checkpoint's tokens, noted, as a byte-tokenizer recipe's are."""
+    rc, out = dry_run(SMOLLM2_TINY, "--config.tasks.mix=gym@basic_arithmetic")
+    assert rc == 0, out
+    assert "tasks.max_prompt_len = 144 -> " in out and "config OK" in out
+    rc, out = dry_run(SMOLLM2_TINY)  # its own prompts: nothing measured again
+    assert rc == 0 and "tasks.max_prompt_len = 144 ->" not in out
