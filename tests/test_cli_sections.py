@@ -138,8 +138,8 @@ def readme_forms() -> list[tuple[str, str]]:
 
 
 def test_readme_command_line_forms_pass_a_dry_run():
-    """Each form as a command-line override on the tiny GRPO recipe (stages[i] -> its GRPO stage); a checkpoint
-    path (model.hf_path / model.pretrained, files a clone does not have) -> the tiny test checkpoint."""
+    """Each form as a command-line override on the tiny GRPO recipe (stages[i], stages[0] -> its GRPO stage); a
+    checkpoint path (model.hf_path / model.pretrained, files a clone does not have) -> the tiny test checkpoint."""
     from experiments.configs.qwen_gsm8k import make_tiny_files
 
     forms = readme_forms()
@@ -147,7 +147,7 @@ def test_readme_command_line_forms_pass_a_dry_run():
     assert "stages[i].tools" in paths and "stages[1].clip_high" in paths and "run.overlap" in paths, forms
     tiny_ckpt = os.path.join(make_tiny_files(), "model")
     for path, value in forms:
-        path = path.replace("stages[i]", "stages[1]")
+        path = path.replace("stages[i]", "stages[1]").replace("stages[0]", "stages[1]")  # README's RL stage
         if path in ("model.hf_path", "model.pretrained"):
             path, value = "model.hf_path", tiny_ckpt
         rc, out = dry_run(GRPO_TINY, f"--config.{path}={value}")
