@@ -256,6 +256,9 @@ def on_checkpoint(cfg, recipe_hf: bool) -> tuple[dict, list[str]]:
     return cfg.to_dict(), []
 
 
+PROMPT_FIELDS = {"tasks.mix", "tasks.lang", "tasks.difficulty", "model.system_prompt", "model.chat_template"}
+
+
 def checked_config(args, overrides) -> tuple[Prepared, bool]:
     """(the prepared run, whether it starts from --init_from): every check before any compute, in one pass. The
     override and field errors are reported together; once the config is valid, the workdir, the machine and the
@@ -264,8 +267,9 @@ def checked_config(args, overrides) -> tuple[Prepared, bool]:
     recipe_hf = bool(config.model.get("hf_path") or config.model.get("pretrained"))
     # a checkpoint recipe's prompt length was measured on its own prompts: other prompts (another task mix, language,
     # system turn) get theirs measured again, as a byte-tokenizer recipe's are (rl.pretrained.port_lengths)
-    new_prompts = any(p.startswith("tasks.") or p.startswith("model.system_prompt") or p.startswith("model.chat")
-                      for p, _ in overrides)
+    paths = {p for p, _ in overrides}
+    new_prompts = bool(paths & PROMPT_FIELDS or any(p.endswith("_source") for p in paths if p.startswith("tasks."))) \
+        and "tasks.max_prompt_len" not in paths  # a length the user sets is the user's
     errors = []
     try:
         apply_overrides(config, overrides)
