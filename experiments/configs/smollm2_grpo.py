@@ -33,7 +33,7 @@ changes two fields together, the adapters and the learning rate, so each is its 
     python -m experiments.sweep --config experiments/configs/smollm2_grpo.py:lora=0 --workdir runs/smollm2_grpo/full
 """
 from experiments.configs.common import base_config, check_variant, parse_arg, stage
-from experiments.configs.qwen_gsm8k import make_tiny_files
+from experiments.configs.fixtures import make_tiny_files
 from rl.config_warnings import FULL_FINETUNE_LR, LORA_LR
 from rl.tasks.render import ANSWER_LINE_SYSTEM_PROMPT
 

@@ -58,7 +58,7 @@ GRPO starts from it):
     python -m experiments.sweep --config experiments/configs/smollm2_tools.py:cold=1 --workdir runs/smollm2_tools/cold
 """
 from experiments.configs.common import base_config, check_variant, parse_arg, stage
-from experiments.configs.qwen_gsm8k import make_tiny_files
+from experiments.configs.fixtures import make_tiny_files
 from experiments.configs.smollm2_grpo import GRPO, smollm2_policy
 from rewards.python_tool import TOOL_SYSTEM_PROMPT
 
