@@ -10,7 +10,11 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import tempfile
+
+from rl.tasks import load_mix
+from rl.tasks.render import render_solution, render_user_message
 
 CHATML = ("{%- for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
           "{%- endfor %}{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}")
@@ -27,6 +31,7 @@ def _gsm8k_record(p) -> dict:
 def _tokenizer(texts):
     """A byte-level BPE (every byte is a token, so any text encodes) with merges learnt from the tiny data, the
     ChatML special tokens and a ChatML chat template: the shape of a Qwen tokenizer folder, tiny."""
+    # here, as the model code in make_tiny_files: only building the files needs it, not reading a config that uses them
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -45,12 +50,11 @@ def make_tiny_files(root: str | None = None) -> str:
     folder = os.path.join(root or tempfile.gettempdir(), f"mathrl_qwen_gsm8k_tiny_{version}")
     if os.path.exists(os.path.join(folder, "done")):
         return folder
+    # here: the model code (models.hf, its safetensors writer) loads only to build the files, not to read a config
     import jax
 
     from models import hf, transformer
     from models.config import ModelConfig
-    from rl.tasks import load_mix
-    from rl.tasks.render import render_solution, render_user_message
 
     work = tempfile.mkdtemp(dir=os.path.dirname(folder), prefix=os.path.basename(folder) + ".tmp")
     # The train file must spread over the hash range like real data (the run draws train and validation from it by
@@ -75,7 +79,5 @@ def make_tiny_files(root: str | None = None) -> str:
     try:
         os.rename(work, folder)
     except OSError:  # another process made it first: use theirs
-        import shutil
-
         shutil.rmtree(work, ignore_errors=True)
     return folder
