@@ -43,7 +43,7 @@ def test_model_path_evaluates_through_the_chat_template(tmp_path, capsys):
 
 @pytest.mark.slow  # ~17 s cold; the tool rollout itself: tests/test_tool_rl.py, test_tool_sampling.py
 def test_model_path_with_tools_reports_pass1_with_and_without_and_shows_the_tool_turns(tmp_path, capsys, monkeypatch):
-    """--tools on the qwen_gsm8k tiny checkpoint (a Hugging Face folder with a ChatML template) with a forced tool
+    """--tools on the fixtures.py tiny checkpoint (a Hugging Face folder with a ChatML template) with a forced tool
     (every sampled id is a call; the reply is the real tool's output of print(6*7)): both pass@1 figures, each
     recomputed from the written samples, the tool metrics, the tool system prompt, the tool's turns verbatim; the k
     samples (pass@k, sample accuracy) are drawn with the tool too."""

@@ -292,7 +292,7 @@ def test_tool_arith_tiny_runs_both_arms(tmp_path):
 
 @pytest.mark.slow  # 20-30 s with a cold compile cache: a launch with two evals and two GRPO iterations
 def test_smollm2_tools_tiny_runs_with_tools_end_to_end(tmp_path, monkeypatch):
-    """smollm2_tools.py's tiny variant (the recipe on the qwen_gsm8k tiny checkpoint: chat template, tool system
+    """smollm2_tools.py's tiny variant (the recipe on the fixtures.py tiny checkpoint: chat template, tool system
     prompt, LoRA, KL) with the forced chat tool: both GRPO iterations call the tool and take optimizer steps with the
     mismatch at float32 round-off, every eval reports pass@1 with and without tools, and samples.jsonl shows the
     tool's chat turn with the real tool's output."""

@@ -20,7 +20,7 @@ Results (three seeds, held-out pass@1 before and after, time per run): REPRODUCI
 SmolLM2-135M-Instruct: English word problems, LoRA".
 
 Variants: seed=N; lora=0 (full fine-tuning, lr 1e-5; against LoRA: REPRODUCING.md, "LoRA against full fine-tuning
-on the SmolLM2 recipe"); variant=tiny (tests: the same recipe on the qwen_gsm8k tiny files, a
+on the SmolLM2 recipe"); variant=tiny (tests: the same recipe on the fixtures.py tiny files, a
 random qwen3 checkpoint with a ChatML template, in seconds). The stage is named (`algorithm="dapo"` with the KL kept):
 `--config.stages[0].algorithm=gspo` (or dr_grpo, cispo, grpo, ...) switches its algorithm in one override
 (docs/training.md, "Algorithms by name"); `--config.model.lora=None` alone keeps LoRA's lr and is warned (use lora=0).
@@ -84,7 +84,7 @@ def get_sweep(arg=None):
 
 
 def tiny(c):
-    """Seconds on one CPU: the same recipe on the qwen_gsm8k tiny checkpoint (a random qwen3 with a ChatML template),
+    """Seconds on one CPU: the same recipe on the fixtures.py tiny checkpoint (a random qwen3 with a ChatML template),
     two GRPO iterations that take real optimizer steps: a random model's answers all score 0, so the groups are kept
     (filter_zero_variance off) and an entropy bonus gives the update a gradient."""
     folder = make_tiny_files()

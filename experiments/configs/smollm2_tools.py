@@ -47,7 +47,7 @@ Results (the baseline, seed 0 without and with the cold start): REPRODUCING.md, 
 sandboxed Python tool", its SmolLM2-135M-Instruct part.
 
 Variants: seed=N; cold=1 (the cold start above); lora=0 (full fine-tuning, lr 1e-5); variant=tiny (tests: the
-same recipe on the qwen_gsm8k tiny files, a random qwen3 with a ChatML template, in seconds).
+same recipe on the fixtures.py tiny files, a random qwen3 with a ChatML template, in seconds).
 
 Sweep (get_sweep): seeds 0, 1, 2 of the variant the arg picks (with cold=1 the cold start runs once per seed and
 GRPO starts from it):
@@ -89,7 +89,7 @@ def get_sweep(arg=None):
 
 
 def tiny(c):
-    """Seconds on one CPU: the same recipe on the qwen_gsm8k tiny checkpoint (the prompt is 178 of its tokens, inside
+    """Seconds on one CPU: the same recipe on the fixtures.py tiny checkpoint (the prompt is 178 of its tokens, inside
     its 256-token context with 48 new tokens), two GRPO iterations with tools that take real optimizer steps (a
     random model's answers all score 0, so the groups are kept and an entropy bonus gives the update a gradient). A
     random model rarely writes a whole call: tests force calls with a tool_fn."""

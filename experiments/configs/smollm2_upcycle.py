@@ -26,7 +26,7 @@ balanced) are logged in both.
 Results (both arms, three seeds, time and peak memory per run, upcycle.expert_spread): REPRODUCING.md, "GRPO on an
 upcycled SmolLM2: routing replay (R3) against none".
 
-Variants: seed=N; r3=0|1; variant=tiny (tests: the same recipe on the qwen_gsm8k tiny files, in seconds).
+Variants: seed=N; r3=0|1; variant=tiny (tests: the same recipe on the fixtures.py tiny files, in seconds).
 
 Sweep (get_sweep): both arms (stages[0].routing_replay, the field r3 sets) x seeds 0, 1, 2, REPRODUCING.md's six
 runs:
