@@ -97,7 +97,7 @@ def stage_starts(records: list[dict]) -> list[tuple[int, str]]:
 
 def _figure(n: int):
     """A figure with n panels (at least one), four to a row."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # matplotlib (slow to import) only when drawing
     from matplotlib.figure import Figure  # no pyplot: no global backend state, safe inside notebooks and threads
 
     n = max(n, 1)
@@ -113,7 +113,7 @@ def _figure(n: int):
 
 def _decorate(ax, title, starts, span=None):
     """Title, grid, the x range `span` (lo, hi: the units the panel's metric covers) and the stage lines in it."""
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import MaxNLocator  # matplotlib (slow to import) only when drawing
 
     if span is not None:
         ax.set_xlim(span[0] - 0.7, span[1] + 0.7)

@@ -18,6 +18,7 @@ import os
 import shutil
 
 from rl import config_validation as cv
+from rl.checkpoint import find_policy
 from rl import stages as stage_kinds
 
 IGNORED = ("run", "log")  # sections that never change what a unit computes (the launcher's resume rule)
@@ -112,8 +113,6 @@ def differing_fields(a: dict, b: dict, prefix: str = "") -> list[str]:
 
 def _checkpoints(root: str) -> list[tuple[int, dict]]:
     """(step, meta) of the intact checkpoints under root, newest first."""
-    from rl.checkpoint import find_policy
-
     workdir = os.path.dirname(os.path.dirname(root))
     steps = sorted((int(n) for n in os.listdir(root) if n.isdigit()), reverse=True) if os.path.isdir(root) else []
     out = []

@@ -10,6 +10,8 @@ coefficient's ramp lives with its controller (rl.kl_control).
 """
 from __future__ import annotations
 
+import math
+
 
 def _frac(step: int, total: int) -> float:
     """Progress in [0, 1] of `step` over `total` steps (1.0 when total <= 1)."""
@@ -29,8 +31,6 @@ def temperature_at(step: int, total: int, start: float = 1.0, end: float = 0.7, 
     if kind == "linear":
         return float(start + (end - start) * p)
     if kind == "cosine":
-        import math
-
         return float(end + (start - end) * 0.5 * (1.0 + math.cos(math.pi * p)))
     raise ValueError(f"temperature kind must be linear|cosine|constant, got {kind!r}")
 

@@ -140,7 +140,7 @@ def readme_forms() -> list[tuple[str, str]]:
 def test_readme_command_line_forms_pass_a_dry_run():
     """Each form as a command-line override on the tiny GRPO recipe (stages[i], stages[0] -> its GRPO stage); a
     checkpoint path (model.hf_path / model.pretrained, files a clone does not have) -> the tiny test checkpoint."""
-    from experiments.configs.qwen_gsm8k import make_tiny_files
+    from experiments.configs.fixtures import make_tiny_files
 
     forms = readme_forms()
     paths = [p for p, _ in forms]

@@ -12,7 +12,7 @@ from rl import config_validation as cv
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(p for p in glob.glob(os.path.join(ROOT, "experiments/configs/*.py"))
-                 if os.path.basename(p) not in ("__init__.py", "common.py"))
+                 if os.path.basename(p) not in ("__init__.py", "common.py", "fixtures.py"))
 VARIANTS = {"quickstart": ["full", "tiny"], "grpo_arith": ["full", "tiny"], "grpo_process": ["full", "step_rewards", "tiny"],
             "ppo_arith": ["full", "tiny"], "r1_zero": ["full", "tiny"], "r1_pipeline": ["full", "tiny"],
             "mismatch_moe": ["full", "tiny"], "prm_arith": ["full", "grpo_prm", "tiny", "tiny_grpo_prm"],

@@ -43,11 +43,11 @@ def test_model_path_evaluates_through_the_chat_template(tmp_path, capsys):
 
 @pytest.mark.slow  # ~17 s cold; the tool rollout itself: tests/test_tool_rl.py, test_tool_sampling.py
 def test_model_path_with_tools_reports_pass1_with_and_without_and_shows_the_tool_turns(tmp_path, capsys, monkeypatch):
-    """--tools on the qwen_gsm8k tiny checkpoint (a Hugging Face folder with a ChatML template) with a forced tool
+    """--tools on the fixtures.py tiny checkpoint (a Hugging Face folder with a ChatML template) with a forced tool
     (every sampled id is a call; the reply is the real tool's output of print(6*7)): both pass@1 figures, each
     recomputed from the written samples, the tool metrics, the tool system prompt, the tool's turns verbatim; the k
     samples (pass@k, sample accuracy) are drawn with the tool too."""
-    from experiments.configs.qwen_gsm8k import make_tiny_files
+    from experiments.configs.fixtures import make_tiny_files
     from models.tokenizer import HFTokenizer
     from rewards.python_tool import TOOL_SYSTEM_PROMPT
     from rl import tool_rollout
@@ -88,7 +88,7 @@ def test_model_path_with_tools_reports_pass1_with_and_without_and_shows_the_tool
 
 
 def test_a_bad_tools_flag_or_a_too_long_answer_is_refused_naming_the_field(tmp_path, capsys):
-    from experiments.configs.qwen_gsm8k import make_tiny_files
+    from experiments.configs.fixtures import make_tiny_files
 
     assert ev_cli.main(["--model", str(tmp_path / "none"), "--tools", "--max-turns", "0"]) == 2
     assert "max_turns" in capsys.readouterr().err

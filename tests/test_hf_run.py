@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from experiments import launch
+from experiments.configs.fixtures import make_tiny_files
 from models import hf
 from rl import config_validation as cv
 from rl import context
@@ -66,8 +67,7 @@ def test_hf_path_fields_are_validated_and_documented():
 
 @pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory):
-    module, _ = launch.load_config_file(CONFIG)
-    return module.make_tiny_files(str(tmp_path_factory.mktemp("tiny")))
+    return make_tiny_files(str(tmp_path_factory.mktemp("tiny")))
 
 
 def test_tokenizer_chat_prompts_and_starting_weights(tiny_folder):

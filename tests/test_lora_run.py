@@ -316,7 +316,7 @@ def test_upcycled_grpo_replays_routes_and_logs_the_router(tmp_path):
 
 @pytest.mark.slow  # ~60 s on 2 loaded cores: compiles a new model's sampler, step and evaluation
 def test_upcycled_checkpoint_runs_grpo_with_routing_replay(tmp_path):
-    """model.upcycle on the tiny qwen3 checkpoint of qwen_gsm8k's tiny variant (a dense model with a tokenizer): the
+    """model.upcycle on the tiny qwen3 checkpoint of configs/fixtures.py (a dense model with a tokenizer): the
     run starts from the upcycled MoE, GRPO replays the sampler's routes, the router metrics appear, summary.json
     names the checkpoint."""
     c = qwen_gsm8k.get_config("variant=tiny")

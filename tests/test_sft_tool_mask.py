@@ -59,7 +59,7 @@ def test_chat_cold_start_masks_the_tool_turn():
     tool appends in a rollout; loss on the call before it and the answer after it."""
     import random
 
-    from experiments.configs.qwen_gsm8k import make_tiny_files
+    from experiments.configs.fixtures import make_tiny_files
     from models.tokenizer import HFTokenizer
     from rewards.python_tool import demonstration
     from rl.tasks.render import render_solution

@@ -62,7 +62,7 @@ def test_row_facts_count_tool_tokens_errors_and_copied_answers(code, out, answer
 def test_chat_tool_turns_read_whole_although_they_hold_eos_ids():
     """A chat template's tool turn starts with the assistant turn's end (the EOS id) and a decode stops at EOS: the
     turn's text in samples.jsonl and the error / copied-answer facts still read the whole output."""
-    from experiments.configs.qwen_gsm8k import make_tiny_files
+    from experiments.configs.fixtures import make_tiny_files
     from models.tokenizer import HFTokenizer
 
     tok = HFTokenizer.from_pretrained(f"{make_tiny_files()}/model")
@@ -87,7 +87,7 @@ def test_a_chat_cold_start_shows_the_tool_turn_its_rollouts_produce():
     tokenizer's demonstration is unchanged."""
     import random
 
-    from experiments.configs.qwen_gsm8k import make_tiny_files
+    from experiments.configs.fixtures import make_tiny_files
     from models.tokenizer import HFTokenizer
     from rewards.python_tool import demonstration
     from rl.tasks.render import render_solution
@@ -292,7 +292,7 @@ def test_tool_arith_tiny_runs_both_arms(tmp_path):
 
 @pytest.mark.slow  # 20-30 s with a cold compile cache: a launch with two evals and two GRPO iterations
 def test_smollm2_tools_tiny_runs_with_tools_end_to_end(tmp_path, monkeypatch):
-    """smollm2_tools.py's tiny variant (the recipe on the qwen_gsm8k tiny checkpoint: chat template, tool system
+    """smollm2_tools.py's tiny variant (the recipe on the fixtures.py tiny checkpoint: chat template, tool system
     prompt, LoRA, KL) with the forced chat tool: both GRPO iterations call the tool and take optimizer steps with the
     mismatch at float32 round-off, every eval reports pass@1 with and without tools, and samples.jsonl shows the
     tool's chat turn with the real tool's output."""
@@ -318,7 +318,7 @@ def test_smollm2_tools_tiny_runs_with_tools_end_to_end(tmp_path, monkeypatch):
         assert "skipped_iteration" not in r and np.isfinite(r["loss"]) and r["mismatch/logp_max_abs"] <= 1e-4
     assert all(r["validation/pass@1"] == r["validation/pass@1_tools"] and "validation/pass@1_no_tools" in r
                and r["validation/tools/calls_per_sample"] > 0 for r in evals)
-    from experiments.configs.qwen_gsm8k import make_tiny_files
+    from experiments.configs.fixtures import make_tiny_files
 
     tok = HFTokenizer.from_pretrained(f"{make_tiny_files()}/model")
     reply = tool_rollout.tool_text(tok, ForcedChatTool(tok).reply)

@@ -8,7 +8,7 @@ shared machine moves numerator and denominator together:
     print_table(["metric", "value"], rows)
 
 `peak_rss_mib()` reads this process's high-water resident memory (ru_maxrss), which is why
-model_step.py runs each measured phase in its own subprocess. Every script takes `--json PATH` and writes its
+model_step.py, lora_memory.py and w1.py run each measured phase in its own subprocess (`run_phase`). Every script takes `--json PATH` and writes its
 figures there with `write_json` (add_json_arg / write_json). On a shared machine, `wait_quiet(max_s)` waits (a
 bounded time) for the 1-minute load average to drop before a measurement and returns the load it saw.
 
@@ -26,6 +26,7 @@ import re
 import resource
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 
@@ -93,6 +94,17 @@ def peak_rss_mib() -> float:
 def current_rss_mib() -> float:
     """Current resident set size in MiB (psutil)."""
     return psutil.Process(os.getpid()).memory_info().rss / 2**20
+
+
+def run_phase(cmd: list[str], what: str, env: dict | None = None) -> dict:
+    """Run `cmd` (one measured phase in its own process, so its peak RSS is its own) and return the last line of
+    its stdout parsed as JSON; on a non-zero exit code, its stderr and SystemExit("{what} failed with exit code N").
+    `env` defaults to a copy of this process's environment."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy() if env is None else env)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr)
+        raise SystemExit(f"{what} failed with exit code {proc.returncode}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def machine_info() -> dict:

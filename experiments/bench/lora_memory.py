@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 
 import jax
@@ -82,11 +80,7 @@ def _run(mode: str, args) -> dict:
     cmd = [sys.executable, "-m", "experiments.bench.lora_memory", "--phase", mode, "--rank", str(args.rank),
            "--rows", str(args.rows), "--seq", str(args.seq), "--reps", str(args.reps)]
     print(f"[lora_memory] {mode} ...", file=sys.stderr, flush=True)
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stderr)
-        raise SystemExit(f"phase {mode} failed with exit code {proc.returncode}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return common.run_phase(cmd, f"phase {mode}")
 
 
 def main(argv=None) -> dict:

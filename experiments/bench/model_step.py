@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -192,11 +191,7 @@ def phase_recompute(opts):
 def _run_phase_subprocess(name: str, quick: bool) -> dict:
     cmd = [sys.executable, "-m", "experiments.bench.model_step", "--phase", name] + (["--quick"] if quick else [])
     print(f"[model_step] running {name} ...", file=sys.stderr, flush=True)
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stderr)
-        raise RuntimeError(f"phase {name} failed with exit code {proc.returncode}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return common.run_phase(cmd, f"phase {name}")
 
 
 def _run_phase(name: str, quick: bool) -> dict:

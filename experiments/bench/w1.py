@@ -322,11 +322,7 @@ def run_ours(kl: float, args, module: str = "experiments.bench.w1", extra: list[
     # Our process runs with the allocator setting the launcher uses (models/cpu/allocator.py); the peer keeps its
     # default, with which it ran faster (BENCHMARKS.md).
     env = allocator_env(args.allocator)
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if proc.returncode:
-        sys.stderr.write(proc.stderr)
-        raise SystemExit(f"{module} child (kl={kl}) failed with exit code {proc.returncode}")
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    res = common.run_phase(cmd, f"{module} child (kl={kl})", env=env)
     res.update(load_start=load_start, load_end=common.load1(), wait=wait,
                glibc_tunables=env.get("GLIBC_TUNABLES", ""))
     return res

@@ -8,14 +8,12 @@ arm=cold: the claims' mixed-style cold start, then 60 GRPO iterations; arm=zero:
 the random initialisation (R1-Zero without a pretrained base). Same reward (verified answer only), same seeds.
 Variants: variant=full (default) | tiny (tests); seed=N.
 """
-from experiments.configs.common import CLAIM_SEEDS, claim_config, parse_arg
+from experiments.configs.common import CLAIM_SEEDS, ConfigError, claim_config, parse_arg
 
 
 def get_config(arg=None):
     args = parse_arg(arg, {"variant": "full", "seed": 0, "arm": "cold"})
     if args["arm"] not in ("cold", "zero"):
-        from experiments.configs.common import ConfigError
-
         raise ConfigError(f"arm must be cold or zero, got {args['arm']!r}")
     return claim_config(args, stages=("sft", "grpo") if args["arm"] == "cold" else ("grpo",))
 

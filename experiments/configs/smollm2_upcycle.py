@@ -23,12 +23,10 @@ sampler's routes, so router/replay_disagreement (the share of token-layer routes
 sampler / trainer logprob mismatch and router/max_load_ratio (per-MoE-block load of the busiest expert, 1 =
 balanced) are logged in both.
 
-Measured (REPRODUCING.md; held-out greedy pass@1 on 128 problems, seeds 0 / 1 / 2): R3 +29.7 / +12.5 / +53.9 points,
-no replay +25.0 / +25.0 / +20.3; 1,400-1,750 s and a peak RSS of 15.1-16.4 GB per run, alone. The experts are still
-near-copies after 12 iterations (upcycle.expert_spread ~2.5e-4), so the ~1 % of routes that flip between sampler
-and trainer pick near-identical experts and replay changes nothing measurable.
+Results (both arms, three seeds, time and peak memory per run, upcycle.expert_spread): REPRODUCING.md, "GRPO on an
+upcycled SmolLM2: routing replay (R3) against none".
 
-Variants: seed=N; r3=0|1; variant=tiny (tests: the same recipe on the qwen_gsm8k tiny files, in seconds).
+Variants: seed=N; r3=0|1; variant=tiny (tests: the same recipe on the fixtures.py tiny files, in seconds).
 
 Sweep (get_sweep): both arms (stages[0].routing_replay, the field r3 sets) x seeds 0, 1, 2, REPRODUCING.md's six
 runs:

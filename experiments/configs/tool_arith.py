@@ -9,9 +9,7 @@ rl/tool_rollout.py; docs/tools.md). Evaluation reports pass@1 with tools (`pass@
 greedy `pass@1`. arm=notools: the same problems (mul_cols: the same generator draws) with partial-product column
 demonstrations and GRPO without tools. Variants: variant=full (default) | tiny (tests); seed=N.
 
-Measured, seeds 0 / 1 / 2, this 2-core machine (shared): arm=tools test pass@1 with tools 0.992 / 0.996 / 1.000
-after the cold start, 0.961 / 0.840 / 0.984 after GRPO (without tools 0.000; 563-618 s); arm=notools 0.000 after both
-stages (533-907 s). Table: REPRODUCING.md.
+Results (both arms, seeds 0 / 1 / 2): REPRODUCING.md, "Tool use: 3-4 digit products with a sandboxed Python tool".
 """
 from experiments.configs.common import ConfigError, base_config, check_variant, parse_arg, stage, tiny_variant
 

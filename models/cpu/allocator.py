@@ -19,9 +19,9 @@ CPU time per update whenever sampling and the reference pass had run in between 
 HEAP_REUSE_TUNABLES (`mmap_max=0`: no mmap'd chunks; `arena_max=1`: one arena, whose brk heap has no size cap; a
 16 GiB `trim_threshold`: freed memory is kept) make every step's buffers come from memory the process already
 touched: in the same W2 run the update took 10.96 s instead of 18.83 s, with 0.16 s of system time (BENCHMARKS.md).
-It is not the default: a shortened upcycled SmolLM2 run (smollm2_upcycle.py, 3 iterations) grew past 23.9 GB with it
-and was OOM-killed in its first update on this 24 GB machine; without it the same command finished that update at a
-14.3 GB peak (presumably a fragmented heap).
+It is not the default: a heap that never returns memory can fragment and hold far more than a run needs at its peak
+(on a shortened upcycled SmolLM2 run, smollm2_upcycle.py with 3 iterations, over 23.9 GB in the first update against
+a 14.3 GB peak without it), which a machine the size of this one's 24 GB does not have.
 
 glibc reads tunables only when a process starts, hence the environment for child processes and the re-exec for the
 launcher. Where the kernel has THP disabled ("never") the huge-page tunable is a no-op; on other C libraries or

@@ -51,6 +51,10 @@ import re
 import unicodedata
 from typing import Callable, Iterable
 
+from rewards.code_reward import parse_check
+from rewards.gym_check import parse_check as parse_gym_check
+from rewards.instructions import parse_constraints
+
 SPLITS = ("train", "validation", "test")
 # Fractions of the 2**64 hash range given to each split, in SPLITS order.
 SPLIT_FRACTIONS = (0.8, 0.1, 0.1)
@@ -115,7 +119,6 @@ def canonical_check(reward: str, check) -> str:
             raise ValueError(f"Problem.check must be empty for reward 'math', got {check!r}"[:300])
         return ""
     if reward == "gym":  # a reasoning-gym problem: the grader's payload, no prompt of its own (rl/tasks/gym.py)
-        from rewards.gym_check import parse_check as parse_gym_check
         try:
             data = parse_gym_check(check)
             return json.dumps(data, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
@@ -135,14 +138,12 @@ def canonical_check(reward: str, check) -> str:
                          f"got {prompt!r}"[:300])
     try:
         if reward == "code":
-            from rewards.code_reward import parse_check
             parse_check(data)
             plan = data.get("plan")
             if plan is not None and not (isinstance(plan, dict)
                                          and all(isinstance(plan.get(k), str) and plan[k].strip() for k in LANGS)):
                 raise ValueError(f"'plan' must be {{'zh': ..., 'en': ...}} with non-empty texts, got {plan!r}")
         else:
-            from rewards.instructions import parse_constraints
             parse_constraints(data)
             if data.get("lang") not in LANGS:
                 raise ValueError(f"'lang' (the response language) must be one of {LANGS}, got {data.get('lang')!r}")

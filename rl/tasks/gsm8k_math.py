@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import re
 
+from rewards.parse import answer_value, find_answer_markers
 from rl.tasks.base import Problem, make_id
 from rl.tasks.jsonl_io import LineError, _lone_surrogate, _nonempty_str, _short, read_jsonl
 
@@ -43,8 +44,6 @@ def gsm8k_to_fields(question: str, answer_text: str) -> tuple[str, str, tuple[st
 def last_boxed(solution: str) -> str | None:
     """The cleaned content of the last \\boxed{...} / \\fbox{...} of a solution (nested braces kept), or None.
     The same reading the reward applies to a model's boxed answer (rewards.parse)."""
-    from rewards.parse import answer_value, find_answer_markers
-
     boxes = [m for m in find_answer_markers(solution) if m.kind == "boxed" and m.vstart >= 0]
     for m in reversed(boxes):
         value = answer_value(solution, m)

@@ -41,6 +41,8 @@ import hashlib
 import re
 from fractions import Fraction
 
+from rewards._verify_eval import exact
+from rewards.mathparse import parse_arithmetic
 from rl.tasks.base import GeneratedSource, Problem
 
 __all__ = ["FAMILIES", "SETTINGS", "CHUNK", "PIN", "check_spec", "settings_error", "from_spec", "parse_settings",
@@ -67,9 +69,6 @@ def _arithmetic(item: dict) -> dict:
     exact rationals): reasoning-gym 0.1.25 answers with floor division where a division is not exact (about 1% of
     items at default settings: "-1 / -( -( -( -2 - 9 ) ) + -3 + -13 )" gives -1, the value is -1/27) and, with
     allow_parentheses=false, evaluates left to right ("8 - 3 * 6" gives 30)."""
-    from rewards._verify_eval import exact
-    from rewards.mathparse import parse_arithmetic
-
     gold = _fraction_text(exact(parse_arithmetic(item["metadata"]["expression"])))
     return {"question": item["question"], "answer": gold, "check": {"grader": "number", "gold": gold}}
 
@@ -109,7 +108,7 @@ def roots_gold(expr: str, variable: str) -> list[Fraction]:
 
     `expr` is reasoning-gym's own generated text (integer coefficients, e.g. "51*h**3 - 61*h**2 - 78*h"), trusted
     like the rest of the item; model text never comes here."""
-    import sympy
+    import sympy  # here: slow to import, and only the polynomial family needs it (rl.tasks imports this module)
 
     x = sympy.Symbol(variable)
     poly = sympy.Poly(sympy.parse_expr(expr, local_dict={variable: x}), x)
@@ -222,7 +221,7 @@ def settings_error(family: str, settings: dict) -> str | None:
 
 
 def _import_gym():
-    try:
+    try:  # here: reasoning_gym is an optional extra, and a missing one is reported only where a gym@ source is used
         import reasoning_gym  # noqa: F401  (registers the generators)
         from reasoning_gym.factory import DATASETS
     except ImportError as e:

@@ -97,7 +97,7 @@ def _int_seed(text: str) -> int:
 @contextlib.contextmanager
 def seeded_globals(key: str):
     """Seed Python's, NumPy's and sympy's global generators from `key`; restore their states on exit."""
-    import sympy.core.random as sympy_random
+    import sympy.core.random as sympy_random  # here: sympy is slow to import; rl.tasks imports this module
 
     saved = (random.getstate(), np.random.get_state(), sympy_random.rng.getstate(),
              sympy_random._assumptions_rng.getstate())

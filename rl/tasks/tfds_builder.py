@@ -37,6 +37,7 @@ import socket
 import numpy as np
 import tensorflow_datasets as tfds
 
+from rl.tasks import load_mix, parse_mix
 from rl.tasks.base import SPLITS, Problem, make_id
 from rl.tasks.gsm8k_math import gsm8k_to_fields, math_to_fields  # the field mapping of the JSONL readers
 
@@ -100,8 +101,6 @@ class MathrlTasks(tfds.core.GeneratorBasedBuilder):
         return {split: self._generate_examples(split, counts[split]) for split in SPLITS if counts[split] > 0}
 
     def _generate_examples(self, split: str, n: int):
-        from rl.tasks import load_mix
-
         cfg = self.builder_config
         for i, p in enumerate(load_mix(cfg.spec, n, cfg.seed, split, cfg.difficulty)):
             if p.reward != "math":  # the features below hold no reward / check payload: refuse, never drop it
@@ -118,8 +117,6 @@ def build_dataset(spec: str, data_dir: str, n_train: int = 1000, n_validation: i
                   seed: int = 0, difficulty: int | None = None, config_name: str | None = None) -> str:
     """Materialise a mix as `mathrl_tasks/<config>` in array_record format; returns the prepared directory.
     Re-running with the same arguments reuses the prepared files."""
-    from rl.tasks import parse_mix
-
     parse_mix(spec)  # fail on a bad spec before TFDS creates any directory
     name = config_name or config_name_for(spec, n_train, n_validation, n_test, seed, difficulty)
     config = TasksConfig(name=name, version=VERSION, release_notes={}, spec=spec, n_train=n_train, n_validation=n_validation,
@@ -261,7 +258,7 @@ def prepare_catalog(name: str, data_dir: str) -> str:
     host = "huggingface.co" if name.startswith("huggingface:") else "storage.googleapis.com"
     if name.startswith("huggingface:"):
         try:
-            import datasets  # noqa: F401
+            import datasets  # noqa: F401 - optional: only huggingface: catalog datasets need it
         except ImportError as e:
             raise RuntimeError(f"preparing {name!r} needs the Hugging Face `datasets` package: pip install datasets") from e
     if not _reachable(host):
