@@ -350,7 +350,7 @@ def compute_estimate(config) -> tuple[str, dict]:
     N = cfg.sampling.max_new_tokens
     P = cfg.tasks.max_prompt_len
     e = cfg.eval
-    rows, tot, evals = [], {"gen_tokens": 0, "verifier_calls": 0, "train_tokens": 0}, 0
+    rows, tot = [], {"gen_tokens": 0, "verifier_calls": 0, "train_tokens": 0}
     for s in cfg.stages:
         if s.kind == "sft":
             n = s.n_problems or cfg.tasks.n_train
@@ -362,24 +362,19 @@ def compute_estimate(config) -> tuple[str, dict]:
             k = float(np.mean(s.curriculum.samples)) if s.curriculum.enabled else s.samples
             g = int(s.n_prompts * k)
             per = {"gen_tokens": g * N, "verifier_calls": g, "train_tokens": s.epochs * g * (P + N)}
-        units = s.units
-        n_val_evals = (units - 1) // e.every if e.every else 0  # mid-stage validation evals
-        evals += 1
         for kk in tot:
-            tot[kk] += per[kk] * units
-        rows.append((s.name, s.kind, units, per, n_val_evals))
-    per_val, per_test = e.n_val * (1 + e.k), e.n_test * (1 + e.k)
-    initial = int(e.initial)
-    best = per_test if cfg.checkpoint.keep_best else 0  # the best policy's test eval at the end
-    n_answers = (per_val + per_test) * (evals + initial) + best + per_val * sum(r[4] for r in rows)
+            tot[kk] += per[kk] * s.units
+        rows.append((s.name, s.kind, s.units, per))
+    n_answers = sum(a for a, _ in time_est.evaluations(cfg))  # initial, stage ends, mid-stage, best policy
     tot["gen_tokens"] += n_answers * N
     tot["verifier_calls"] += n_answers
     lines = ["compute estimate (upper bounds: every answer runs to max_new_tokens):",
              f"  {'stage':<16}{'kind':<10}{'units':>6}{'gen tok/unit':>14}{'verifier/unit':>15}{'train tok/unit':>16}"]
-    for name, kind, units, per, _ in rows:
+    for name, kind, units, per in rows:
         lines.append(f"  {name:<16}{kind:<10}{units:>6}{per['gen_tokens']:>14,}{per['verifier_calls']:>15,}"
                      f"{per['train_tokens']:>16,}")
-    parts = ["initial"] * initial + ["stage ends", f"every {e.every} units"] + ["best policy"] * bool(best)
+    parts = ["initial"] * int(e.initial) + ["stage ends", f"every {e.every} units"] + \
+        ["best policy"] * bool(cfg.checkpoint.keep_best)
     lines.append(f"  evals: {n_answers:,} answers ({', '.join(parts)})")
     lines.append(f"  total: {tot['gen_tokens']:,} generated tokens, {tot['verifier_calls']:,} verifier calls, "
                  f"{tot['train_tokens']:,} train tokens")

@@ -83,8 +83,11 @@ def test_each_phase_grows_with_its_work():
     more_eval = time_estimate.estimate(_cfg(**{"eval.k": base_cfg.eval.k + 4})[0], m, CAL)
     assert more_eval["eval_s"] > base["eval_s"]
     assert base["total_s"] > base["total_warm_s"] > 0
-    work = sum(s["stage_s"] for s in base["stages"]) + base["n_evals"] * base["eval_s"]
+    work = sum(s["stage_s"] for s in base["stages"]) + base["evals_s"]
     assert base["total_s"] == pytest.approx(work + base["compile_s"])
+    # mid-stage evaluations are validation-only and the best policy's test-only: never more than full ones
+    assert 0 < base["evals_s"] <= base["n_evals"] * base["eval_s"]
+    assert more_eval["evals_s"] > base["evals_s"]
 
 
 def test_faster_machine_shorter_estimate():
@@ -102,6 +105,11 @@ def test_evaluations_counted_as_the_run_does():
     e = cfg.eval
     mids = sum((s.units - 1) // e.every if e.every else 0 for s in cfg.stages)
     assert est["n_evals"] == int(e.initial) + len(cfg.stages) + mids + int(cfg.checkpoint.keep_best)
+    per = 1 + e.k  # initial and stage ends: validation + test; mid-stage: validation; best policy: test
+    want = per * ((e.n_val + e.n_test) * (int(e.initial) + len(cfg.stages)) + e.n_val * mids
+                  + e.n_test * int(cfg.checkpoint.keep_best))
+    assert sum(a for a, _ in time_estimate.evaluations(cfg)) == want
+    assert preflight.compute_estimate(cfg)[1]["verifier_calls"] >= want  # the launcher's counts the same answers
 
 
 def test_dry_run_text_names_every_phase(monkeypatch, tmp_path):
