@@ -91,6 +91,24 @@ def unknown_field(name: str, known) -> str:
 
 
 # -- checks ---------------------------------------------------------------------------------------------
+def key_values(text: str, what: str = "item", form: str = "key=value") -> list[tuple[str, str]]:
+    """'a=1, b=x' -> [("a", "1"), ("b", "x")]: the one reader of a comma-separated key=value list (a config file's
+    arg, gym settings, source levels, sharding rules), keys and values stripped, empty items skipped. Each caller
+    reads its values its own way. ValueError names the item (`what`: its kind, e.g. "gym setting") that has no '='
+    or no key, with `form` (what an item must look like), and a key given twice."""
+    out: dict[str, str] = {}
+    for part in (p.strip() for p in str(text).split(",")):
+        if not part:
+            continue
+        key, eq, value = (x.strip() for x in part.partition("="))
+        if not eq or not key:
+            raise ValueError(f"{what} {part!r} must be {form}")
+        if key in out:
+            raise ValueError(f"{what} {key!r} is given twice in {text!r}")
+        out[key] = value
+    return list(out.items())
+
+
 def integer(lo: int | None = None, hi: int | None = None) -> Check:
     def c(v):
         if isinstance(v, bool) or not isinstance(v, int):

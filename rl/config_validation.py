@@ -34,6 +34,7 @@ from typing import Any
 import ml_collections
 
 from models.config import ModelConfig
+from models.fields import key_values
 from models.pretrained import SOURCES as PRETRAINED_SOURCES
 from rewards.combine import RewardSection
 from rl import stages as stage_lib
@@ -62,13 +63,10 @@ def problems_error(title: str, problems: list[str]) -> ConfigError:
 def parse_source_levels(v: str) -> dict[str, int]:
     """'code=1, add=2' -> {"code": 1, "add": 2}; raises ValueError on a malformed item."""
     out = {}
-    for part in str(v).split(","):
-        if not part.strip():
-            continue
-        name, sep, level = part.partition("=")
-        if not sep or not name.strip() or not level.strip().isdigit() or not 0 <= int(level) <= 5:
-            raise ValueError(f"item {part.strip()!r} must look like source=level with level 0..5")
-        out[name.strip()] = int(level)
+    for name, level in key_values(v, "item", "source=level with level 0..5"):
+        if not level.isdigit() or not 0 <= int(level) <= 5:
+            raise ValueError(f"item '{name}={level}' must look like source=level with level 0..5")
+        out[name] = int(level)
     return out
 
 
@@ -556,18 +554,10 @@ def _section_rules(tasks: dict, ev: dict, parts: dict) -> list[str]:
 def parse_rules(text: str) -> dict[str, Any]:
     """'embed=fsdp,batch=data+fsdp,vocab=' -> {"embed": "fsdp", "batch": ("data", "fsdp"), "vocab": None}."""
     out: dict[str, Any] = {}
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if "=" not in part:
-            raise ValueError(f"rule {part!r} must look like logical=axis")
-        k, v = (x.strip() for x in part.split("=", 1))
-        if not k:
-            raise ValueError(f"rule {part!r} has no logical name")
+    for k, v in key_values(text, "rule", "logical=axis"):
         axes = [a for a in v.split("+") if a]
         for a in axes:
             if a not in MESH_AXES:
-                raise ValueError(f"rule {part!r}: mesh axis {a!r} is not one of {', '.join(MESH_AXES)}")
+                raise ValueError(f"rule '{k}={v}': mesh axis {a!r} is not one of {', '.join(MESH_AXES)}")
         out[k] = None if not axes else (axes[0] if len(axes) == 1 else tuple(axes))
     return out

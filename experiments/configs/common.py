@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 
+from models.fields import key_values
 from rl.config_validation import ConfigError, default_config, stage  # noqa: F401  (re-exported for config files)
 
 SMALL_MOE = dict(  # the quickstart policy: 2 layers, d_model 64, 4 experts top-2 in every layer, byte vocabulary
@@ -36,13 +37,11 @@ def parse_arg(arg: str | None, allowed: dict[str, object] | None = None) -> dict
     out = dict(allowed or {})
     if not arg:
         return out
-    for part in arg.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if "=" not in part:
-            raise ConfigError(f"config arg {part!r} must look like key=value (e.g. variant=tiny,seed=3)")
-        k, v = (x.strip() for x in part.split("=", 1))
+    try:
+        items = key_values(arg, "config arg", "key=value (e.g. variant=tiny,seed=3)")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    for k, v in items:
         if allowed is not None and k not in allowed:
             raise ConfigError(f"config arg {k!r} is not one of {', '.join(sorted(allowed))}")
         try:

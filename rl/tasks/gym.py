@@ -41,6 +41,7 @@ import hashlib
 import re
 from fractions import Fraction
 
+from models.fields import key_values
 from rewards._verify_eval import exact
 from rewards.mathparse import parse_arithmetic
 from rl.tasks.base import GeneratedSource, Problem
@@ -248,14 +249,10 @@ def _value(text: str):
 def parse_settings(text: str) -> dict:
     """"max_terms=3,max_digits=2" -> {"max_terms": 3, "max_digits": 2} (ValueError naming a malformed item)."""
     out = {}
-    for part in (p.strip() for p in text.split(",")):
-        key, eq, value = part.partition("=")
-        key = key.strip()
-        if not eq or not _SETTING.match(key) or not value.strip():
-            raise ValueError(f"gym setting {part!r} must be key=value (e.g. max_terms=3; a tuple as a|b|c)")
-        if key in out:
-            raise ValueError(f"gym setting {key!r} is given twice")
-        out[key] = _value(value.strip())
+    for key, value in key_values(text, "gym setting", "key=value (e.g. max_terms=3; a tuple as a|b|c)"):
+        if not _SETTING.match(key) or not value:
+            raise ValueError(f"gym setting '{key}={value}' must be key=value (e.g. max_terms=3; a tuple as a|b|c)")
+        out[key] = _value(value)
     return out
 
 
