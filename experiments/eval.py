@@ -53,7 +53,7 @@ from models.tokenizer import HFTokenizer
 from rewards.python_tool import TOOL_SYSTEM_PROMPT, chat_markers
 from rl import checkpoint as ck
 from rl import config_validation as cv
-from rl import compile_cache, context, prefix, rollout, tasks
+from rl import compile_cache, context, rollout, setup, tasks
 from rl import evaluation as ev
 from rl import metrics as mlib
 from rl.checkpoint import CheckpointError
@@ -84,7 +84,7 @@ def open_run(workdir: str, ckpt: str, *, mix: str = "", split: str = "test", n: 
     ctx.train, and the loaded policy."""
     cfg, _, params, _ = ck.load_policy(workdir, ckpt)
     path, step, meta = ck.find_policy(workdir, ckpt)
-    cfg = {k: v for k, v in json.loads(json.dumps(cfg)).items() if k != prefix.RECORD_KEY}  # the config, not the record
+    cfg = cfg.to_dict()  # the run's config, changed below for this evaluation and validated again
     compile_cache.enable(cfg["run"]["compile_cache"])  # the run's programs, or a previous eval's, read back
     t = cfg["tasks"]
     if mix:
@@ -103,7 +103,7 @@ def open_run(workdir: str, ckpt: str, *, mix: str = "", split: str = "test", n: 
     cfg["run"]["reward_workers"] = 0
     cfg = cv.validate(ml_collections.ConfigDict(cfg))
     ctx = context.build_context(cfg, workdir, with_services=False)
-    ctx.scorer = rollout.Scorer(context.make_reward_pool(cfg))
+    ctx.scorer = rollout.Scorer(setup.make_reward_pool(cfg))
     where = f"{path}: {ck.policy_name(meta, step)}"  # one numbering: "grpo unit 40 = checkpoint 82 (...)"
     return ctx, params, where
 
@@ -141,7 +141,7 @@ def open_pretrained(path: str, *, mix: str, n: int, lang: str = "en", difficulty
     tok = HFTokenizer.from_pretrained(path)
     if tok.chat_template is None:
         raise ValueError(f"{path}: no chat template")
-    _, _, test = context.load_problems(cfg)
+    _, _, test = setup.load_problems(cfg)
     ctx = context.RunContext(cfg=cfg, workdir=out_dir, model_cfg=model_cfg, tok=tok, mesh=None, rules=None,
                             row_multiple=1, train=[], val=[], test=list(test))
     lengths = [len(tok.encode(ctx.prompt(p))) for p in ctx.test]
@@ -155,7 +155,7 @@ def open_pretrained(path: str, *, mix: str, n: int, lang: str = "en", difficulty
     if max_prompt_len + max_new_tokens > model_cfg.max_seq_len:
         raise ValueError(f"--max-new-tokens ({max_new_tokens}) + the prompt width ({max_prompt_len}) exceed the "
                          f"model's context ({model_cfg.max_seq_len})")
-    ctx.scorer = rollout.Scorer(context.make_reward_pool(cfg))
+    ctx.scorer = rollout.Scorer(setup.make_reward_pool(cfg))
     return ctx, params
 
 

@@ -12,7 +12,7 @@ everything, including what needs the data and the machine (rl/preflight.py: mesh
 checkpoint folder's files, problems the splits can supply, prompt and solution lengths, memory);
 every problem is printed together, each naming the field and a value that works, and the launcher
 exits with status 2 before any compute; write workdir/config.json (plus "kernels": the backend kernels
-this process uses, rl.context.backend_kernels); run the stages (rl/run.py, which
+this process uses, rl.setup.backend_kernels); run the stages (rl/run.py, which
 resumes if the workdir already holds a checkpoint). A recipe written for the byte tokenizer run with
 --config.model.hf_path gets its lengths in the checkpoint's tokens (rl/pretrained.py). Other flags:
 
@@ -39,7 +39,7 @@ from rl import config_validation as cv
 from rl import prefix, preflight, workdir_lock
 from rl.checkpoint import CheckpointError
 from rl.config_fields import suggest
-from rl.context import Prepared, backend_kernels
+from rl.setup import Prepared, backend_kernels
 from rl.preflight import check_resume_compatible, has_checkpoint  # noqa: F401  (the launcher's resume rule)
 
 

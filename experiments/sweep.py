@@ -60,7 +60,7 @@ from matplotlib.figure import Figure
 
 from experiments import launch, sweep_log
 from rl import config_validation as cv
-from rl import calibration, context, memory_plan, plots, preflight, workdir_lock
+from rl import calibration, memory_plan, plots, preflight, setup, workdir_lock
 from rl import time_estimate as time_est
 from rl.checkpoint import CheckpointError, find_policy
 from rl.metrics import read_jsonl
@@ -230,8 +230,9 @@ def shared_prefix(cfgs: list[dict]) -> int:
 def default_parallel(cfg: dict, n_runs: int) -> tuple[int, str]:
     """(launchers at once, why): one per CPU core, as many as the free memory holds, at most n_runs."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cfg = cv.typed(cfg)  # the resolved config.json dict, validated where it enters the builders
     sizes = preflight.resolved_mesh(cfg, len(jax.devices()))
-    plan = memory_plan.plan_for_config(cfg, context.build_model_cfg(cfg), sizes, context.run_rules(cfg))
+    plan = memory_plan.plan_for_config(cfg, setup.build_model_cfg(cfg), sizes, setup.run_rules(cfg))
     per_run = plan.peak * plan.devices + PROCESS_BYTES
     free = psutil.virtual_memory().available
     n = max(1, min(cores, free // per_run, n_runs))
@@ -623,7 +624,8 @@ def estimate(shared_todo: list[dict], todo: list[dict], k: int, n_par: int, fini
 def calibrated_estimate(cfgs: list[dict], n_par: int) -> str:
     """rl/time_estimate.py per run to go (at this machine's calibration) and for all of them, n_par at a time."""
     cal = calibration.load(log=print)
-    ests = [time_est.estimate(c, context.build_model_cfg(c), cal) for c in cfgs]
+    cfgs = [cv.typed(c) for c in cfgs]  # the resolved config.json dicts, validated where they enter the builders
+    ests = [time_est.estimate(c, setup.build_model_cfg(c), cal) for c in cfgs]
     per = sorted({time_est.fmt_s(e["total_s"]) for e in ests})
     one = time_est.parallel_wall(ests, 1, os.cpu_count() or 1)
     par = time_est.parallel_wall(ests, n_par, os.cpu_count() or 1)

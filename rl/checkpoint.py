@@ -474,14 +474,15 @@ def find_policy(workdir: str, which: str | int = "best") -> tuple[str, int, dict
 
 
 def load_policy(workdir: str, which: str | int = "best"):
-    """(cfg, model_cfg, params, tokenizer) of a finished or running run: cfg is workdir/config.json as a dict,
-    params the policy's parameters (JAX arrays on the default device; a PPO value head is dropped), checked
-    against the model config's shapes. See find_policy for `which`."""
-    from rl import context  # deliberate lazy import: rl.context builds on this module (its Checkpointer)
+    """(cfg, model_cfg, params, tokenizer) of a finished or running run: cfg is workdir/config.json validated (a
+    RunConfig: the file as today's code reads it), params the policy's parameters (JAX arrays on the default
+    device; a PPO value head is dropped), checked against the model config's shapes. See find_policy for `which`."""
+    # deliberate lazy import: rl.context builds on this module (its Checkpointer)
+    from rl import config_validation as cv, context, setup
 
     with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
-        cfg = json.load(f)
-    model_cfg = context.build_model_cfg(cfg)
+        cfg = cv.typed(json.load(f))  # where the run's config enters: validated once, as an old run's file reads
+    model_cfg = setup.build_model_cfg(cfg)
     path, _, _ = find_policy(workdir, which)
     try:  # no template: the arrays come back as saved (host NumPy); the shapes are checked below
         state = ocp.Checkpointer(ocp.CompositeCheckpointHandler()).restore(
@@ -508,4 +509,4 @@ def load_policy(workdir: str, which: str | int = "best"):
         ok = False
     if not ok:
         raise CheckpointError(f"checkpoint {path} does not hold a policy of the model in {workdir}/config.json")
-    return cfg, model_cfg, jax.tree.map(jax.numpy.asarray, params), context.build_tokenizer(cfg)
+    return cfg, model_cfg, jax.tree.map(jax.numpy.asarray, params), setup.build_tokenizer(cfg)

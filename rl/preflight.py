@@ -1,6 +1,6 @@
 """Prepare a run once, before any compute: validate, load the problems, build what the checks need, check.
 
-    prep = prepare(config)        # rl.context.Prepared: the frozen RunConfig (validated once; a RunConfig passes as
+    prep = prepare(config)        # rl.setup.Prepared: the frozen RunConfig (validated once; a RunConfig passes as
                                   # is), the run's ModelConfig, tokenizer, problems per split and the memory plan;
                                   # ConfigError listing every problem otherwise, each naming the field to change and
                                   # the value that works: mesh vs devices, the checkpoint folder (model.hf_path:
@@ -10,7 +10,7 @@
                                   # prompt format (the length the longest needs), prompt + answer against the model's
                                   # context, and with `workdir` whether a run there can resume with this config
     prep = prepare(config, port=True)        # a byte-tokenizer recipe on model.hf_path: lengths in its tokens
-    prep = prepare(config, environment=False)   # no machine checks (rl.context.prepare_inputs): what train() does
+    prep = prepare(config, environment=False)   # no machine checks (rl.setup.prepare_inputs): what train() does
                                                 # when given a config rather than a Prepared
     text, totals = compute_estimate(cfg)   # generated tokens, verifier calls, train tokens per stage and in total
 
@@ -30,10 +30,10 @@ import numpy as np
 from models import hf, hf_checks, lora, transformer
 from rewards.python_tool import chat_markers
 from rl import config_validation as cv
-from rl import calibration, config_warnings, context, memory_plan, prefix, pretrained
+from rl import calibration, config_warnings, memory_plan, prefix, pretrained, setup
 from rl import time_estimate as time_est
 from rl.checkpoint import written_steps
-from rl.context import Prepared
+from rl.setup import Prepared
 from rl.stages import algorithms, sft_problem_count
 from rl.stages.common import stage_problems
 
@@ -85,7 +85,7 @@ def _context_error(cfg: cv.RunConfig, model_cfg, longest: int | None) -> str | N
     else:
         fix = f"the longest prompt ({L} tokens) leaves no room for an answer"
     what = f"model.max_seq_len ({limit})"
-    path = context.checkpoint_path(cfg.model)
+    path = setup.checkpoint_path(cfg.model)
     if path and hf.is_gguf(path):
         if hf.load_config(path).max_seq_len == limit:
             what = f"the checkpoint's context ({limit}, context_length in {path})"
@@ -100,12 +100,12 @@ def _checkpoint_errors(cfg: cv.RunConfig) -> list[str]:
     """The checkpoint's files (models.hf_checks): weights complete and finite, shapes as config.json or the GGUF
     metadata says (the dense model the checkpoint holds, also when model.upcycle turns it into an MoE after
     loading). A GGUF file's metadata itself is checked by its reader (models/gguf_file.py) when it is read."""
-    path = context.checkpoint_path(cfg.model)
+    path = setup.checkpoint_path(cfg.model)
     if hf.is_gguf(path):
-        field = context.checkpoint_field(cfg.model)
-        return [f"model.{field}: {p}" for p in hf_checks.check_gguf(path, context.dense_model_cfg(cfg))]
+        field = setup.checkpoint_field(cfg.model)
+        return [f"model.{field}: {p}" for p in hf_checks.check_gguf(path, setup.dense_model_cfg(cfg))]
     model_type = hf_checks.read_config(path)["model_type"]
-    return [f"model.hf_path: {p}" for p in hf_checks.check_folder(path, context.dense_model_cfg(cfg), model_type)]
+    return [f"model.hf_path: {p}" for p in hf_checks.check_folder(path, setup.dense_model_cfg(cfg), model_type)]
 
 
 def _load_splits(cfg: cv.RunConfig, errors: list):
@@ -113,7 +113,7 @@ def _load_splits(cfg: cv.RunConfig, errors: list):
     other splits are still checked with that count."""
     for _ in range(len(cv.SPLIT_SOURCES) + 1):
         try:
-            return context.load_problems(cfg)
+            return setup.load_problems(cfg)
         except cv.ConfigError as e:
             errors.append(str(e))
             if getattr(e, "count_field", None) is None or e.fits < 1:
@@ -134,18 +134,18 @@ def check_environment(config, verbose: bool = True):
 def prepare(config, *, environment: bool = True, port: bool = False, workdir: str | None = None,
             verbose: bool = True) -> Prepared:
     """Everything a run needs before any compute, built once (see the module docstring); ConfigError listing every
-    problem. `environment`: the machine and data checks (else rl.context.prepare_inputs); `port`: a byte-tokenizer
+    problem. `environment`: the machine and data checks (else rl.setup.prepare_inputs); `port`: a byte-tokenizer
     recipe on a checkpoint gets its lengths in the checkpoint's tokens (rl.pretrained.port_lengths; the notes are
     printed when verbose); `workdir`: whether a run there resumes with this config (check_resume_compatible)."""
     cfg = cv.typed(config)
     if not environment:
-        return context.prepare_inputs(cfg)
+        return setup.prepare_inputs(cfg)
     for line in choices(cfg) if verbose else ():
         print(line, flush=True)
     errors, notes = [], []
-    field = context.checkpoint_field(cfg.model)  # "hf_path" / "pretrained" / "" (from scratch)
-    hf_path = _collect(errors, lambda: context.checkpoint_path(cfg.model)) if field else ""
-    tok = _collect(errors, lambda: context.build_tokenizer(cfg))
+    field = setup.checkpoint_field(cfg.model)  # "hf_path" / "pretrained" / "" (from scratch)
+    hf_path = _collect(errors, lambda: setup.checkpoint_path(cfg.model)) if field else ""
+    tok = _collect(errors, lambda: setup.build_tokenizer(cfg))
     splits = _load_splits(cfg, errors)
     ported = []
     if port and hf_path:
@@ -155,7 +155,7 @@ def prepare(config, *, environment: bool = True, port: bool = False, workdir: st
     if workdir:
         _collect(errors, lambda: check_resume_compatible(workdir, cfg))
     sizes = _collect(errors, lambda: resolved_mesh(cfg, len(jax.devices())))
-    model_cfg = _collect(errors, lambda: context.build_model_cfg(cfg, notes))
+    model_cfg = _collect(errors, lambda: setup.build_model_cfg(cfg, notes))
     if hf_path and model_cfg is not None:
         errors += _checkpoint_errors(cfg)
     if notes and verbose:
@@ -177,7 +177,7 @@ def prepare(config, *, environment: bool = True, port: bool = False, workdir: st
         print(frozen, flush=True)
     plan = None
     if sizes is not None and model_cfg is not None and not lora_msg:  # the plan builds the adapters
-        plan = memory_plan.plan_for_config(cfg, model_cfg, sizes, context.run_rules(cfg))
+        plan = memory_plan.plan_for_config(cfg, model_cfg, sizes, setup.run_rules(cfg))
         if verbose:
             print(plan.text(), flush=True)
         _collect(errors, plan.check)
@@ -193,8 +193,8 @@ def prepare(config, *, environment: bool = True, port: bool = False, workdir: st
                               f"in tasks.mix, the stage needs {max(need, 1)}")
         if tok is not None:
             try:
-                lengths = context.prompt_lengths(cfg, tok, train + val + test, render)
-                errors += context.fit_errors(cfg, tok, train, sft_problems=sft_problem_count(cfg), lengths=lengths)
+                lengths = setup.prompt_lengths(cfg, tok, train + val + test, render)
+                errors += setup.fit_errors(cfg, tok, train, sft_problems=sft_problem_count(cfg), lengths=lengths)
                 longest = max(lengths, default=0)
             except hf_checks.TemplateLimit as e:
                 errors.append(f"model.{field}: {hf_path}: {e}")
@@ -276,10 +276,10 @@ def port_to_checkpoint(config, tok=None, splits=None) -> tuple[cv.RunConfig, lis
     then reports why."""
     cfg = cv.typed(config)
     try:
-        context_len = context.hf_checkpoint_cfg(context.checkpoint_path(cfg.model), cfg.model).max_seq_len
-        tok = context.build_tokenizer(cfg) if tok is None else tok
-        train, val, test = context.load_problems(cfg) if splits is None else splits
-        longest = max(context.prompt_lengths(cfg, tok, train + val + test, hf_checks.bounded), default=0)
+        context_len = setup.hf_checkpoint_cfg(setup.checkpoint_path(cfg.model), cfg.model).max_seq_len
+        tok = setup.build_tokenizer(cfg) if tok is None else tok
+        train, val, test = setup.load_problems(cfg) if splits is None else splits
+        longest = max(setup.prompt_lengths(cfg, tok, train + val + test, hf_checks.bounded), default=0)
     except Exception:  # noqa: BLE001  (any failure here is prepare()'s to report, with its field)
         return cfg, []
     return pretrained.port_lengths(cfg, longest, context_len)

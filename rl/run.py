@@ -23,7 +23,7 @@ summary.json next to the last stage:
  "wall_seconds", "compile": {"seconds", "compiles", "cache_hits", "cache_misses", "cache_dir"}, "config",
  "memory": {"peak_rss_gib": the run's peak resident memory over its processes, "plan_peak_gib": the memory plan's
             peak per device (rl/memory_plan.py), "peak_over_plan"},
- "kernels": rl.context.backend_kernels() - the expert / attention kernels traced and whether the native CPU kernels
+ "kernels": rl.setup.backend_kernels() - the expert / attention kernels traced and whether the native CPU kernels
  ran (their library name and SHA-256), as config.json's "kernels" planned them, and with model.upcycle / model.lora
  "model": rl.context.RunContext.adaptation_record() - the checkpoint upcycled and its section, the adapter count}.
 `compile` counts every process of the run (rl/compile_cache.py; run.compile_cache turns the persistent cache off).
@@ -57,7 +57,8 @@ from rl import metrics as mlib
 from rl import stages as stage_lib
 from models import kernels, layer_stack, transformer
 from rl import plots, preflight, tool_rollout
-from rl.context import Prepared, backend_kernels, build_context
+from rl.context import build_context
+from rl.setup import Prepared, backend_kernels
 from rl.train_loop import NonFiniteError  # noqa: F401 - what a run raises when its steps are not finite (launch)
 
 SUMMARY_KEYS = ("pass@1", "pass@1_se", "pass@1_ci95", "pass@k", "maj@k", "format_rate", "mean_length",
@@ -271,7 +272,7 @@ class Loop:
 
 def write_summary(workdir: str, summary: dict) -> None:
     """summary.json, with "kernels": the expert / attention kernels the compiled programs contain (traced counts)
-    and whether the native CPU kernels were used (rl.context.backend_kernels)."""
+    and whether the native CPU kernels were used (rl.setup.backend_kernels)."""
     summary = {**summary, "kernels": backend_kernels()}
     with open(os.path.join(workdir, "summary.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2)

@@ -21,6 +21,7 @@ from experiments import launch
 from models import layer_stack, lora, transformer
 from models.config import ModelConfig
 from rl import checkpoint as ckpt_lib
+from rl import config_validation as cv
 from rl.metrics import depends_on_the_machine, read_jsonl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -116,8 +117,8 @@ def test_an_old_run_directory_resumes_as_its_stacked_copy(tmp_path, capsys):
     shutil.copytree(OLD_RUN, new)
     cfg = json.loads((old / "config.json").read_text())
     assert cfg["model"]["scan_layers"] is False  # the default then
-    from rl.context import build_model_cfg
-    model_cfg = build_model_cfg(cfg)
+    from rl.setup import build_model_cfg
+    model_cfg = build_model_cfg(cv.typed(cfg))
     groups = layer_stack.layer_groups(model_cfg)
     # the same state, rewritten in the stacked layout
     last = new / "checkpoints" / "last"

@@ -21,7 +21,7 @@ from models import hf, layer_stack, lora, transformer
 from models.config import ModelConfig
 from rl import checkpoint as ckpt_lib
 from rl import config_validation as cv
-from rl import context, preflight, run, stages
+from rl import context, preflight, run, setup, stages
 from rl.losses import LossConfig
 from rl.metrics import depends_on_the_machine, read_jsonl
 from rl.train_step import OptimConfig, init_train_state, make_loss_fn, make_train_step
@@ -56,19 +56,20 @@ def _size(tree) -> int:
 
 
 def test_the_run_config_keeps_lora_and_upcycle_also_on_a_checkpoint():
-    """Replaces the refusal of the sections (rl/context.py build_model_cfg): the section's lora and upcycle reach
+    """Replaces the refusal of the sections (rl/setup.py build_model_cfg): the section's lora and upcycle reach
     the run's model config, from scratch and on a checkpoint (rl/pretrained.py RUNTIME_FIELDS)."""
-    got = context.build_model_cfg({"model": {"lora": dict(rank=3), "n_experts": 0}})
+    got = setup.build_model_cfg(cv.typed({"model": {"lora": dict(rank=3), "n_experts": 0}}))
     assert got.lora.rank == 3
-    got = context.build_model_cfg({"model": {"hf_path": QWEN3, "lora": dict(rank=3), "n_experts": 0}})
+    got = setup.build_model_cfg(cv.typed({"model": {"hf_path": QWEN3, "lora": dict(rank=3), "n_experts": 0}}))
     assert got.lora.rank == 3 and got.vocab_size == 96
-    up = context.build_model_cfg({"model": {"hf_path": QWEN3, "n_experts": 0,
-                                            "upcycle": dict(n_experts=4, top_k=2, moe_every=1)}})
+    up = setup.build_model_cfg(cv.typed({"model": {"hf_path": QWEN3, "n_experts": 0,
+                                                   "upcycle": dict(n_experts=4, top_k=2, moe_every=1)}}))
     assert (up.n_experts, up.experts_per_token, up.moe_layers, up.upcycle) == (4, 2, (0, 1), None)
-    dense = context.dense_model_cfg({"model": {"hf_path": QWEN3, "n_experts": 0, "upcycle": dict(n_experts=4)}})
+    dense = setup.dense_model_cfg(cv.typed({"model": {"hf_path": QWEN3, "n_experts": 0,
+                                                     "upcycle": dict(n_experts=4)}}))
     assert dense.n_experts == 0 and dense.upcycle.n_experts == 4
     with pytest.raises(cv.ConfigError, match="model.upcycle"):
-        context.build_model_cfg({"model": {"n_experts": 0, "n_layers": 1, "upcycle": dict(moe_every=2)}})
+        setup.build_model_cfg(cv.typed({"model": {"n_experts": 0, "n_layers": 1, "upcycle": dict(moe_every=2)}}))
 
 
 def test_lora_grpo_trains_only_the_adapters_against_the_base(tmp_path):
@@ -282,7 +283,7 @@ def test_an_upcycled_start_computes_the_dense_checkpoint():
     c = quickstart.get_config("variant=tiny")
     c.model = type(c.model)(dict(hf_path=QWEN3, n_experts=0, upcycle=dict(n_experts=4, top_k=2)))
     cfg = cv.validate(c)
-    model_cfg = context.build_model_cfg(cfg)
+    model_cfg = setup.build_model_cfg(cfg)
     params = context.start_weights(cfg, model_cfg)
     dense_cfg, dense = hf.load(QWEN3)
     blocks = layer_stack.per_layer(params, model_cfg)

@@ -16,7 +16,6 @@ one run (claim 9 of REPRODUCING.md).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 
@@ -26,7 +25,7 @@ import numpy as np
 
 from experiments.bench import common
 from rewards.task_score import score_task, target_of
-from rl import checkpoint, context, losses, rollout, stages
+from rl import checkpoint, context, losses, rollout, setup, stages
 from rl.stages.grpo import grpo_token_advantages
 from rl.advantages import step_scores
 from rl.train_step import compute_logprobs
@@ -70,10 +69,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     cfg, model_cfg, params, tok = checkpoint.load_policy(args.workdir, args.ckpt)
-    cfg = json.loads(json.dumps(cfg))
-    cfg["run"]["reward_workers"] = 0
+    cfg = cfg.replace(run=cfg.run.replace(reward_workers=0))
     ctx = context.build_context(cfg, tempfile.mkdtemp(prefix="gradvar-"), with_services=False)
-    rcfg = context.reward_config(cfg)
+    rcfg = setup.reward_config(cfg)
     base = {**stages.defaults("grpo"), "name": "g", "samples": args.samples, "filter_zero_variance": "off"}
     outcome_cfg = stages.parse_stage(base)
     step_cfg = stages.parse_stage({**base, "step_rewards": True, "step_reward_weight": args.step_reward_weight})
