@@ -62,10 +62,11 @@ from experiments import launch, sweep_log
 from rl import config_validation as cv
 from rl import calibration, memory_plan, plots, preflight, setup, workdir_lock
 from rl import time_estimate as time_est
-from rl.checkpoint import CheckpointError, find_policy
+from rl.checkpoint import CheckpointError
 from rl.metrics import read_jsonl
 from rl.prefix import differing_fields, shared_stages, with_added_defaults
 from rl.preflight import compute_estimate
+from rl.runs import find_policy
 from rl.stages import parse_stage
 
 METRICS = ("pass@1", "pass@k", "maj@k", "format_rate", "mean_length")

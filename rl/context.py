@@ -188,7 +188,7 @@ def start_weights(cfg: cv.RunConfig, model_cfg: ModelConfig, mesh=None, rules=No
     over the mesh), or a random init from key("init"); with model.upcycle those dense weights made the MoE of
     model_cfg (upcycle.upcycle_params, key("upcycle")). A pure function of the config and its seed (it draws from
     the run's keys, purpose_key: so it lives here, not with the builders of rl/setup.py): a LoRA run's base and an
-    upcycled start are rebuilt the same on resume and by rl.checkpoint.load_policy."""
+    upcycled start are rebuilt the same on resume and by rl.runs.load_policy."""
     path = checkpoint_path(cfg.model)
     up = cfg.model.upcycle is not None
     mcfg = dense_model_cfg(cfg) if up else model_cfg

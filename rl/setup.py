@@ -10,9 +10,9 @@
     errors = fit_errors(cfg, tok, problems)  # the length problems, each with the value that fits
 
 Every builder takes the RunConfig rl.config_validation.validate returns (or the section it reads): a plain dict is
-validated once where it enters (the launcher, the sweep, rl.checkpoint.load_policy reading a run's config.json), never
+validated once where it enters (the launcher, the sweep, rl.runs.load_policy reading a run's config.json), never
 here. Used by rl.preflight.prepare (the checks before a run), rl.context.build_context (the run context of a
-Prepared), rl.checkpoint.load_policy (a run's policy) and the tools (experiments.eval, the benches).
+Prepared), rl.runs.load_policy (a run's policy) and the tools (experiments.eval, the benches).
 
 Model: without a checkpoint the model section is the ModelConfig and the byte tokenizer is used. The checkpoint is
 model.hf_path (a Hugging Face folder or a .gguf file) or the file of the named model.pretrained (models/pretrained.py;

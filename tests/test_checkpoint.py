@@ -274,7 +274,7 @@ def test_invalid_keep():
         Checkpointer("/tmp/unused-ck-dir", keep=0)
 
 
-# ------------------------------------------------------------------------------------------ load_policy
+# ------------------------------------------------------------------------------------------ load_policy (rl/runs.py)
 def _run_dir(tmp_path):
     """A workdir as a run leaves it: config.json, a best-policy copy and two `last` train states (with a PPO value
     head), written through the Checkpointer the trainer uses."""
@@ -301,7 +301,7 @@ def _run_dir(tmp_path):
 
 
 def test_load_policy_best_last_and_by_unit(tmp_path):
-    from rl.checkpoint import find_policy, load_policy
+    from rl.runs import find_policy, load_policy
 
     wd, params = _run_dir(tmp_path)
     for which, want in (("best", params[0]), ("last", params[2]), (5, params[1]), ("6", params[2])):
@@ -320,7 +320,7 @@ def test_load_policy_best_last_and_by_unit(tmp_path):
 
 
 def test_load_policy_from_a_relative_workdir(tmp_path, monkeypatch):
-    from rl.checkpoint import load_policy
+    from rl.runs import load_policy
 
     wd, params = _run_dir(tmp_path)
     monkeypatch.chdir(tmp_path)  # orbax wants absolute paths; users type runs/NAME
@@ -328,7 +328,7 @@ def test_load_policy_from_a_relative_workdir(tmp_path, monkeypatch):
 
 
 def test_load_policy_on_a_running_run_passes_over_a_step_being_written(tmp_path):
-    from rl.checkpoint import find_policy, load_policy
+    from rl.runs import find_policy, load_policy
 
     wd, params = _run_dir(tmp_path)
     writing = wd / "checkpoints" / "last" / "7"
