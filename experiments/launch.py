@@ -40,7 +40,7 @@ from rl import prefix, preflight, workdir_lock
 from rl.checkpoint import CheckpointError
 from rl.config_fields import suggest
 from rl.setup import Prepared, backend_kernels
-from rl.preflight import check_resume_compatible, has_checkpoint  # noqa: F401  (the launcher's resume rule)
+from rl.workdir_state import check_resume, has_checkpoint
 
 
 def load_config_file(spec: str):
@@ -314,7 +314,7 @@ def _main(argv: list[str], locks: list) -> int:
         cfg_dict = prep.cfg.to_dict()
         if args.workdir and not args.dry_run:
             locks.append(workdir_lock.lock_workdir(args.workdir, "launch"))  # one process per workdir
-            check_resume_compatible(args.workdir, cfg_dict)  # again under the lock: no other launch changed it since
+            check_resume(args.workdir, cfg_dict)  # again under the lock: no other launch changed it since
     except cv.ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2

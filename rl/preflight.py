@@ -20,8 +20,6 @@ can: no memory plan without a mesh and a model), so one dry run reports every pr
 """
 from __future__ import annotations
 
-import json
-import os
 import textwrap
 
 import jax
@@ -30,12 +28,12 @@ import numpy as np
 from models import hf, hf_checks, lora, transformer
 from rewards.python_tool import chat_markers
 from rl import config_validation as cv
-from rl import calibration, config_warnings, memory_plan, prefix, pretrained, setup
+from rl import calibration, config_warnings, memory_plan, pretrained, setup
 from rl import time_estimate as time_est
-from rl.checkpoint import written_steps
 from rl.setup import Prepared
 from rl.stages import algorithms, sft_problem_count
 from rl.stages.common import stage_problems
+from rl.workdir_state import check_resume
 
 
 def resolved_mesh(cfg: dict, n_dev: int) -> dict:
@@ -136,7 +134,7 @@ def prepare(config, *, environment: bool = True, port: bool = False, workdir: st
     """Everything a run needs before any compute, built once (see the module docstring); ConfigError listing every
     problem. `environment`: the machine and data checks (else rl.setup.prepare_inputs); `port`: a byte-tokenizer
     recipe on a checkpoint gets its lengths in the checkpoint's tokens (rl.pretrained.port_lengths; the notes are
-    printed when verbose); `workdir`: whether a run there resumes with this config (check_resume_compatible)."""
+    printed when verbose); `workdir`: whether a run there resumes with this config (rl.workdir_state.check_resume)."""
     cfg = cv.typed(config)
     if not environment:
         return setup.prepare_inputs(cfg)
@@ -153,7 +151,7 @@ def prepare(config, *, environment: bool = True, port: bool = False, workdir: st
         if ported and verbose:  # lengths only: the checks below hold them against the checkpoint's context
             print("lengths in the checkpoint's tokens:\n  " + "\n  ".join(ported), flush=True)
     if workdir:
-        _collect(errors, lambda: check_resume_compatible(workdir, cfg))
+        _collect(errors, lambda: check_resume(workdir, cfg))
     sizes = _collect(errors, lambda: resolved_mesh(cfg, len(jax.devices())))
     model_cfg = _collect(errors, lambda: setup.build_model_cfg(cfg, notes))
     if hf_path and model_cfg is not None:
@@ -283,57 +281,6 @@ def port_to_checkpoint(config, tok=None, splits=None) -> tuple[cv.RunConfig, lis
     except Exception:  # noqa: BLE001  (any failure here is prepare()'s to report, with its field)
         return cfg, []
     return pretrained.port_lengths(cfg, longest, context_len)
-
-
-def has_checkpoint(workdir: str | None) -> bool:
-    """Whether the workdir holds a written checkpoint (one with checksums: a step directory a kill left without
-    them is not yet written and pins nothing)."""
-    last = os.path.join(workdir or "", "checkpoints", "last")
-    if not workdir or not os.path.isdir(last):
-        return False
-    return bool(written_steps(last))
-
-
-# How the model is computed, not what it computes: a run may resume with another value (model.scan_layers changed
-# its default when the blocks came to be stored stacked; an older run directory records False).
-RESUMABLE_MODEL_FIELDS = ("scan_layers",)
-
-
-def check_resume_compatible(workdir: str, config) -> None:
-    """A workdir's existing config.json must match the new config except run.* / log.* (resume safety). An old run's
-    config.json is read as validate() reads an old config: renamed fields under their new names (ALIASES), fields
-    added to the code since at their defaults (rl.prefix.with_added_defaults)."""
-    cfg_dict = config.to_dict() if isinstance(config, cv.RunConfig) else config
-    if os.path.exists(workdir) and not os.path.isdir(workdir):
-        raise cv.ConfigError(f"--workdir {workdir!r} exists and is not a directory")
-    path = os.path.join(workdir, "config.json")
-    if not os.path.exists(path):
-        return
-    try:
-        with open(path, encoding="utf-8") as f:
-            old = json.load(f)
-    except (OSError, ValueError) as e:
-        raise cv.ConfigError(f"{path} is unreadable ({e}); it records the config of the run in that workdir - "
-                             "restore it or use a new --workdir") from None
-    if not isinstance(old, dict):
-        raise cv.ConfigError(f"{path} holds a JSON {type(old).__name__}, not a config object; it records the config "
-                             "of the run in that workdir - restore it or use a new --workdir")
-    if not has_checkpoint(workdir):
-        return  # a run that stopped before its first checkpoint was written: nothing to resume, the config may differ
-    # run.* / log.* may change on resume, and model fields that say how the same model is computed
-    # (RESUMABLE_MODEL_FIELDS); "kernels" (cv.RECORD_KEYS) is a fact about the machine, not config
-    def strip(d):
-        out = {k: v for k, v in d.items() if k not in ("run", "log", *cv.RECORD_KEYS)}
-        if isinstance(out.get("model"), dict):
-            out["model"] = {k: v for k, v in out["model"].items() if k not in RESUMABLE_MODEL_FIELDS}
-        return out
-
-    old = prefix.with_added_defaults(cv.upgrade(old, quiet=True), cfg_dict)  # fields added since, at their default
-    if json.loads(json.dumps(strip(old))) != json.loads(json.dumps(strip(cfg_dict))):
-        raise cv.ConfigError(
-            f"{workdir} holds a run with a different config (config.json); resume needs the same config "
-            f"(only run.*, log.* and model.{', model.'.join(RESUMABLE_MODEL_FIELDS)} may change) - use a new --workdir"
-        )
 
 
 def time_estimate(config, model_cfg, log=None) -> tuple[str, dict]:

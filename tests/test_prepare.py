@@ -11,7 +11,8 @@ import pytest
 
 from experiments import launch
 from rl import config_validation as cv
-from rl import context, preflight, setup
+from rl import context, setup
+from rl import workdir_state as wstate
 from rl import run as run_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -141,10 +142,10 @@ def test_an_old_run_directory_resumes(monkeypatch, tmp_path):
     work = tmp_path / "run"
     (work / "checkpoints" / "last").mkdir(parents=True)
     (work / "config.json").write_text(json.dumps(old))
-    monkeypatch.setattr(preflight, "written_steps", lambda path: [1])  # a written checkpoint
+    monkeypatch.setattr(wstate, "written_steps", lambda path: [1])  # a written checkpoint
     monkeypatch.setattr(cv, "ALIASES", {"tasks.n_problems": "tasks.n_train"})
-    launch.check_resume_compatible(str(work), cfg)
+    wstate.check_resume(str(work), cfg)
     assert cv.validate(old) == cfg  # the old config.json itself validates into the same tree (load_policy, eval)
     changed = cfg.replace(seed=cfg.seed + 1)
     with pytest.raises(cv.ConfigError, match="holds a run with a different config"):
-        launch.check_resume_compatible(str(work), changed)
+        wstate.check_resume(str(work), changed)
