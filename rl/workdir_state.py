@@ -15,9 +15,10 @@ The rule, in order:
     stopped before its first checkpoint: "new", and the config may differ (config.json is rewritten).
   - otherwise the recorded config is read as validate() reads an old config (renamed fields under their new names,
     rl.config_validation.upgrade; fields added to the code since at their defaults, rl.prefix.with_added_defaults;
-    the launcher's "kernels" record dropped) and compared field by field (rl.prefix.differing_fields): any
-    difference outside `may_differ` is a "conflict" naming the fields; else "done" when summary.json holds every
-    stage (and the best policy's test result when the run keeps one), "resume" when not.
+    the launcher's "kernels" record dropped, also from `cfg`) and compared field by field
+    (rl.prefix.differing_fields): any difference outside `may_differ` is a "conflict" naming the fields; else "done"
+    when summary.json holds every stage (and the best policy's test result when the run keeps one), "resume" when
+    not.
 
 `may_differ` is what the caller's use allows to change: a resume continues units already computed under the
 recorded config, so how the process runs and logs may change (RESUMABLE: run.*, log.*, and model.scan_layers, how
@@ -88,6 +89,7 @@ def workdir_state(workdir: str, cfg, *, may_differ: tuple[str, ...] = ()) -> tup
     if not has_checkpoint(workdir) and not os.path.isfile(os.path.join(workdir, "summary.json")):
         return "new", "its run stopped before its first checkpoint: nothing to resume, the config may differ"
     new = json.loads(json.dumps(cfg.to_dict() if isinstance(cfg, cv.RunConfig) else cfg, default=str))
+    new = {k: v for k, v in new.items() if k not in cv.RECORD_KEYS}  # the kernels record of a config.json given as cfg
     diff = differing_fields(with_added_defaults(cv.upgrade(old, quiet=True), new), new)
     allowed = [d for d in diff if any(d == p or d.startswith(p + ".") for p in may_differ)]
     wrong = [d for d in diff if d not in allowed]
