@@ -19,7 +19,7 @@ import numpy as np
 from models import sampling, transformer
 from models.config import ModelConfig
 from models.tokenizer import ByteTokenizer
-from rl.context import backend_kernels
+from rl.setup import backend_kernels
 
 PROMPTS = [
     "问题：计算 12 + 30。\n解答：\n",

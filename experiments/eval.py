@@ -3,7 +3,7 @@
     python -m experiments.eval --workdir runs/quickstart [--ckpt best|last|N] [--split test] [--n 128] [--k 8]
         [--temperature 0.6] [--mix add:1.0] [--seed 0] [--samples 2]
 
-Loads the policy with rl.checkpoint.load_policy (best | last | a global unit N; without --ckpt the best policy when
+Loads the policy with rl.runs.load_policy (best | last | a global unit N; without --ckpt the best policy when
 the run kept one and the last checkpoint otherwise, saying which: `resolve_ckpt`; read-only, so a running run is not
 disturbed), draws the problems from the run's own task config (or `--mix`, a task mix spec as in tasks.mix) and
 evaluates them exactly as the trainer does (rl.evaluation.evaluate: greedy pass@1 with its standard error and
@@ -51,9 +51,8 @@ import ml_collections
 from models import hf, pretrained
 from models.tokenizer import HFTokenizer
 from rewards.python_tool import TOOL_SYSTEM_PROMPT, chat_markers
-from rl import checkpoint as ck
 from rl import config_validation as cv
-from rl import compile_cache, context, prefix, rollout, tasks
+from rl import compile_cache, context, rollout, runs, setup, tasks
 from rl import evaluation as ev
 from rl import metrics as mlib
 from rl.checkpoint import CheckpointError
@@ -67,11 +66,11 @@ SPLITS = ("train", "validation", "test")
 
 def resolve_ckpt(workdir: str, ckpt: str = "") -> tuple[str, str]:
     """(which checkpoint, why): `ckpt` as given; none given, "best" when the run kept a best policy
-    (rl.checkpoint.find_policy finds one), else "last", the reason saying which and why."""
+    (rl.runs.find_policy finds one), else "last", the reason saying which and why."""
     if ckpt:
         return ckpt, ""
     try:
-        ck.find_policy(workdir, "best")
+        runs.find_policy(workdir, "best")
         return "best", "the best policy by validation pass@1 (--ckpt last takes the newest checkpoint)"
     except CheckpointError:
         return "last", ("the last checkpoint, since the run kept no best policy (checkpoint.keep_best off, or no "
@@ -82,9 +81,9 @@ def open_run(workdir: str, ckpt: str, *, mix: str = "", split: str = "test", n: 
     """(ctx, params, checkpoint description): a RunContext of the run's config on one device with an in-process
     reward pool, the problems of `split` (n of them; `mix` replaces the run's task mix) in ctx.val / ctx.test /
     ctx.train, and the loaded policy."""
-    cfg, _, params, _ = ck.load_policy(workdir, ckpt)
-    path, step, meta = ck.find_policy(workdir, ckpt)
-    cfg = {k: v for k, v in json.loads(json.dumps(cfg)).items() if k != prefix.RECORD_KEY}  # the config, not the record
+    cfg, _, params, _ = runs.load_policy(workdir, ckpt)
+    path, step, meta = runs.find_policy(workdir, ckpt)
+    cfg = cfg.to_dict()  # the run's config, changed below for this evaluation and validated again
     compile_cache.enable(cfg["run"]["compile_cache"])  # the run's programs, or a previous eval's, read back
     t = cfg["tasks"]
     if mix:
@@ -103,8 +102,8 @@ def open_run(workdir: str, ckpt: str, *, mix: str = "", split: str = "test", n: 
     cfg["run"]["reward_workers"] = 0
     cfg = cv.validate(ml_collections.ConfigDict(cfg))
     ctx = context.build_context(cfg, workdir, with_services=False)
-    ctx.scorer = rollout.Scorer(context.make_reward_pool(cfg))
-    where = f"{path}: {ck.policy_name(meta, step)}"  # one numbering: "grpo unit 40 = checkpoint 82 (...)"
+    ctx.scorer = rollout.Scorer(setup.make_reward_pool(cfg))
+    where = f"{path}: {runs.policy_name(meta, step)}"  # one numbering: "grpo unit 40 = checkpoint 82 (...)"
     return ctx, params, where
 
 
@@ -141,7 +140,7 @@ def open_pretrained(path: str, *, mix: str, n: int, lang: str = "en", difficulty
     tok = HFTokenizer.from_pretrained(path)
     if tok.chat_template is None:
         raise ValueError(f"{path}: no chat template")
-    _, _, test = context.load_problems(cfg)
+    _, _, test = setup.load_problems(cfg)
     ctx = context.RunContext(cfg=cfg, workdir=out_dir, model_cfg=model_cfg, tok=tok, mesh=None, rules=None,
                             row_multiple=1, train=[], val=[], test=list(test))
     lengths = [len(tok.encode(ctx.prompt(p))) for p in ctx.test]
@@ -155,7 +154,7 @@ def open_pretrained(path: str, *, mix: str, n: int, lang: str = "en", difficulty
     if max_prompt_len + max_new_tokens > model_cfg.max_seq_len:
         raise ValueError(f"--max-new-tokens ({max_new_tokens}) + the prompt width ({max_prompt_len}) exceed the "
                          f"model's context ({model_cfg.max_seq_len})")
-    ctx.scorer = rollout.Scorer(context.make_reward_pool(cfg))
+    ctx.scorer = rollout.Scorer(setup.make_reward_pool(cfg))
     return ctx, params
 
 

@@ -12,7 +12,7 @@ everything, including what needs the data and the machine (rl/preflight.py: mesh
 checkpoint folder's files, problems the splits can supply, prompt and solution lengths, memory);
 every problem is printed together, each naming the field and a value that works, and the launcher
 exits with status 2 before any compute; write workdir/config.json (plus "kernels": the backend kernels
-this process uses, rl.context.backend_kernels); run the stages (rl/run.py, which
+this process uses, rl.setup.backend_kernels); run the stages (rl/run.py, which
 resumes if the workdir already holds a checkpoint). A recipe written for the byte tokenizer run with
 --config.model.hf_path gets its lengths in the checkpoint's tokens (rl/pretrained.py). Other flags:
 
@@ -39,8 +39,8 @@ from rl import config_validation as cv
 from rl import prefix, preflight, workdir_lock
 from rl.checkpoint import CheckpointError
 from rl.config_fields import suggest
-from rl.context import Prepared, backend_kernels
-from rl.preflight import check_resume_compatible, has_checkpoint  # noqa: F401  (the launcher's resume rule)
+from rl.setup import Prepared, backend_kernels
+from rl.workdir_state import check_resume, has_checkpoint
 
 
 def load_config_file(spec: str):
@@ -314,7 +314,7 @@ def _main(argv: list[str], locks: list) -> int:
         cfg_dict = prep.cfg.to_dict()
         if args.workdir and not args.dry_run:
             locks.append(workdir_lock.lock_workdir(args.workdir, "launch"))  # one process per workdir
-            check_resume_compatible(args.workdir, cfg_dict)  # again under the lock: no other launch changed it since
+            check_resume(args.workdir, cfg_dict)  # again under the lock: no other launch changed it since
     except cv.ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2

@@ -7,7 +7,7 @@
 Each --prompt is a question put into the run's prompt template (`--raw`: the text is the whole prompt). Without
 --prompt, the first --n problems of --split are shown with their gold answer and reward parts. For each prompt
 the greedy answer and --k samples at --temperature are printed in full with the extracted final answer. The
-policy comes from rl.checkpoint.load_policy (read-only; without --ckpt the best policy when the run kept one, else
+policy comes from rl.runs.load_policy (read-only; without --ckpt the best policy when the run kept one, else
 the last checkpoint, as experiments.eval); sampling runs on one device with the run's
 sampling settings (max_new_tokens, top_p, top_k).
 """

@@ -19,9 +19,11 @@ point; --seeds replaces the file's seeds; --only keeps the points whose AXIS (it
 `clip_high`) has VALUE (repeat it: different axes must all match, values of one axis are alternatives).
 
 A sweep cannot report stale results: before anything runs, each run's config is resolved and compared with the
-config.json in its directory. Equal and finished (summary.json holds every stage): skipped, its results reused.
-Equal and unfinished: resumed. Different, or a directory that holds something else: the sweep refuses, naming the
-fields that differ, and runs nothing (use a new --workdir or remove that directory).
+config.json in its directory (rl.workdir_state.workdir_state, the rule the launcher resumes by, with no field
+allowed to differ). Equal and finished (summary.json holds every stage): skipped, its results reused. Equal and
+unfinished: resumed. Different once a checkpoint or summary.json was written under it, or a directory that holds
+something else: the sweep refuses, naming the fields that differ, and runs nothing (use a new --workdir or remove
+that directory).
 
 Shared stages (--init_from shared, the default): when every point of the whole grid (before --only) has the same
 first k stages (the axes only touch later stages: e.g. GRPO settings after one cold start; a grid of one point
@@ -60,13 +62,15 @@ from matplotlib.figure import Figure
 
 from experiments import launch, sweep_log
 from rl import config_validation as cv
-from rl import calibration, context, memory_plan, plots, preflight, workdir_lock
+from rl import calibration, memory_plan, plots, preflight, setup, workdir_lock
 from rl import time_estimate as time_est
-from rl.checkpoint import CheckpointError, find_policy
+from rl.checkpoint import CheckpointError
 from rl.metrics import read_jsonl
-from rl.prefix import differing_fields, shared_stages, with_added_defaults
+from rl.prefix import shared_stages
 from rl.preflight import compute_estimate
+from rl.runs import find_policy
 from rl.stages import parse_stage
+from rl.workdir_state import has_checkpoint, workdir_state
 
 METRICS = ("pass@1", "pass@k", "maj@k", "format_rate", "mean_length")
 SHARED = "_shared"
@@ -178,41 +182,6 @@ def run_overrides(point: dict, seed: int, extra: list[tuple[str, str]]) -> list[
     return [("seed", str(seed))] + [(k, str(v)) for k, v in point.items()] + list(extra)
 
 
-def finished(workdir: str, cfg: dict) -> bool:
-    """summary.json holds every stage of cfg (and the best policy's test result when the run keeps one)."""
-    try:
-        with open(os.path.join(workdir, "summary.json"), encoding="utf-8") as f:
-            s = json.load(f)
-    except (OSError, ValueError):
-        return False
-    done = all(st["name"] in s.get("eval", {}) for st in cfg["stages"])
-    return done and ("best" in s or not cfg["checkpoint"]["keep_best"])
-
-
-def run_state(workdir: str, cfg: dict, ignore: tuple[str, ...] = ()) -> tuple[str, str]:
-    """("new" | "resume" | "done" | "conflict", why): what the sweep does with a run directory for config `cfg`.
-    `ignore`: top-level sections or `section.field` paths that may differ (the shared run's run.stop_after)."""
-    if not os.path.exists(workdir):
-        return "new", ""
-    if not os.path.isdir(workdir):
-        return "conflict", f"{workdir} is a file, not a run directory"
-    path = os.path.join(workdir, "config.json")
-    if not os.path.exists(path):
-        other = [n for n in os.listdir(workdir) if n not in ("launch.log", workdir_lock.LOCK_NAME)]
-        return ("conflict", f"{workdir} holds {', '.join(sorted(other)[:4])} but no config.json") if other else ("new", "")
-    try:
-        with open(path, encoding="utf-8") as f:
-            old = json.load(f)
-    except (OSError, ValueError) as e:
-        return "conflict", f"{path} is unreadable ({e})"
-    diff = [d for d in differing_fields(with_added_defaults(old, cfg), cfg)
-            if not any(d == i or d.startswith(i + ".") for i in ignore)]
-    if diff:
-        return "conflict", (f"{workdir} holds a run of a different config ({', '.join(diff[:5])}"
-                            f"{' ...' if len(diff) > 5 else ''} differ)")
-    return ("done", "finished with this exact config") if finished(workdir, cfg) else ("resume", "unfinished")
-
-
 def grid_prefix(cfgs: list[dict]) -> int:
     """The stages a sweep runs once per seed: those every point of the whole grid shares; a grid of one point
     shares all its stages but the last (its _shared run is then a start other sweeps' --init_from can use)."""
@@ -230,8 +199,9 @@ def shared_prefix(cfgs: list[dict]) -> int:
 def default_parallel(cfg: dict, n_runs: int) -> tuple[int, str]:
     """(launchers at once, why): one per CPU core, as many as the free memory holds, at most n_runs."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cfg = cv.typed(cfg)  # the resolved config.json dict, validated where it enters the builders
     sizes = preflight.resolved_mesh(cfg, len(jax.devices()))
-    plan = memory_plan.plan_for_config(cfg, context.build_model_cfg(cfg), sizes, context.run_rules(cfg))
+    plan = memory_plan.plan_for_config(cfg, setup.build_model_cfg(cfg), sizes, setup.run_rules(cfg))
     per_run = plan.peak * plan.devices + PROCESS_BYTES
     free = psutil.virtual_memory().available
     n = max(1, min(cores, free // per_run, n_runs))
@@ -472,9 +442,9 @@ def _main(argv: list[str], locks: list) -> int:
             r["init_from"] = args.init_from.replace("{seed}", str(r["seed"]))
 
     # nothing runs before every directory is known to hold this sweep's runs or nothing
-    states = [(r, *run_state(r["workdir"], r["cfg"])) for r in runs]
+    states = [(r, *workdir_state(r["workdir"], r["cfg"])) for r in runs]
     todo = [r for r, st, _ in states if st != "done"]
-    fresh = {r["seed"] for r in todo if not launch.has_checkpoint(r["workdir"])}  # the others resume their own
+    fresh = {r["seed"] for r in todo if not has_checkpoint(r["workdir"])}  # the others resume their own
     needed = [(j, *_shared_state(j)) for j in shared if j["seed"] in fresh]  # a shared run only where it is used
     conflicts = [why for _, st, why in states + needed if st == "conflict"]
     if conflicts:
@@ -541,11 +511,11 @@ def _shared_state(j: dict) -> tuple[str, str]:
     """A shared run is done when its summary holds every shared stage; run.stop_after may differ (it is resumed
     with the units still to go), and so may the stages after the shared ones once it is done (it never ran them:
     a later sweep over other points of the grid reuses it)."""
-    st, why = run_state(j["workdir"], j["cfg"], ignore=("run.stop_after",))
+    st, why = workdir_state(j["workdir"], j["cfg"], may_differ=("run.stop_after",))
     exact = st != "conflict"
     if not exact:  # differences only after the shared stages are fine for a finished shared run
         later = tuple(f"stages[{i}]" for i in range(j["k"], len(j["cfg"]["stages"])))
-        if run_state(j["workdir"], j["cfg"], ignore=("run.stop_after",) + later)[0] == "conflict":
+        if workdir_state(j["workdir"], j["cfg"], may_differ=("run.stop_after",) + later)[0] == "conflict":
             return st, why
     if st == "new":
         return st, why
@@ -623,7 +593,8 @@ def estimate(shared_todo: list[dict], todo: list[dict], k: int, n_par: int, fini
 def calibrated_estimate(cfgs: list[dict], n_par: int) -> str:
     """rl/time_estimate.py per run to go (at this machine's calibration) and for all of them, n_par at a time."""
     cal = calibration.load(log=print)
-    ests = [time_est.estimate(c, context.build_model_cfg(c), cal) for c in cfgs]
+    cfgs = [cv.typed(c) for c in cfgs]  # the resolved config.json dicts, validated where they enter the builders
+    ests = [time_est.estimate(c, setup.build_model_cfg(c), cal) for c in cfgs]
     per = sorted({time_est.fmt_s(e["total_s"]) for e in ests})
     one = time_est.parallel_wall(ests, 1, os.cpu_count() or 1)
     par = time_est.parallel_wall(ests, n_par, os.cpu_count() or 1)

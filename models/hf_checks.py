@@ -280,7 +280,7 @@ def check_gguf(path, cfg) -> list[str]:
 # ---- everything -------------------------------------------------------------------------------------------------------
 def check_folder(path, cfg, model_type: str) -> list[str]:
     """Every problem of the folder's weights, one message each (empty: all sound); the tokenizer files are
-    check_tokenizer_files' (rl.context.build_tokenizer runs it)."""
+    check_tokenizer_files' (rl.setup.build_tokenizer runs it)."""
     problems = []
     try:
         headers = tensor_headers(path)

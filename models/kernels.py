@@ -9,7 +9,7 @@
 
 Why a registry. The model core (layers, moe, moe_ep, transformer) holds only portable JAX; a backend's own kernels
 and heuristics live in a wing (models/cpu/ for the CPU: compiled C++ kernels, the windowed decode dispatch) that
-registers them here when imported. The core never imports a wing; the run set-up does (rl/context.py). Without a
+registers them here when imported. The core never imports a wing; the run set-up does (rl/setup.py). Without a
 wing "auto" takes the portable kernel of the backend: "ragged_dot" (GPU/TPU kernels) off CPU, "blocked" on CPU.
 
 An expert kernel has the signature fn(p, x_ND, experts_NK, valid_NK, block_size) -> y_NKD (each valid assignment's

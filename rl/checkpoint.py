@@ -28,15 +28,8 @@ manifest), printing one line per damaged step that names its damaged files, and 
 one; when written checkpoints exist but none is intact it raises CheckpointError naming the damaged files. No
 restore ever loads unverified bytes, and every failure is a CheckpointError, never an orbax traceback.
 
-Loading a run's policy (for sampling, evaluation, notebooks; read-only, safe on a run that is still going):
-
-    cfg, model_cfg, params, tok = load_policy("runs/quickstart", "best")   # or "last", or a global unit N
-    path, step, meta = find_policy("runs/quickstart", "best")              # which checkpoint that is
-    print(policy_name(meta, step))   # "grpo unit 40 = checkpoint 82 (validation pass@1 0.512)"
-
-One numbering of units everywhere (console, summary.json, sample / eval): a unit is numbered from 1 within its
-stage ("grpo unit 40"), and the checkpoint number is the global unit, numbered from 1 over the whole run (what
-`--ckpt N` takes). summary.json says so in its "numbering" field.
+Reading a run's policies from outside the run (best / last / a global unit, one numbering of units) is
+rl/runs.py (find_policy, load_policy).
 
 Writing: orbax writes into a temporary directory and renames it when complete; the checksums are written
 next (temporary file, fsync, rename); only then are checkpoints beyond `keep` deleted, so a kill at any
@@ -55,9 +48,9 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from models import layer_stack, lora, transformer
+from models import layer_stack
 
-__all__ = ["Checkpointer", "CheckpointError", "verify_checkpoint", "written_steps", "load_policy", "find_policy"]
+__all__ = ["Checkpointer", "CheckpointError", "verify_checkpoint", "step_dirs", "written_steps"]
 
 MANIFEST = "checksums.json"
 _FORMAT = 1
@@ -179,10 +172,19 @@ def verify_checkpoint(path: str) -> list[str]:
     return damaged
 
 
+def step_dirs(root: str) -> list[int]:
+    """The steps under `root` (a `last` directory) that have a directory, written or not, sorted."""
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return []
+    return sorted(int(n) for n in names if n.isdigit() and os.path.isdir(os.path.join(root, n)))
+
+
 def written_steps(root: str) -> list[int]:
     """The steps under `root` (a `last` directory) whose writing completed, i.e. that have checksums, intact or
     not; a step directory without them was interrupted before its checksums and is not yet written."""
-    return [s for s in Checkpointer._steps(root) if os.path.isfile(os.path.join(root, str(s), MANIFEST))]
+    return [s for s in step_dirs(root) if os.path.isfile(os.path.join(root, str(s), MANIFEST))]
 
 
 class Checkpointer:
@@ -214,14 +216,6 @@ class Checkpointer:
     def _path(self, step: int, best: bool = False) -> str:
         return os.path.join(self._best if best else self._last, str(int(step)))
 
-    @staticmethod
-    def _steps(root: str) -> list[int]:
-        try:
-            names = os.listdir(root)
-        except OSError:
-            return []
-        return sorted(int(n) for n in names if n.isdigit() and os.path.isdir(os.path.join(root, n)))
-
     def _remove_tmp(self) -> list[str]:
         """Temporary directories and files left by a kill during a write."""
         removed = []
@@ -235,7 +229,7 @@ class Checkpointer:
                     full = os.path.join(root, name)
                     shutil.rmtree(full, ignore_errors=True) if os.path.isdir(full) else os.remove(full)
                     removed.append(full)
-            for step in self._steps(root):
+            for step in step_dirs(root):
                 for name in os.listdir(os.path.join(root, str(step))):
                     if name.startswith(MANIFEST + ".tmp-"):
                         os.remove(os.path.join(root, str(step), name))
@@ -278,7 +272,7 @@ class Checkpointer:
         passed over (one line) and a later save of that step replaces it. Damaged newer steps are reported (one
         line each, naming the files); CheckpointError when written checkpoints exist but none is intact."""
         steps = written_steps(self._last)
-        for step in sorted(set(self._steps(self._last)) - set(steps)):
+        for step in sorted(set(step_dirs(self._last)) - set(steps)):
             path = self._path(step)
             if path not in self._reported:
                 self._reported.add(path)
@@ -306,7 +300,7 @@ class Checkpointer:
         """The step of the intact best copy, or None (a damaged copy is reported and ignored)."""
         if not self.keep_best:
             return None
-        for step in reversed(self._steps(self._best)):
+        for step in reversed(step_dirs(self._best)):
             path = self._path(step, best=True)
             damaged = self._damage(path)
             if not damaged:
@@ -371,7 +365,7 @@ class Checkpointer:
         """Delete checkpoints older than the `keep` newest that have checksums (never the one just written)."""
         complete = written_steps(root)
         keep_set = set(complete[-keep:]) | {newest}
-        for s in self._steps(root):
+        for s in step_dirs(root):
             if s not in keep_set and s < newest:
                 shutil.rmtree(os.path.join(root, str(s)), ignore_errors=True)
 
@@ -411,101 +405,3 @@ def saved_per_layer(path: str) -> bool:
         raise CheckpointError(f"checkpoint {path}: its tree metadata could not be read: {type(e).__name__}: {e}") \
             from None
     return layer_stack.is_per_layer(getattr(tree, "tree", tree))
-
-
-# ------------------------------------------------------------------------------------------ loading a policy
-UNIT_NUMBERING = ("unit: the unit's number within its stage, from 1 (as the console prints it); global_unit: its "
-                  "number over the whole run, from 1 = the checkpoint number (--ckpt N of experiments.sample / eval)")
-ALL_ZERO_NOTE = ("every validation pass@1 was 0: this is the earliest evaluated checkpoint, not a better one")
-
-
-def best_record(best: dict | None) -> dict | None:
-    """A best-policy record ({"stage", "unit", "global_unit", "val_pass@1", ...}) in UNIT_NUMBERING; records
-    written before it (no "unit_base") counted `unit` from 0. With validation pass@1 0 it carries ALL_ZERO_NOTE
-    (a later unit replaces the best only when strictly better, so 0 means every evaluation was 0)."""
-    if best is None:
-        return None
-    out = dict(best)
-    if "unit_base" not in out:
-        out["unit"], out["unit_base"] = int(out["unit"]) + 1, 1
-    if float(out.get("val_pass@1", 1.0)) == 0.0:
-        out["note"] = ALL_ZERO_NOTE
-    return out
-
-
-def policy_name(meta: dict, step: int) -> str:
-    """"grpo unit 40 = checkpoint 82 (validation pass@1 0.512)" for a best-policy meta; "stage 3 unit 40 =
-    checkpoint 82" for a last-checkpoint meta (its stage is an index from 0, its unit the count of the stage's
-    units done: the number of the last one)."""
-    if isinstance(meta.get("stage"), str):
-        b = best_record(meta)
-        return (f"{b['stage']} unit {b['unit']} = checkpoint {step} (validation pass@1 {b['val_pass@1']:.3f}"
-                + (f"; {b['note']}" if "note" in b else "") + ")")
-    if "stage" in meta and "unit" in meta:
-        return f"stage {int(meta['stage']) + 1} unit {int(meta['unit'])} = checkpoint {step}"
-    return f"checkpoint {step}"
-
-
-def find_policy(workdir: str, which: str | int = "best") -> tuple[str, int, dict]:
-    """(checkpoint directory, global unit, meta) of a run's policy: "best" = the best-by-validation policy
-    (checkpoints/best_policy), "last" = the newest intact checkpoint, N = the checkpoint of global unit N.
-    Read-only (nothing is created or cleaned up, so a running run is never disturbed); a step still being
-    written (no checksums yet) is passed over."""
-    which = str(which)
-    root = os.path.join(workdir, "checkpoints", "best_policy" if which == "best" else "", "last")
-    if not os.path.isfile(os.path.join(workdir, "config.json")):
-        raise CheckpointError(f"{workdir} holds no run (no config.json)")
-    steps = Checkpointer._steps(root)
-    if which not in ("best", "last"):
-        if not which.isdigit():
-            raise CheckpointError(f"checkpoint must be best, last or a global unit number, got {which!r}")
-        if int(which) not in steps:
-            raise CheckpointError(f"{workdir} has no checkpoint of unit {which}; kept: {steps or 'none'}")
-        steps = [int(which)]
-    for step in reversed(steps):
-        path = os.path.join(root, str(step))
-        if not verify_checkpoint(path):
-            meta = ocp.Checkpointer(ocp.CompositeCheckpointHandler()).restore(
-                os.path.abspath(path), args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-            return path, step, meta
-    what = ("no best policy yet (checkpoint.keep_best off, or no validation eval has run): use 'last'"
-            if which == "best" else "no intact checkpoint yet")
-    raise CheckpointError(f"{workdir}: {what}")
-
-
-def load_policy(workdir: str, which: str | int = "best"):
-    """(cfg, model_cfg, params, tokenizer) of a finished or running run: cfg is workdir/config.json as a dict,
-    params the policy's parameters (JAX arrays on the default device; a PPO value head is dropped), checked
-    against the model config's shapes. See find_policy for `which`."""
-    from rl import context  # deliberate lazy import: rl.context builds on this module (its Checkpointer)
-
-    with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
-        cfg = json.load(f)
-    model_cfg = context.build_model_cfg(cfg)
-    path, _, _ = find_policy(workdir, which)
-    try:  # no template: the arrays come back as saved (host NumPy); the shapes are checked below
-        state = ocp.Checkpointer(ocp.CompositeCheckpointHandler()).restore(
-            os.path.abspath(path), args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
-    except Exception as e:  # noqa: BLE001 - orbax raises many types; the caller gets one with the path
-        raise CheckpointError(f"checkpoint {path} could not be restored: {type(e).__name__}: {e}") from None
-    params = state["policy"] if "policy" in state else state["train_state"]["params"]
-    params = {k: v for k, v in params.items() if k != "value_head"}
-    if layer_stack.is_per_layer(params):  # written before the stacked layout
-        params = layer_stack.to_stacked(params, layer_stack.layer_groups(model_cfg))
-    if model_cfg.lora is not None:  # a LoRA run's checkpoint holds adapters: merged into the base rebuilt here
-        if "lora" not in params:
-            raise CheckpointError(f"checkpoint {path} holds no LoRA adapters, but {workdir}/config.json sets model.lora")
-        try:
-            params = lora.merge(context.start_weights(cfg, model_cfg), jax.tree.map(jax.numpy.asarray, params["lora"]),
-                                model_cfg)
-        except ValueError as e:
-            raise CheckpointError(f"checkpoint {path}: its adapters do not fit the model of {workdir}/config.json: "
-                                  f"{e}") from None
-    want = jax.eval_shape(lambda: transformer.init(model_cfg, jax.random.key(0)))
-    try:
-        ok = all(jax.tree.leaves(jax.tree.map(lambda w, x: w.shape == x.shape and w.dtype == x.dtype, want, params)))
-    except ValueError:  # another tree structure
-        ok = False
-    if not ok:
-        raise CheckpointError(f"checkpoint {path} does not hold a policy of the model in {workdir}/config.json")
-    return cfg, model_cfg, jax.tree.map(jax.numpy.asarray, params), context.build_tokenizer(cfg)

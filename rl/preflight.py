@@ -1,6 +1,6 @@
 """Prepare a run once, before any compute: validate, load the problems, build what the checks need, check.
 
-    prep = prepare(config)        # rl.context.Prepared: the frozen RunConfig (validated once; a RunConfig passes as
+    prep = prepare(config)        # rl.setup.Prepared: the frozen RunConfig (validated once; a RunConfig passes as
                                   # is), the run's ModelConfig, tokenizer, problems per split and the memory plan;
                                   # ConfigError listing every problem otherwise, each naming the field to change and
                                   # the value that works: mesh vs devices, the checkpoint folder (model.hf_path:
@@ -10,7 +10,7 @@
                                   # prompt format (the length the longest needs), prompt + answer against the model's
                                   # context, and with `workdir` whether a run there can resume with this config
     prep = prepare(config, port=True)        # a byte-tokenizer recipe on model.hf_path: lengths in its tokens
-    prep = prepare(config, environment=False)   # no machine checks (rl.context.prepare_inputs): what train() does
+    prep = prepare(config, environment=False)   # no machine checks (rl.setup.prepare_inputs): what train() does
                                                 # when given a config rather than a Prepared
     text, totals = compute_estimate(cfg)   # generated tokens, verifier calls, train tokens per stage and in total
 
@@ -20,8 +20,6 @@ can: no memory plan without a mesh and a model), so one dry run reports every pr
 """
 from __future__ import annotations
 
-import json
-import os
 import textwrap
 
 import jax
@@ -30,12 +28,12 @@ import numpy as np
 from models import hf, hf_checks, lora, transformer
 from rewards.python_tool import chat_markers
 from rl import config_validation as cv
-from rl import calibration, config_warnings, context, memory_plan, prefix, pretrained
+from rl import calibration, config_warnings, memory_plan, pretrained, setup
 from rl import time_estimate as time_est
-from rl.checkpoint import written_steps
-from rl.context import Prepared
+from rl.setup import Prepared
 from rl.stages import algorithms, sft_problem_count
 from rl.stages.common import stage_problems
+from rl.workdir_state import check_resume
 
 
 def resolved_mesh(cfg: dict, n_dev: int) -> dict:
@@ -85,7 +83,7 @@ def _context_error(cfg: cv.RunConfig, model_cfg, longest: int | None) -> str | N
     else:
         fix = f"the longest prompt ({L} tokens) leaves no room for an answer"
     what = f"model.max_seq_len ({limit})"
-    path = context.checkpoint_path(cfg.model)
+    path = setup.checkpoint_path(cfg.model)
     if path and hf.is_gguf(path):
         if hf.load_config(path).max_seq_len == limit:
             what = f"the checkpoint's context ({limit}, context_length in {path})"
@@ -100,12 +98,12 @@ def _checkpoint_errors(cfg: cv.RunConfig) -> list[str]:
     """The checkpoint's files (models.hf_checks): weights complete and finite, shapes as config.json or the GGUF
     metadata says (the dense model the checkpoint holds, also when model.upcycle turns it into an MoE after
     loading). A GGUF file's metadata itself is checked by its reader (models/gguf_file.py) when it is read."""
-    path = context.checkpoint_path(cfg.model)
+    path = setup.checkpoint_path(cfg.model)
     if hf.is_gguf(path):
-        field = context.checkpoint_field(cfg.model)
-        return [f"model.{field}: {p}" for p in hf_checks.check_gguf(path, context.dense_model_cfg(cfg))]
+        field = setup.checkpoint_field(cfg.model)
+        return [f"model.{field}: {p}" for p in hf_checks.check_gguf(path, setup.dense_model_cfg(cfg))]
     model_type = hf_checks.read_config(path)["model_type"]
-    return [f"model.hf_path: {p}" for p in hf_checks.check_folder(path, context.dense_model_cfg(cfg), model_type)]
+    return [f"model.hf_path: {p}" for p in hf_checks.check_folder(path, setup.dense_model_cfg(cfg), model_type)]
 
 
 def _load_splits(cfg: cv.RunConfig, errors: list):
@@ -113,7 +111,7 @@ def _load_splits(cfg: cv.RunConfig, errors: list):
     other splits are still checked with that count."""
     for _ in range(len(cv.SPLIT_SOURCES) + 1):
         try:
-            return context.load_problems(cfg)
+            return setup.load_problems(cfg)
         except cv.ConfigError as e:
             errors.append(str(e))
             if getattr(e, "count_field", None) is None or e.fits < 1:
@@ -134,18 +132,18 @@ def check_environment(config, verbose: bool = True):
 def prepare(config, *, environment: bool = True, port: bool = False, workdir: str | None = None,
             verbose: bool = True) -> Prepared:
     """Everything a run needs before any compute, built once (see the module docstring); ConfigError listing every
-    problem. `environment`: the machine and data checks (else rl.context.prepare_inputs); `port`: a byte-tokenizer
+    problem. `environment`: the machine and data checks (else rl.setup.prepare_inputs); `port`: a byte-tokenizer
     recipe on a checkpoint gets its lengths in the checkpoint's tokens (rl.pretrained.port_lengths; the notes are
-    printed when verbose); `workdir`: whether a run there resumes with this config (check_resume_compatible)."""
+    printed when verbose); `workdir`: whether a run there resumes with this config (rl.workdir_state.check_resume)."""
     cfg = cv.typed(config)
     if not environment:
-        return context.prepare_inputs(cfg)
+        return setup.prepare_inputs(cfg)
     for line in choices(cfg) if verbose else ():
         print(line, flush=True)
     errors, notes = [], []
-    field = context.checkpoint_field(cfg.model)  # "hf_path" / "pretrained" / "" (from scratch)
-    hf_path = _collect(errors, lambda: context.checkpoint_path(cfg.model)) if field else ""
-    tok = _collect(errors, lambda: context.build_tokenizer(cfg))
+    field = setup.checkpoint_field(cfg.model)  # "hf_path" / "pretrained" / "" (from scratch)
+    hf_path = _collect(errors, lambda: setup.checkpoint_path(cfg.model)) if field else ""
+    tok = _collect(errors, lambda: setup.build_tokenizer(cfg))
     splits = _load_splits(cfg, errors)
     ported = []
     if port and hf_path:
@@ -153,9 +151,9 @@ def prepare(config, *, environment: bool = True, port: bool = False, workdir: st
         if ported and verbose:  # lengths only: the checks below hold them against the checkpoint's context
             print("lengths in the checkpoint's tokens:\n  " + "\n  ".join(ported), flush=True)
     if workdir:
-        _collect(errors, lambda: check_resume_compatible(workdir, cfg))
+        _collect(errors, lambda: check_resume(workdir, cfg))
     sizes = _collect(errors, lambda: resolved_mesh(cfg, len(jax.devices())))
-    model_cfg = _collect(errors, lambda: context.build_model_cfg(cfg, notes))
+    model_cfg = _collect(errors, lambda: setup.build_model_cfg(cfg, notes))
     if hf_path and model_cfg is not None:
         errors += _checkpoint_errors(cfg)
     if notes and verbose:
@@ -177,7 +175,7 @@ def prepare(config, *, environment: bool = True, port: bool = False, workdir: st
         print(frozen, flush=True)
     plan = None
     if sizes is not None and model_cfg is not None and not lora_msg:  # the plan builds the adapters
-        plan = memory_plan.plan_for_config(cfg, model_cfg, sizes, context.run_rules(cfg))
+        plan = memory_plan.plan_for_config(cfg, model_cfg, sizes, setup.run_rules(cfg))
         if verbose:
             print(plan.text(), flush=True)
         _collect(errors, plan.check)
@@ -193,8 +191,8 @@ def prepare(config, *, environment: bool = True, port: bool = False, workdir: st
                               f"in tasks.mix, the stage needs {max(need, 1)}")
         if tok is not None:
             try:
-                lengths = context.prompt_lengths(cfg, tok, train + val + test, render)
-                errors += context.fit_errors(cfg, tok, train, sft_problems=sft_problem_count(cfg), lengths=lengths)
+                lengths = setup.prompt_lengths(cfg, tok, train + val + test, render)
+                errors += setup.fit_errors(cfg, tok, train, sft_problems=sft_problem_count(cfg), lengths=lengths)
                 longest = max(lengths, default=0)
             except hf_checks.TemplateLimit as e:
                 errors.append(f"model.{field}: {hf_path}: {e}")
@@ -276,64 +274,13 @@ def port_to_checkpoint(config, tok=None, splits=None) -> tuple[cv.RunConfig, lis
     then reports why."""
     cfg = cv.typed(config)
     try:
-        context_len = context.hf_checkpoint_cfg(context.checkpoint_path(cfg.model), cfg.model).max_seq_len
-        tok = context.build_tokenizer(cfg) if tok is None else tok
-        train, val, test = context.load_problems(cfg) if splits is None else splits
-        longest = max(context.prompt_lengths(cfg, tok, train + val + test, hf_checks.bounded), default=0)
+        context_len = setup.hf_checkpoint_cfg(setup.checkpoint_path(cfg.model), cfg.model).max_seq_len
+        tok = setup.build_tokenizer(cfg) if tok is None else tok
+        train, val, test = setup.load_problems(cfg) if splits is None else splits
+        longest = max(setup.prompt_lengths(cfg, tok, train + val + test, hf_checks.bounded), default=0)
     except Exception:  # noqa: BLE001  (any failure here is prepare()'s to report, with its field)
         return cfg, []
     return pretrained.port_lengths(cfg, longest, context_len)
-
-
-def has_checkpoint(workdir: str | None) -> bool:
-    """Whether the workdir holds a written checkpoint (one with checksums: a step directory a kill left without
-    them is not yet written and pins nothing)."""
-    last = os.path.join(workdir or "", "checkpoints", "last")
-    if not workdir or not os.path.isdir(last):
-        return False
-    return bool(written_steps(last))
-
-
-# How the model is computed, not what it computes: a run may resume with another value (model.scan_layers changed
-# its default when the blocks came to be stored stacked; an older run directory records False).
-RESUMABLE_MODEL_FIELDS = ("scan_layers",)
-
-
-def check_resume_compatible(workdir: str, config) -> None:
-    """A workdir's existing config.json must match the new config except run.* / log.* (resume safety). An old run's
-    config.json is read as validate() reads an old config: renamed fields under their new names (ALIASES), fields
-    added to the code since at their defaults (rl.prefix.with_added_defaults)."""
-    cfg_dict = config.to_dict() if isinstance(config, cv.RunConfig) else config
-    if os.path.exists(workdir) and not os.path.isdir(workdir):
-        raise cv.ConfigError(f"--workdir {workdir!r} exists and is not a directory")
-    path = os.path.join(workdir, "config.json")
-    if not os.path.exists(path):
-        return
-    try:
-        with open(path, encoding="utf-8") as f:
-            old = json.load(f)
-    except (OSError, ValueError) as e:
-        raise cv.ConfigError(f"{path} is unreadable ({e}); it records the config of the run in that workdir - "
-                             "restore it or use a new --workdir") from None
-    if not isinstance(old, dict):
-        raise cv.ConfigError(f"{path} holds a JSON {type(old).__name__}, not a config object; it records the config "
-                             "of the run in that workdir - restore it or use a new --workdir")
-    if not has_checkpoint(workdir):
-        return  # a run that stopped before its first checkpoint was written: nothing to resume, the config may differ
-    # run.* / log.* may change on resume, and model fields that say how the same model is computed
-    # (RESUMABLE_MODEL_FIELDS); "kernels" (cv.RECORD_KEYS) is a fact about the machine, not config
-    def strip(d):
-        out = {k: v for k, v in d.items() if k not in ("run", "log", *cv.RECORD_KEYS)}
-        if isinstance(out.get("model"), dict):
-            out["model"] = {k: v for k, v in out["model"].items() if k not in RESUMABLE_MODEL_FIELDS}
-        return out
-
-    old = prefix.with_added_defaults(cv.upgrade(old, quiet=True), cfg_dict)  # fields added since, at their default
-    if json.loads(json.dumps(strip(old))) != json.loads(json.dumps(strip(cfg_dict))):
-        raise cv.ConfigError(
-            f"{workdir} holds a run with a different config (config.json); resume needs the same config "
-            f"(only run.*, log.* and model.{', model.'.join(RESUMABLE_MODEL_FIELDS)} may change) - use a new --workdir"
-        )
 
 
 def time_estimate(config, model_cfg, log=None) -> tuple[str, dict]:

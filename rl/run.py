@@ -19,11 +19,11 @@ summary.json next to the last stage:
                   "pass@1_ci95/<family>", "format_rate/<family>", "language_consistency/<family>", ...}},
  "hacking": {rl stage: rl.hacking.stage_report(...)},
  "best": {"stage", "unit", "global_unit", "val_pass@1", "test": {...}, and "note" when every validation pass@1 was 0},
- "numbering": rl.checkpoint.UNIT_NUMBERING (units from 1 within a stage; global_unit = the checkpoint number),
+ "numbering": rl.runs.UNIT_NUMBERING (units from 1 within a stage; global_unit = the checkpoint number),
  "wall_seconds", "compile": {"seconds", "compiles", "cache_hits", "cache_misses", "cache_dir"}, "config",
  "memory": {"peak_rss_gib": the run's peak resident memory over its processes, "plan_peak_gib": the memory plan's
             peak per device (rl/memory_plan.py), "peak_over_plan"},
- "kernels": rl.context.backend_kernels() - the expert / attention kernels traced and whether the native CPU kernels
+ "kernels": rl.setup.backend_kernels() - the expert / attention kernels traced and whether the native CPU kernels
  ran (their library name and SHA-256), as config.json's "kernels" planned them, and with model.upcycle / model.lora
  "model": rl.context.RunContext.adaptation_record() - the checkpoint upcycled and its section, the adapter count}.
 `compile` counts every process of the run (rl/compile_cache.py; run.compile_cache turns the persistent cache off).
@@ -56,8 +56,9 @@ from rl import hacking
 from rl import metrics as mlib
 from rl import stages as stage_lib
 from models import kernels, layer_stack, transformer
-from rl import plots, preflight, tool_rollout
-from rl.context import Prepared, backend_kernels, build_context
+from rl import plots, preflight, runs, tool_rollout
+from rl.context import build_context
+from rl.setup import Prepared, backend_kernels
 from rl.train_loop import NonFiniteError  # noqa: F401 - what a run raises when its steps are not finite (launch)
 
 SUMMARY_KEYS = ("pass@1", "pass@1_se", "pass@1_ci95", "pass@k", "maj@k", "format_rate", "mean_length",
@@ -128,7 +129,7 @@ class Loop:
         self.ctx, self.stage_cfgs = ctx, stage_cfgs
         self.summary = {"eval": {}, "wall_seconds": 0.0, "config": config_path}
         self.history: list[dict] = []  # validation / test metrics per eval point (for hacking signs)
-        self.best = None  # {"stage", "unit", "unit_base", "val_pass@1", "global_unit"} (rl.checkpoint.UNIT_NUMBERING)
+        self.best = None  # {"stage", "unit", "unit_base", "val_pass@1", "global_unit"} (rl.runs.UNIT_NUMBERING)
         self.si, self.u0, self.gunit, self.wall_before = 0, 0, 0, 0.0
         self.t_start = time.time()
         self.compile_before, self.compile_start = {}, compile_cache.stats()  # train() resets both before building
@@ -149,7 +150,7 @@ class Loop:
         self.si, self.u0, self.gunit = meta["stage"], meta["unit"], meta["global_unit"]
         config_path = self.summary["config"]  # this run's (a run started from another's prefix has its own)
         self.summary, self.history = meta["summary"], meta["history"]
-        self.best = ckpt_lib.best_record(meta.get("best"))  # a checkpoint written before one numbering: converted
+        self.best = runs.best_record(meta.get("best"))  # a checkpoint written before one numbering: converted
         self.summary["config"] = config_path
         self.wall_before = meta["wall_seconds"]
         self.compile_before = self.summary.get("compile", {})  # the processes before this one
@@ -221,13 +222,13 @@ class Loop:
             step = self.best_ck.latest_step()
             template = {"policy": jax.tree.map(np.asarray, self._policy_template())}
             params = jax.tree.map(jax.numpy.asarray, self.best_ck.restore(step, template)["policy"])
-            self.clock.say(f"evaluating the best policy ({ckpt_lib.policy_name(self.best, self.best['global_unit'])}) "
+            self.clock.say(f"evaluating the best policy ({runs.policy_name(self.best, self.best['global_unit'])}) "
                            "on the test split")
             res = self.evaluate(params, -2, 0, splits=("test",), stage="best")
             self.best["test"] = summary_entry(res["test"])
         if self.best is not None:
-            self.summary["best"] = ckpt_lib.best_record(self.best)
-            self.summary["numbering"] = ckpt_lib.UNIT_NUMBERING
+            self.summary["best"] = runs.best_record(self.best)
+            self.summary["numbering"] = runs.UNIT_NUMBERING
         self.stamp()
         write_summary(ctx.workdir, self.summary)
         self.curves()
@@ -271,7 +272,7 @@ class Loop:
 
 def write_summary(workdir: str, summary: dict) -> None:
     """summary.json, with "kernels": the expert / attention kernels the compiled programs contain (traced counts)
-    and whether the native CPU kernels were used (rl.context.backend_kernels)."""
+    and whether the native CPU kernels were used (rl.setup.backend_kernels)."""
     summary = {**summary, "kernels": backend_kernels()}
     with open(os.path.join(workdir, "summary.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2)

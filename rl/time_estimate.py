@@ -144,7 +144,7 @@ def evaluations(config) -> list[tuple[int, int]]:
 
 
 def estimate(config, model_cfg, cal: dict) -> dict:
-    """Seconds per phase of a validated config on the run's model (rl.context.build_model_cfg), at `cal`
+    """Seconds per phase of a validated config on the run's model (rl.setup.build_model_cfg), at `cal`
     (rl.calibration.load()): {"stages": [{"name", "kind", "units", "parts": {part: s per unit}, "unit_s",
     "stage_s"}], "eval_s" (one evaluation of validation + test), "n_evals", "evals_s" (all of them: evaluations),
     "compile_s" (cold), "compile_warm_s", "total_s" (cold),

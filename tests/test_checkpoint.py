@@ -274,7 +274,7 @@ def test_invalid_keep():
         Checkpointer("/tmp/unused-ck-dir", keep=0)
 
 
-# ------------------------------------------------------------------------------------------ load_policy
+# ------------------------------------------------------------------------------------------ load_policy (rl/runs.py)
 def _run_dir(tmp_path):
     """A workdir as a run leaves it: config.json, a best-policy copy and two `last` train states (with a PPO value
     head), written through the Checkpointer the trainer uses."""
@@ -283,12 +283,12 @@ def _run_dir(tmp_path):
     from experiments import launch
     from models import transformer
     from rl import config_validation as cv
-    from rl.context import build_model_cfg
+    from rl.setup import build_model_cfg
 
-    cfg = cv.to_dict(launch.get_config(os.path.join(REPO, "experiments/configs/quickstart.py") + ":variant=tiny"))
+    cfg = cv.validate(launch.get_config(os.path.join(REPO, "experiments/configs/quickstart.py") + ":variant=tiny"))
     wd = tmp_path / "run"
     wd.mkdir()
-    (wd / "config.json").write_text(json.dumps(cfg))
+    (wd / "config.json").write_text(json.dumps(cfg.to_dict()))
     mcfg = build_model_cfg(cfg)
     params = [transformer.init(mcfg, jax.random.key(s)) for s in range(3)]
     best = Checkpointer(str(wd / "checkpoints" / "best_policy"), keep=1, keep_best=False)
@@ -301,13 +301,13 @@ def _run_dir(tmp_path):
 
 
 def test_load_policy_best_last_and_by_unit(tmp_path):
-    from rl.checkpoint import find_policy, load_policy
+    from rl.runs import find_policy, load_policy
 
     wd, params = _run_dir(tmp_path)
     for which, want in (("best", params[0]), ("last", params[2]), (5, params[1]), ("6", params[2])):
         cfg, mcfg, got, tok = load_policy(str(wd), which)
         assert _equal(got, want) and "value_head" not in got, which
-        assert cfg["stages"][0]["name"] == "cold_start" and mcfg.d_model == cfg["model"]["d_model"]
+        assert cfg.stages[0].name == "cold_start" and mcfg.d_model == cfg.model.d_model
         assert tok.decode(tok.encode("Answer: 7", add_bos=False)) == "Answer: 7"
     path, step, meta = find_policy(str(wd), "best")
     assert step == 4 and meta["val_pass@1"] == 0.25 and path.endswith(os.path.join("best_policy", "last", "4"))
@@ -320,7 +320,7 @@ def test_load_policy_best_last_and_by_unit(tmp_path):
 
 
 def test_load_policy_from_a_relative_workdir(tmp_path, monkeypatch):
-    from rl.checkpoint import load_policy
+    from rl.runs import load_policy
 
     wd, params = _run_dir(tmp_path)
     monkeypatch.chdir(tmp_path)  # orbax wants absolute paths; users type runs/NAME
@@ -328,7 +328,7 @@ def test_load_policy_from_a_relative_workdir(tmp_path, monkeypatch):
 
 
 def test_load_policy_on_a_running_run_passes_over_a_step_being_written(tmp_path):
-    from rl.checkpoint import find_policy, load_policy
+    from rl.runs import find_policy, load_policy
 
     wd, params = _run_dir(tmp_path)
     writing = wd / "checkpoints" / "last" / "7"

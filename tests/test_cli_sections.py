@@ -12,7 +12,7 @@ import pytest
 
 from experiments import launch
 from rl import config_validation as cv
-from rl import context
+from rl import setup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GRPO_TINY = os.path.join(ROOT, "experiments/configs/grpo_arith.py") + ":variant=tiny"  # stage 1 is GRPO
@@ -117,7 +117,7 @@ def test_upcycling_an_moe_checkpoint_is_refused_naming_its_experts():
     launch.apply_overrides(cfg, [("model.hf_path", os.path.join(ROOT, "tests/data/hf/qwen3_moe")),
                                  ("model.upcycle.n_experts", "4")])
     with pytest.raises(cv.ConfigError, match=r"model.upcycle needs a dense model to upcycle .* got n_experts=4"):
-        context.build_model_cfg(cv.validate(cfg, complete=False))
+        setup.build_model_cfg(cv.validate(cfg, complete=False))
 
 
 # -- the README's command-line forms ------------------------------------------------------------------------------

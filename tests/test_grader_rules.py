@@ -146,7 +146,7 @@ def test_a_long_final_sentence_states_no_value():
 
 
 def test_the_reward_pool_reads_the_same_rules():
-    """Training, pass@1 and experiments.eval score through the reward pool with score_task (rl.context)."""
+    """Training, pass@1 and experiments.eval score through the reward pool with score_task (rl.setup)."""
     texts = ["They have 15 marbles in total.", "Answer: either 14 or 15", "Answer: 9+6", "Answer: 15"]
     with RewardPool(n_workers=0, score_fn=score_task) as pool:
         got = [r["solved"] for r in pool.score_batch(texts, ["15"] * 4)]

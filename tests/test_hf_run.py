@@ -1,4 +1,4 @@
-"""A checkpoint folder as the run's policy (model.hf_path, rl/context.py) and the real-model config
+"""A checkpoint folder as the run's policy (model.hf_path, rl/setup.py) and the real-model config
 experiments/configs/qwen_gsm8k.py: architecture from config.json with the section's run-time options, named errors,
 the folder's tokenizer and chat template for prompts, the weights as the starting policy, and the tiny variant
 (a random qwen3 checkpoint, a byte-level BPE tokenizer, GSM8K-style files) checked and run end to end."""
@@ -14,8 +14,8 @@ from experiments import launch
 from experiments.configs.fixtures import make_tiny_files
 from models import hf
 from rl import config_validation as cv
-from rl import context
-from rl.tasks.render import render_prompt, render_user_message
+from rl import context, setup
+from rl.tasks.render import prompt_text, render_prompt, render_user_message
 
 ROOT = Path(__file__).resolve().parents[1]
 QWEN3 = ROOT / "tests" / "data" / "hf" / "qwen3"
@@ -28,13 +28,18 @@ def _cfg(**model):
     return cv.to_dict(c)
 
 
+def _run(**model) -> cv.RunConfig:
+    """The validated config (what the builders take) of a default config with these model fields."""
+    return cv.typed(_cfg(**model))
+
+
 def test_architecture_from_the_checkpoint_runtime_options_from_the_config():
     want = hf.config_from_hf(json.loads((QWEN3 / "config.json").read_text()))
-    got = context.build_model_cfg(_cfg(hf_path=str(QWEN3), dtype="bfloat16", param_dtype="float32", remat=True,
-                                       max_seq_len=48, router_z_coef=0.0))
+    got = setup.build_model_cfg(_run(hf_path=str(QWEN3), dtype="bfloat16", param_dtype="float32", remat=True,
+                                     max_seq_len=48, router_z_coef=0.0))
     assert got == want.replace(dtype="bfloat16", remat=True, max_seq_len=48, router_z_coef=0.0)
     assert got.qk_norm and got.head_dim == 8 and got.vocab_size == 96  # from config.json, not the section defaults
-    assert context.build_model_cfg(_cfg()) == context.build_model_cfg(_cfg(hf_path=""))  # no folder: the section
+    assert setup.build_model_cfg(_run()) == setup.build_model_cfg(_run(hf_path=""))  # no folder: the section
 
 
 @pytest.mark.parametrize("model,note", [
@@ -45,14 +50,14 @@ def test_architecture_from_the_checkpoint_runtime_options_from_the_config():
 def test_the_checkpoint_wins_and_says_so(model, note):
     """A recipe's architecture fields give way to the checkpoint's (rl/pretrained.py), with a note naming each."""
     notes = []
-    got = context.build_model_cfg(_cfg(**{"hf_path": str(QWEN3), **model}), notes)
+    got = setup.build_model_cfg(_run(**{"hf_path": str(QWEN3), **model}), notes)
     assert got == hf.config_from_hf(json.loads((QWEN3 / "config.json").read_text()))
     assert any(n.startswith(note) for n in notes), notes
 
 
 def test_unreadable_checkpoint_is_named():
     with pytest.raises(cv.ConfigError, match="model.hf_path: /nowhere/at/all: not a folder"):
-        context.build_model_cfg(_cfg(hf_path="/nowhere/at/all"))
+        setup.build_model_cfg(_run(hf_path="/nowhere/at/all"))
 
 
 def test_hf_path_fields_are_validated_and_documented():
@@ -73,28 +78,26 @@ def tiny_folder(tmp_path_factory):
 def test_tokenizer_chat_prompts_and_starting_weights(tiny_folder):
     from rl.tasks import get_source
 
-    cfg = _cfg(hf_path=os.path.join(tiny_folder, "model"))
-    cfg["tasks"]["lang"] = "en"
-    tok = context.build_tokenizer(cfg)
+    cfg = _run(hf_path=os.path.join(tiny_folder, "model"))
+    cfg = cfg.replace(tasks=cfg.tasks.replace(lang="en"))
+    tok = setup.build_tokenizer(cfg)
     p = get_source(f"gsm8k@{tiny_folder}/test.jsonl").problems[0]
-    text = context.prompt_text(cfg, tok, p)
+    text = prompt_text(cfg, tok, p)
     assert text == f"<|im_start|>user\n{render_user_message(p, 'en')}<|im_end|>\n<|im_start|>assistant\n"
     ids = tok.encode(text, add_bos=True)
     assert ids == tok.apply_chat_template([{"role": "user", "content": render_user_message(p, "en")}])
     assert ids[0] == tok._tok.token_to_id("<|im_start|>")  # the template's special tokens are single ids
     assert tok.stop_ids == (tok.eos_id,) and tok.eos_id == tok._tok.token_to_id("<|im_end|>")
     assert tok.decode(ids) == "user\n" + render_user_message(p, "en")  # decoding stops at the end of the turn
-    cfg["model"]["chat_template"] = False
-    assert context.prompt_text(cfg, tok, p) == render_prompt(p, "en")
+    assert prompt_text(cfg.replace(model=cfg.model.replace(chat_template=False)), tok, p) == render_prompt(p, "en")
     # the starting policy is the checkpoint's weights, in the configured storage dtype
-    ctx = context.RunContext(cfg=cv.typed(cfg), workdir="", model_cfg=context.build_model_cfg(cfg), tok=tok, mesh=None,
+    ctx = context.RunContext(cfg=cfg, workdir="", model_cfg=setup.build_model_cfg(cfg), tok=tok, mesh=None,
                              rules=None, row_multiple=1, train=[], val=[], test=[])
     _, want = hf.load(os.path.join(tiny_folder, "model"))
     got = ctx.init_params()
     assert jax.tree.all(jax.tree.map(lambda a, b: bool(np.array_equal(np.asarray(a), np.asarray(b))), got, want))
-    cfg["model"]["hf_path"] = str(QWEN3)  # a folder without tokenizer.json
-    with pytest.raises(cv.ConfigError, match="model.hf_path .*no tokenizer.json"):
-        context.build_tokenizer(cfg)
+    with pytest.raises(cv.ConfigError, match="model.hf_path .*no tokenizer.json"):  # a folder without tokenizer.json
+        setup.build_tokenizer(cfg.replace(model=cfg.model.replace(hf_path=str(QWEN3))))
 
 
 def test_system_prompt_is_a_system_turn_before_the_bare_question(tiny_folder):
@@ -103,19 +106,20 @@ def test_system_prompt_is_a_system_turn_before_the_bare_question(tiny_folder):
     from experiments.eval import SYSTEM_PROMPT
     from rl.tasks import get_source
 
-    cfg = _cfg(hf_path=os.path.join(tiny_folder, "model"), system_prompt="Be brief.")
-    tok = context.build_tokenizer(cfg)
+    cfg = _run(hf_path=os.path.join(tiny_folder, "model"), system_prompt="Be brief.")
+    tok = setup.build_tokenizer(cfg)
     p = get_source(f"gsm8k@{tiny_folder}/test.jsonl").problems[0]
     want = (f"<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n{p.question}<|im_end|>\n"
             "<|im_start|>assistant\n")
-    assert context.prompt_text(cfg, tok, p) == want
-    ctx = context.RunContext(cfg=cv.typed(cfg), workdir="", model_cfg=None, tok=tok, mesh=None, rules=None,
+    assert prompt_text(cfg, tok, p) == want
+    ctx = context.RunContext(cfg=cfg, workdir="", model_cfg=None, tok=tok, mesh=None, rules=None,
                             row_multiple=1, train=[], val=[], test=[])
     assert ctx.prompt(p) == want
     assert "Answer: <number>" in SYSTEM_PROMPT
-    cfg["model"]["system_prompt"] = 7
+    bad = _cfg(hf_path=os.path.join(tiny_folder, "model"))
+    bad["model"]["system_prompt"] = 7
     with pytest.raises(cv.ConfigError, match="model.system_prompt"):
-        cv.validate(cfg)
+        cv.validate(bad)
 
 
 def test_tiny_variant_dry_run(capsys):

@@ -21,6 +21,8 @@ from experiments import launch
 from models import layer_stack, lora, transformer
 from models.config import ModelConfig
 from rl import checkpoint as ckpt_lib
+from rl import config_validation as cv
+from rl import runs
 from rl.metrics import depends_on_the_machine, read_jsonl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -116,8 +118,8 @@ def test_an_old_run_directory_resumes_as_its_stacked_copy(tmp_path, capsys):
     shutil.copytree(OLD_RUN, new)
     cfg = json.loads((old / "config.json").read_text())
     assert cfg["model"]["scan_layers"] is False  # the default then
-    from rl.context import build_model_cfg
-    model_cfg = build_model_cfg(cfg)
+    from rl.setup import build_model_cfg
+    model_cfg = build_model_cfg(cv.typed(cfg))
     groups = layer_stack.layer_groups(model_cfg)
     # the same state, rewritten in the stacked layout
     last = new / "checkpoints" / "last"
@@ -131,9 +133,9 @@ def test_an_old_run_directory_resumes_as_its_stacked_copy(tmp_path, capsys):
     ck.close()
     assert not ckpt_lib.saved_per_layer(str(last / str(step)))
 
-    _, _, params, _ = ckpt_lib.load_policy(str(old), "best")
+    _, _, params, _ = runs.load_policy(str(old), "best")
     best_raw = ocp.Checkpointer(ocp.CompositeCheckpointHandler()).restore(
-        os.path.abspath(ckpt_lib.find_policy(str(old), "best")[0]),
+        os.path.abspath(runs.find_policy(str(old), "best")[0]),
         args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]["policy"]
     assert "block_0" in best_raw and "stack_0" in params
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),

@@ -1,9 +1,9 @@
 """The layering, checked from the code's own imports (ast, every import statement, function-level ones included):
-the model core imports no CPU-wing module, directly or through other modules; no import circle within models/ or
-through the PRM wing; no package imports one above it (models <- rewards <- rl <- prm <- experiments: the PRM wing
-sits above rl/, which it extends); rewards/ reaches nothing of rl/ or prm/; the function-level imports per package
-stay within a budget that may only shrink. The known exceptions are listed here, in KNOWN_UPWARD and KNOWN_CIRCLES,
-and a later change may only shrink them (a stale entry fails too)."""
+the model core imports no CPU-wing module, directly or through other modules; no import circle in any package
+(models/, rewards/, rl/, the PRM wing, experiments/); no package imports one above it (models <- rewards <- rl <-
+prm <- experiments: the PRM wing sits above rl/, which it extends); rewards/ reaches nothing of rl/ or prm/; the
+function-level imports per package stay within a budget that may only shrink. The known exceptions are listed
+here, in KNOWN_UPWARD and KNOWN_CIRCLES, and a later change may only shrink them (a stale entry fails too)."""
 
 import ast
 from pathlib import Path
@@ -19,9 +19,12 @@ WING = "models.cpu"
 # Imports that run up the house: none left (the process reward model moved from rewards/prm/ and rl/prm_reward.py
 # to its own wing, prm/, above rl/; rl/ reaches it through the rl/reward_terms.py registry).
 KNOWN_UPWARD: set[tuple[str, str]] = set()
-# Modules of models/ that reach themselves through their imports: none left (moe_ep no longer imports moe; the
-# parameter shardings moved from sharding.py next to init in transformer.py).
-KNOWN_CIRCLES: set[str] = set()
+# Modules that reach themselves through their imports, in any package: none left in models/ (moe_ep no longer
+# imports moe; the parameter shardings moved from sharding.py next to init in transformer.py) nor between
+# rl/checkpoint.py and rl/context.py (a run's policies are read by rl/runs.py, the builders are rl/setup.py). Left:
+# the task registry and the TFDS builder, by nature (a tfds@ source is read through the builder, the builder
+# writes a mix of sources; its import in rl/tasks/__init__.py is function-level: tensorflow_datasets is optional).
+KNOWN_CIRCLES: set[str] = {"rl.tasks", "rl.tasks.tfds_builder"}
 
 
 def module_name(path: Path) -> str:
@@ -88,10 +91,10 @@ def test_the_wing_registers_into_the_core_not_the_other_way(graph):
     assert not any(m.startswith(WING) for m in reach(graph, "models.kernels"))
 
 
-def test_no_import_circle_within_models(graph):
-    models = {m for m in graph if m.startswith("models.")}
-    circles = {m for m in models if m in reach({k: v & models for k, v in graph.items()}, m)}
-    assert circles - KNOWN_CIRCLES == set(), "modules of models/ that reach themselves through their imports"
+def test_no_import_circle_in_any_package(graph):
+    circles = {m for m in graph if m in reach(graph, m)}  # across packages too (the layers allow none there)
+    assert {m.split(".")[0] for m in graph} == set(PACKAGES)  # every package is in the graph the test walks
+    assert circles - KNOWN_CIRCLES == set(), "modules that reach themselves through their imports"
     assert KNOWN_CIRCLES - circles == set(), "a known circle is gone: remove it from KNOWN_CIRCLES"
 
 
@@ -121,7 +124,7 @@ def test_the_checker_sees_imports():
     # The ast walk finds module-level, function-level, `from a import b` and `import a.b` forms.
     modules = project_modules()
     assert {"models.kernels", "models.moe_ep", "models.moe_kernels"} <= imports_of(ROOT / "models/moe.py", modules)
-    assert "models.cpu" in imports_of(ROOT / "rl/context.py", modules)  # a deliberate function-level import
+    assert "models.cpu" in imports_of(ROOT / "rl/setup.py", modules)  # a deliberate function-level import
 
 
 # Function-level imports hide the dependency graph; the ones left are deliberate (each with a comment saying why: an
@@ -132,7 +135,7 @@ MAX_FUNCTION_LEVEL_IMPORTS = 80
 FUNCTION_LEVEL_IMPORT_BUDGET = {
     "models": 0,
     "rewards": 0,
-    "rl": 11,
+    "rl": 10,
     "prm": 2,  # prm/__init__: the wing's model code loads when a run first uses its PRM (launcher stays JAX-free)
     "experiments": 8,  # bench/verify.py, bench/reward_pool.py, claims.py, launch.py and configs/fixtures.py's model
                        # code, each with its reason

@@ -19,9 +19,8 @@ import pytest
 from experiments.configs import qwen_gsm8k, quickstart
 from models import hf, layer_stack, lora, transformer
 from models.config import ModelConfig
-from rl import checkpoint as ckpt_lib
 from rl import config_validation as cv
-from rl import context, preflight, run, stages
+from rl import context, preflight, run, runs, setup, stages
 from rl.losses import LossConfig
 from rl.metrics import depends_on_the_machine, read_jsonl
 from rl.train_step import OptimConfig, init_train_state, make_loss_fn, make_train_step
@@ -56,19 +55,20 @@ def _size(tree) -> int:
 
 
 def test_the_run_config_keeps_lora_and_upcycle_also_on_a_checkpoint():
-    """Replaces the refusal of the sections (rl/context.py build_model_cfg): the section's lora and upcycle reach
+    """Replaces the refusal of the sections (rl/setup.py build_model_cfg): the section's lora and upcycle reach
     the run's model config, from scratch and on a checkpoint (rl/pretrained.py RUNTIME_FIELDS)."""
-    got = context.build_model_cfg({"model": {"lora": dict(rank=3), "n_experts": 0}})
+    got = setup.build_model_cfg(cv.typed({"model": {"lora": dict(rank=3), "n_experts": 0}}))
     assert got.lora.rank == 3
-    got = context.build_model_cfg({"model": {"hf_path": QWEN3, "lora": dict(rank=3), "n_experts": 0}})
+    got = setup.build_model_cfg(cv.typed({"model": {"hf_path": QWEN3, "lora": dict(rank=3), "n_experts": 0}}))
     assert got.lora.rank == 3 and got.vocab_size == 96
-    up = context.build_model_cfg({"model": {"hf_path": QWEN3, "n_experts": 0,
-                                            "upcycle": dict(n_experts=4, top_k=2, moe_every=1)}})
+    up = setup.build_model_cfg(cv.typed({"model": {"hf_path": QWEN3, "n_experts": 0,
+                                                   "upcycle": dict(n_experts=4, top_k=2, moe_every=1)}}))
     assert (up.n_experts, up.experts_per_token, up.moe_layers, up.upcycle) == (4, 2, (0, 1), None)
-    dense = context.dense_model_cfg({"model": {"hf_path": QWEN3, "n_experts": 0, "upcycle": dict(n_experts=4)}})
+    dense = setup.dense_model_cfg(cv.typed({"model": {"hf_path": QWEN3, "n_experts": 0,
+                                                     "upcycle": dict(n_experts=4)}}))
     assert dense.n_experts == 0 and dense.upcycle.n_experts == 4
     with pytest.raises(cv.ConfigError, match="model.upcycle"):
-        context.build_model_cfg({"model": {"n_experts": 0, "n_layers": 1, "upcycle": dict(moe_every=2)}})
+        setup.build_model_cfg(cv.typed({"model": {"n_experts": 0, "n_layers": 1, "upcycle": dict(moe_every=2)}}))
 
 
 def test_lora_grpo_trains_only_the_adapters_against_the_base(tmp_path):
@@ -153,13 +153,13 @@ def test_lora_run_resumes_exactly_checkpoints_adapters_and_loads_merged(tmp_path
     with open(os.path.join(full, "config.json"), "w", encoding="utf-8") as f:  # what the launcher writes
         json.dump(cfg.to_dict(), f)
     # the checkpoint: adapters and their optimizer state, never the base or a reference copy
-    path, _, meta = ckpt_lib.find_policy(full, "last")
+    path, _, meta = runs.find_policy(full, "last")
     saved = ocp.Checkpointer(ocp.CompositeCheckpointHandler()).restore(
         os.path.abspath(path), args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
     assert "ref_params" not in saved and set(saved["train_state"]["params"]) == {"lora"}
     assert meta["stage_meta"]["lora"]["rank"] == 2
     # load_policy (eval / sample): the merged weights
-    _, model_cfg, params, _ = ckpt_lib.load_policy(full, "last")
+    _, model_cfg, params, _ = runs.load_policy(full, "last")
     base = context.start_weights(cfg, model_cfg)
     want = lora.merge(base, jax.tree.map(jnp.asarray, saved["train_state"]["params"]["lora"]), model_cfg)
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), params, want)
@@ -282,7 +282,7 @@ def test_an_upcycled_start_computes_the_dense_checkpoint():
     c = quickstart.get_config("variant=tiny")
     c.model = type(c.model)(dict(hf_path=QWEN3, n_experts=0, upcycle=dict(n_experts=4, top_k=2)))
     cfg = cv.validate(c)
-    model_cfg = context.build_model_cfg(cfg)
+    model_cfg = setup.build_model_cfg(cfg)
     params = context.start_weights(cfg, model_cfg)
     dense_cfg, dense = hf.load(QWEN3)
     blocks = layer_stack.per_layer(params, model_cfg)
@@ -336,7 +336,7 @@ def test_upcycled_checkpoint_runs_grpo_with_routing_replay(tmp_path):
     rec = _records(str(tmp_path))[0]
     assert {"router/replay_disagreement", "router/max_load_ratio/0", "router/aux_loss"} <= set(rec)
     assert rec["mismatch/logp_max_abs"] < 0.05  # bf16 compute; finite, sampler and trainer agree
-    path, _, _ = ckpt_lib.find_policy(str(tmp_path), "last")
+    path, _, _ = runs.find_policy(str(tmp_path), "last")
     saved = ocp.Checkpointer(ocp.CompositeCheckpointHandler()).restore(
         os.path.abspath(path), args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
     assert saved["train_state"]["params"]["stack_0"]["moe"]["w_up"].shape[1] == 4  # the MoE is what is saved

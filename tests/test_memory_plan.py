@@ -15,7 +15,7 @@ from models import lora, sharding, transformer, upcycle
 from models.config import ModelConfig
 from models.sharding import DEFAULT_RULES
 from rl import config_validation as cv
-from rl import context
+from rl import setup
 from rl import memory_plan as mp
 from rl.losses import LossConfig
 from rl.train_step import OptimConfig, init_train_state
@@ -267,7 +267,7 @@ def test_upcycled_plan_counts_the_moe_it_trains():
     """model.upcycle: the plan's params are the upcycled MoE's real bytes (upcycle_params on the dense init), and
     with LoRA on top its adapters are lora.init's on that MoE (one adapter per expert for moe/* targets)."""
     cfg = _upcycled_config()
-    dense_cfg, moe_cfg = context.dense_model_cfg(cfg), context.build_model_cfg(cfg)
+    dense_cfg, moe_cfg = setup.dense_model_cfg(cfg), setup.build_model_cfg(cfg)
     dense = transformer.init(dense_cfg, jax.random.key(0))
     moe = upcycle.upcycle_params(dense, dense_cfg, jax.random.key(1))
     p = mp.plan_for_config(cfg, moe_cfg, ONE)
@@ -277,7 +277,7 @@ def test_upcycled_plan_counts_the_moe_it_trains():
         mp.plan_for_config(cfg, dense_cfg, ONE)
     targets = ("attn/wq", "moe/w_up", "moe/w_down")
     cfg = _upcycled_config(lora=dict(rank=2, alpha=4.0, targets=targets))
-    moe_cfg = context.build_model_cfg(cfg)
+    moe_cfg = setup.build_model_cfg(cfg)
     adapters = lora.init(moe, moe_cfg, jax.random.key(2))
     assert adapters["stack_0"]["moe"]["w_up"]["a"].shape[1] == 4  # per expert (after the stack's layer axis)
     p = mp.plan_for_config(cfg, moe_cfg, ONE)

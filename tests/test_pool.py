@@ -156,31 +156,33 @@ def test_a_new_pool_removes_what_a_killed_owner_left(tmp_path):
 def test_the_pool_deadline_covers_the_code_sandbox():
     # The probe: run.reward_timeout 2 s against the sandbox's 10 s: correct code needing 2-10 s scored 0.
     from rewards.code_exec import ExecConfig, wall_limit_s
-    from rl.context import reward_deadline
+    from rl import config_validation as cv
+    from rl.setup import reward_deadline
 
-    cfg = {"run": {"reward_timeout": 2.0}}
+    cfg = cv.typed({"run": {"reward_timeout": 2.0}})
     code = types.SimpleNamespace(reward="code")
     math = types.SimpleNamespace(reward="math")
     assert wall_limit_s() >= ExecConfig().timeout_s + 3.0
     assert reward_deadline(cfg, [math, code]) == wall_limit_s()
     assert reward_deadline(cfg, [math]) == 2.0  # math only: the configured deadline
     assert reward_deadline(cfg) == wall_limit_s()  # problems unknown: assume code may come
-    assert reward_deadline({"run": {"reward_timeout": 60.0}}, [code]) == 60.0
+    assert reward_deadline(cv.typed({"run": {"reward_timeout": 60.0}}), [code]) == 60.0
 
 
 @pytest.mark.timing
 @pytest.mark.timing
 def test_correct_code_that_needs_seconds_scores_one_through_the_pool():
-    # End to end through rl.context's deadline and the real code reward: four calls of 1.2 s each (under the
+    # End to end through rl.setup's deadline and the real code reward: four calls of 1.2 s each (under the
     # sandbox's 2 s per call, about 5 s in all) used to meet the pool's 2 s deadline and score 0.
     import json as _json
 
     from rewards.task_score import score_task, target_of
-    from rl.context import reward_deadline
+    from rl import config_validation as cv
+    from rl.setup import reward_deadline
 
     check = _json.dumps({"func": "slow_add", "tests": [[[1, 2], 3], [[0, 0], 0], [[2, 2], 4], [[5, 5], 10]]})
     text = "```python\nimport time\ndef slow_add(a, b):\n    time.sleep(1.2)\n    return a + b\n```"
-    deadline = reward_deadline({"run": {"reward_timeout": 2.0}}, [types.SimpleNamespace(reward="code")])
+    deadline = reward_deadline(cv.typed({"run": {"reward_timeout": 2.0}}), [types.SimpleNamespace(reward="code")])
     with RewardPool(n_workers=1, timeout=deadline, score_fn=score_task) as p:
         got = p.score_batch([text], [target_of("code", "", check)])
     assert got[0]["error_kind"] == "" and got[0]["outcome"] == 1.0, got[0]

@@ -11,7 +11,8 @@ import pytest
 
 from experiments import launch
 from rl import config_validation as cv
-from rl import context, preflight
+from rl import context, setup
+from rl import workdir_state as wstate
 from rl import run as run_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -24,11 +25,11 @@ class _Stop(Exception):
 
 @pytest.fixture
 def counts(monkeypatch):
-    """Calls of cv.validate and rl.context.load_problems (the problem loader) in this test."""
+    """Calls of cv.validate and rl.setup.load_problems (the problem loader) in this test."""
     n = collections.Counter()
-    validate, load = cv.validate, context.load_problems
+    validate, load = cv.validate, setup.load_problems
     monkeypatch.setattr(cv, "validate", lambda c, **kw: n.update(["validate"]) or validate(c, **kw))
-    monkeypatch.setattr(context, "load_problems", lambda c: n.update(["load"]) or load(c))
+    monkeypatch.setattr(setup, "load_problems", lambda c: n.update(["load"]) or load(c))
     return n
 
 
@@ -56,7 +57,7 @@ def test_launch_hands_its_prepared_run_to_train(counts, stop_at_build, tmp_path)
         launch.main(["--config", QUICKSTART, "--workdir", str(tmp_path / "w")])
     assert counts == {"validate": 1, "load": 1}  # the launcher's checks; train neither validates nor loads again
     prep = stop_at_build["prep"]
-    assert isinstance(prep, context.Prepared) and isinstance(prep.cfg, cv.RunConfig)
+    assert isinstance(prep, setup.Prepared) and isinstance(prep.cfg, cv.RunConfig)
     assert len(prep.train) == prep.cfg.tasks.n_train and len(prep.test) == prep.cfg.tasks.n_test
     assert prep.plan is not None  # the memory plan the launcher printed
     with open(tmp_path / "w" / "config.json", encoding="utf-8") as f:
@@ -68,7 +69,7 @@ def test_train_on_a_config_prepares_it_once(counts, stop_at_build, tmp_path):
     with pytest.raises(_Stop):
         run_lib.train(launch.get_config(QUICKSTART), str(tmp_path / "w"))
     assert counts == {"validate": 1, "load": 1}
-    assert isinstance(stop_at_build["prep"], context.Prepared)
+    assert isinstance(stop_at_build["prep"], setup.Prepared)
 
 
 def test_the_tree_is_typed_and_frozen():
@@ -141,10 +142,10 @@ def test_an_old_run_directory_resumes(monkeypatch, tmp_path):
     work = tmp_path / "run"
     (work / "checkpoints" / "last").mkdir(parents=True)
     (work / "config.json").write_text(json.dumps(old))
-    monkeypatch.setattr(preflight, "written_steps", lambda path: [1])  # a written checkpoint
+    monkeypatch.setattr(wstate, "written_steps", lambda path: [1])  # a written checkpoint
     monkeypatch.setattr(cv, "ALIASES", {"tasks.n_problems": "tasks.n_train"})
-    launch.check_resume_compatible(str(work), cfg)
+    wstate.check_resume(str(work), cfg)
     assert cv.validate(old) == cfg  # the old config.json itself validates into the same tree (load_policy, eval)
     changed = cfg.replace(seed=cfg.seed + 1)
     with pytest.raises(cv.ConfigError, match="holds a run with a different config"):
-        launch.check_resume_compatible(str(work), changed)
+        wstate.check_resume(str(work), changed)

@@ -81,9 +81,9 @@ def test_gym_families_join_the_pipeline_and_the_all_scenario_stage():
     with pytest.raises(cv.ConfigError, match="unknown reasoning-gym family 'sudoku'; supported: basic_arithmetic"):
         r1_pipeline.get_config("gym=sudoku")
     pytest.importorskip("reasoning_gym", reason="optional extra not installed: pip install -e '.[gym]'")
-    from rl import context
+    from rl import setup
 
-    train, _, test = context.load_problems(cv.to_dict(c))  # tasks.difficulty is not passed to the gym sources
+    train, _, test = setup.load_problems(cv.validate(c))  # tasks.difficulty is not passed to the gym sources
     assert {p.family for p in train} >= {"gym/chain_sum", "gym/countdown", "math"}
     assert not any(p.reward == "gym" for p in stage_problems(train, c.stages[1].families))  # reasoning RL: math, code
     assert any(p.reward == "gym" for p in stage_problems(train, c.stages[3].families))      # all-scenario: every family

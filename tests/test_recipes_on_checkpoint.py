@@ -9,7 +9,9 @@ import json
 import pytest
 
 from experiments import launch
-from rl import context
+from rl import config_validation as cv
+from rl import setup
+from rl.workdir_state import check_resume
 from tests.hf_folders import run_ready_folder
 
 RECIPES = ["quickstart", "grpo_arith", "ppo_arith", "r1_pipeline"]
@@ -50,9 +52,8 @@ def test_quickstart_runs_two_units_on_the_checkpoint(folder, tmp_path):
     conf, train = _run_two_units("quickstart", folder, tmp_path / "run", ["--config.eval.every=0"])
     assert conf["model"]["hf_path"] == folder and conf["tasks"]["max_prompt_len"] > 32
     assert conf["tasks"]["max_prompt_len"] + conf["sampling"]["max_new_tokens"] == conf["model"]["max_seq_len"]
-    cfg = dict(conf)
-    assert context.build_model_cfg(cfg).d_model == 16  # the checkpoint's architecture
-    launch.check_resume_compatible(str(tmp_path / "run"), conf)
+    assert setup.build_model_cfg(cv.validate(conf)).d_model == 16  # the checkpoint's architecture
+    check_resume(str(tmp_path / "run"), conf)
 
 
 @pytest.mark.slow

@@ -387,7 +387,7 @@ def test_one_numbering_of_units_everywhere(full_output, capsys):
     """The best policy has one name on the console, in summary.json and in experiments.sample / eval: its unit
     within its stage from 1, and its checkpoint number (the global unit, what --ckpt takes)."""
     from experiments import sample as sample_cmd
-    from rl.checkpoint import UNIT_NUMBERING, find_policy
+    from rl.runs import UNIT_NUMBERING, find_policy
 
     wd, out = full_output
     summary = json.loads((wd / "summary.json").read_text())
@@ -407,7 +407,7 @@ def test_one_numbering_of_units_everywhere(full_output, capsys):
 
 
 def test_best_record_numbering_and_the_all_zero_note():
-    from rl.checkpoint import ALL_ZERO_NOTE, best_record, policy_name
+    from rl.runs import ALL_ZERO_NOTE, best_record, policy_name
 
     old = {"stage": "grpo", "unit": 39, "val_pass@1": 0.5, "global_unit": 82}  # written before one numbering
     new = best_record(old)

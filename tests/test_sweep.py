@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 from experiments import sweep
+from rl import config_validation as cv
+from rl.workdir_state import check_resume, workdir_state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QS = os.path.join(ROOT, "experiments/configs/quickstart.py") + ":variant=tiny"
@@ -28,31 +30,55 @@ def _finish(wd, cfg, summary=None):
         json.dump(s, f)
 
 
-def test_run_state_reuses_only_the_same_finished_config(tmp_path):
+def test_workdir_state_reuses_only_the_same_finished_config(tmp_path):
     cfg = _cfg(seed=0)
     wd = str(tmp_path / "p" / "seed0")
-    assert sweep.run_state(wd, cfg)[0] == "new"
+    assert workdir_state(wd, cfg)[0] == "new"
     _finish(wd, cfg)
-    assert sweep.run_state(wd, cfg) == ("done", "finished with this exact config")
+    assert workdir_state(wd, cfg) == ("done", "finished with this exact config")
     # the bug of the issue: a rerun with changed overrides was reported from the old summary.json
     changed = _cfg(seed=0, **{"stages[2].lr": 5e-4})
-    st, why = sweep.run_state(wd, changed)
+    st, why = workdir_state(wd, changed)
     assert st == "conflict" and "stages[2].lr" in why
     # same config, unfinished (a stage missing from summary.json): resumed, not reused
     _finish(wd, cfg, {"eval": {"initial": {}, "cold_start": {}}})
-    assert sweep.run_state(wd, cfg)[0] == "resume"
+    assert workdir_state(wd, cfg)[0] == "resume"
     # a directory with something else in it
     other = tmp_path / "other"
     other.mkdir()
     (other / "notes.txt").write_text("x")
-    st, why = sweep.run_state(str(other), cfg)
+    st, why = workdir_state(str(other), cfg)
     assert st == "conflict" and "notes.txt" in why
     (tmp_path / "file").write_text("")
-    assert sweep.run_state(str(tmp_path / "file"), cfg)[0] == "conflict"
+    assert workdir_state(str(tmp_path / "file"), cfg)[0] == "conflict"
     # run.stop_after may differ for the shared run only when asked
     stopped = _cfg(seed=0, **{"run.stop_after": 11})
-    assert sweep.run_state(wd, stopped)[0] == "conflict"
-    assert sweep.run_state(wd, stopped, ignore=("run.stop_after",))[0] != "conflict"
+    assert workdir_state(wd, stopped)[0] == "conflict"
+    assert workdir_state(wd, stopped, may_differ=("run.stop_after",))[0] != "conflict"
+
+
+def test_the_launcher_and_the_sweep_read_a_run_directory_by_one_rule(tmp_path, monkeypatch):
+    """rl.workdir_state for both: a config.json pins nothing before a checkpoint or summary.json is written under
+    it; an old config.json reads with today's field names; a directory holding something else is no run's (the
+    launcher refuses it too); only the launcher's resume lets run.* / log.* differ."""
+    cfg, logged, other_seed = _cfg(seed=0), _cfg(seed=0, **{"log.every": 2}), _cfg(seed=2)
+    wd = tmp_path / "run"
+    wd.mkdir()
+    (wd / "config.json").write_text(json.dumps(_cfg(seed=1)))  # a run that stopped before its first checkpoint
+    assert workdir_state(str(wd), cfg)[0] == "new"
+    check_resume(str(wd), cfg)
+    old = json.loads(json.dumps(cfg))
+    old["tasks"]["n_problems"] = old["tasks"].pop("n_train")  # a field renamed since that run
+    monkeypatch.setattr(cv, "ALIASES", {"tasks.n_problems": "tasks.n_train"})
+    _finish(str(wd), old)
+    assert workdir_state(str(wd), cfg) == ("done", "finished with this exact config")
+    assert workdir_state(str(wd), logged)[0] == "conflict"  # a reused result comes from exactly this config
+    check_resume(str(wd), logged)  # a resume may change how the run logs
+    with pytest.raises(cv.ConfigError, match=r"holds a run with a different config \(seed differ"):
+        check_resume(str(wd), other_seed)
+    (tmp_path / "stray" / "checkpoints").mkdir(parents=True)
+    with pytest.raises(cv.ConfigError, match="holds checkpoints but no config.json"):
+        check_resume(str(tmp_path / "stray"), cfg)
 
 
 def test_sweep_refuses_before_running_anything(tmp_path, capsys):
@@ -109,10 +135,10 @@ def test_fields_added_since_a_run_at_their_default_are_no_difference(tmp_path):
     assert with_added_defaults(old, new) == json.loads(json.dumps(new))
     assert shared_stages(old, new) == 3
     _finish(str(tmp_path / "a"), old)
-    assert sweep.run_state(str(tmp_path / "a"), new)[0] == "done"  # reused, not a conflict
+    assert workdir_state(str(tmp_path / "a"), new)[0] == "done"  # reused, not a conflict
     off_default = _cfg(seed=0, **{"stages[0].length_buckets": 3})  # an added field NOT at its default differs
     assert shared_stages(old, off_default) == 0
-    assert sweep.run_state(str(tmp_path / "a"), off_default)[0] == "conflict"
+    assert workdir_state(str(tmp_path / "a"), off_default)[0] == "conflict"
     changed = json.loads(json.dumps(old))
     changed["stages"][0]["lr"] = 1.0  # and a changed field stays a difference
     assert shared_stages(changed, new) == 0

@@ -9,7 +9,7 @@ import pytest
 
 from experiments import launch
 from rl import config_validation as cv
-from rl import context
+from rl import setup
 from rl.tasks import SPLITS, Split, SplitSourceError, load_mix, load_splits, split_of
 from rl.tasks.base import normalise_question, question_hash
 
@@ -112,14 +112,14 @@ def test_config_with_every_split_explicit_and_fixed_levels_kept(tmp_path):
     test_file = _jsonl(tmp_path, "t.jsonl", QUESTIONS[:8], difficulty=3)  # tasks.difficulty is 1: levels are kept
     cfg = _tiny(mix="", train_source="add", val_source="sub", test_source=f"jsonl@{test_file}")
     cv.validate(cfg)
-    train, val, test = context.load_problems(cv.to_dict(cfg))
+    train, val, test = setup.load_problems(cv.validate(cfg))
     assert sorted(p.question for p in test) == sorted(QUESTIONS[:8]) and {p.difficulty for p in test} == {3}
     assert {p.source for p in train} == {"add"} and {p.source for p in val} == {"sub"}
     d = cv.to_dict(_tiny(test_source=f"jsonl@{test_file}"))
     d["tasks"]["n_test"] = 9
     with pytest.raises(cv.ConfigError, match=r"tasks.n_test = 9: tasks.test_source \('jsonl@.*'\) supplies 8 distinct "
                                               r"test problems; set tasks.n_test=8"):
-        context.load_problems(d)
+        setup.load_problems(cv.validate(d))
 
 
 def test_dry_run_keeps_a_users_test_file(tmp_path, capsys):

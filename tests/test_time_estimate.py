@@ -9,7 +9,7 @@ import pytest
 from experiments.configs import quickstart
 from rl import calibration, preflight, time_estimate
 from rl import config_validation as cv
-from rl.context import build_model_cfg
+from rl.setup import build_model_cfg
 
 CAL = {"matmul_gflops": {"8": 10.0, "64": 40.0, "512": 100.0, "4096": 200.0}, "bandwidth_gbs": 20.0,
        "loop_op_s": 1e-6, "dispatch_s": 1e-5, "compile_s": 0.5}

@@ -14,6 +14,7 @@ from models import transformer
 from models.tokenizer import ByteTokenizer
 from rewards.parse import extract_answer
 from rewards.python_tool import PythonTool, byte_markers
+from rl import config_validation as cv
 from rl import hacking, losses, rollout, stages, tool_rollout
 from rl.context import build_context
 from rl.stages import iteration
@@ -189,7 +190,7 @@ def test_tiny_rl_iteration_with_tool_calls(kind, tmp_path, monkeypatch):
     else:
         c.stages = [stage("ppo", "ppo", iterations=1, n_prompts=2, samples=2, token_budget=1024,
                                      warmup_steps=0, kl_coef=0.05, tools=dict(tool_arith.TOOLS))]
-    ctx = build_context(c.to_dict() if hasattr(c, "to_dict") else c, str(tmp_path))
+    ctx = build_context(cv.validate(c), str(tmp_path))
     cfg = stages.parse_stage(ctx.cfg.stages[0].to_dict() if hasattr(ctx.cfg.stages[0], "to_dict")
                              else ctx.cfg.stages[0])
     assert cfg.tools.on and cfg.kl.uses_reference

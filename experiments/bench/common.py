@@ -12,7 +12,7 @@ model_step.py, lora_memory.py and w1.py run each measured phase in its own subpr
 figures there with `write_json` (add_json_arg / write_json). On a shared machine, `wait_quiet(max_s)` waits (a
 bounded time) for the 1-minute load average to drop before a measurement and returns the load it saw.
 
-Importing this module registers the backend's kernel wing (rl.context.backend_kernels: models/cpu on a CPU), so
+Importing this module registers the backend's kernel wing (rl.setup.backend_kernels: models/cpu on a CPU), so
 a benchmark measures the kernels a run uses; `machine_info()` records which ("kernels").
 """
 from __future__ import annotations
@@ -36,9 +36,9 @@ import numpy as np
 import psutil
 
 from rl.calibration import cpu_info  # noqa: F401 - the benches' CPU record (one owner: the calibration key)
-from rl.context import backend_kernels
+from rl.setup import backend_kernels
 
-backend_kernels()  # the kernels a run uses (the native CPU kernels on a CPU host), as rl/context.py registers them
+backend_kernels()  # the kernels a run uses (the native CPU kernels on a CPU host), as rl/setup.py registers them
 
 
 def block(tree):

@@ -3,7 +3,7 @@
     python -m experiments.bench.grad_variance --workdir runs/claims/step_rewards/_shared/seed0 [--ckpt last]
         [--batches 12] [--n_prompts 16] [--samples 8] [--temperature 1.0] [--json out.json]
 
-For one policy (a run's checkpoint, loaded with rl.checkpoint.load_policy) it draws `--batches` independent
+For one policy (a run's checkpoint, loaded with rl.runs.load_policy) it draws `--batches` independent
 batches of n_prompts x K answers from the run's training problems, scores them with the run's reward
 (rewards.task_score), and computes each batch's on-policy policy gradient (rl.losses.policy_loss at ratio 1,
 token-mean) twice on the same tokens: with GRPO's outcome advantages, and with the step-level rewards of
@@ -16,7 +16,6 @@ one run (claim 9 of REPRODUCING.md).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 
@@ -26,7 +25,7 @@ import numpy as np
 
 from experiments.bench import common
 from rewards.task_score import score_task, target_of
-from rl import checkpoint, context, losses, rollout, stages
+from rl import context, losses, rollout, runs, setup, stages
 from rl.stages.grpo import grpo_token_advantages
 from rl.advantages import step_scores
 from rl.train_step import compute_logprobs
@@ -59,7 +58,7 @@ def spread(grads):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m experiments.bench.grad_variance", description=__doc__.split("\n\n")[0])
     ap.add_argument("--workdir", required=True)
-    ap.add_argument("--ckpt", default="last", help="best | last | a unit number (rl.checkpoint.find_policy)")
+    ap.add_argument("--ckpt", default="last", help="best | last | a unit number (rl.runs.find_policy)")
     ap.add_argument("--batches", type=int, default=12)
     ap.add_argument("--n_prompts", type=int, default=16)
     ap.add_argument("--samples", type=int, default=8)
@@ -69,11 +68,10 @@ def main(argv=None) -> int:
     common.add_json_arg(ap)
     args = ap.parse_args(argv)
 
-    cfg, model_cfg, params, tok = checkpoint.load_policy(args.workdir, args.ckpt)
-    cfg = json.loads(json.dumps(cfg))
-    cfg["run"]["reward_workers"] = 0
+    cfg, model_cfg, params, tok = runs.load_policy(args.workdir, args.ckpt)
+    cfg = cfg.replace(run=cfg.run.replace(reward_workers=0))
     ctx = context.build_context(cfg, tempfile.mkdtemp(prefix="gradvar-"), with_services=False)
-    rcfg = context.reward_config(cfg)
+    rcfg = setup.reward_config(cfg)
     base = {**stages.defaults("grpo"), "name": "g", "samples": args.samples, "filter_zero_variance": "off"}
     outcome_cfg = stages.parse_stage(base)
     step_cfg = stages.parse_stage({**base, "step_rewards": True, "step_reward_weight": args.step_reward_weight})

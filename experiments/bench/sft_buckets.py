@@ -25,7 +25,7 @@ from experiments.configs import r1_pipeline
 from models.tokenizer import ByteTokenizer
 from rl import config_validation as cv
 from rl import rollout
-from rl.context import build_model_cfg, load_problems
+from rl.setup import build_model_cfg, load_problems
 from rl.sft import build_sft_batch
 from rl.tasks import render_prompt, render_solution
 from rl.train_step import LossConfig, OptimConfig, init_train_state, make_train_step
@@ -40,9 +40,9 @@ def main(argv=None) -> dict:
     add_json_arg(ap)
     args = ap.parse_args(argv)
 
-    cfg = cv.to_dict(r1_pipeline.get_config())
+    cfg = cv.validate(r1_pipeline.get_config())
     model_cfg = build_model_cfg(cfg)
-    seq_len, rows_per_step, lang = model_cfg.max_seq_len, 32, cfg["tasks"]["lang"]
+    seq_len, rows_per_step, lang = model_cfg.max_seq_len, 32, cfg.tasks.lang
     probs = load_problems(cfg)[0][: args.rows]  # the run's training problems, as its cold start takes them
     batch = build_sft_batch([render_prompt(p, lang) for p in probs], [render_solution(p, lang) for p in probs],
                             ByteTokenizer(), seq_len)

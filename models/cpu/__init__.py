@@ -1,6 +1,6 @@
 """The CPU wing: kernels and tuning that only pay on a CPU host, registered into models/kernels.py on import.
 
-    import models.cpu            # rl/context.py does this when JAX's backend is the CPU; nothing else is needed
+    import models.cpu            # rl/setup.py does this when JAX's backend is the CPU; nothing else is needed
 
 Importing it registers
   - "native" (rank 0 for "auto"): the compiled C++ expert kernel (native_kernels.py, sources in native/), taken for

@@ -25,10 +25,14 @@ The other families' statements already say what to write, so their user turn is 
 solution (the SFT target, after the template's assistant header) is the same text as above.
 
 Used by the SFT / rejection-sampling stages (prompt + solution as the training target) and by the samplers
-(prompt only).
+(prompt only). A run's text in its tokenizer and prompt format is `prompt_text(cfg, tok, problem)` (the chat
+template of a checkpoint, a system turn, else render_prompt) and `solution_text(tok, problem, lang)` (a tool-use
+solution's output blocks in the tokenizer's markers); the run context (RunContext.prompt / .solution) and the
+length checks of rl/setup.py call them.
 """
 from __future__ import annotations
 
+from rewards import python_tool
 from rl.tasks.base import Problem
 
 LANGS = ("zh", "en")
@@ -79,7 +83,7 @@ _INSTRUCTION = {
 
 
 # A system turn for chat models (model.system_prompt): the layout asked of the answer, the question then being the
-# user turn alone (rl.context.prompt_text). Used by `experiments.eval --model` and the pretrained recipes.
+# user turn alone (prompt_text). Used by `experiments.eval --model` and the pretrained recipes.
 ANSWER_LINE_SYSTEM_PROMPT = ("You are a careful math assistant. Solve the problem step by step, one short step per "
                              "line, then give the final answer on a last line of the form 'Answer: <number>'.")
 
@@ -132,3 +136,26 @@ def render_solution(problem: Problem, lang: str = "zh") -> str:
 def render_example(problem: Problem, lang: str = "zh") -> tuple[str, str]:
     """(prompt, gold solution): the SFT pair; the trainer appends EOS after the solution."""
     return render_prompt(problem, lang), render_solution(problem, lang)
+
+
+# ------------------------------------------------------------------------------------------ a run's text
+def prompt_text(cfg, tok, problem: Problem) -> str:
+    """The prompt text the sampler continues: one user turn through the chat template (a checkpoint with
+    model.chat_template), after a system turn when model.system_prompt is set (the user turn is then the bare
+    question of a math problem; code and instruction problems keep their own statement), else render_prompt.
+    `cfg`: the run's RunConfig (rl.config_validation, which imports rl.tasks: not imported here); a checkpoint is
+    model.pretrained or model.hf_path (rl.setup.checkpoint_field)."""
+    lang = cfg.tasks.lang
+    if (cfg.model.pretrained or cfg.model.hf_path) and cfg.model.chat_template:
+        system = cfg.model.system_prompt
+        if not system:
+            return tok.render_chat_template([{"role": "user", "content": render_user_message(problem, lang)}])
+        user = problem.question if problem.reward == "math" else render_user_message(problem, lang)
+        return tok.render_chat_template([{"role": "system", "content": system}, {"role": "user", "content": user}])
+    return render_prompt(problem, lang)
+
+
+def solution_text(tok, problem: Problem, lang: str) -> str:
+    """The demonstration an SFT stage trains on: the worked solution, a tool-use solution's output blocks in the
+    tokenizer's markers (rewards.python_tool.demonstration: a chat model's tool turn)."""
+    return python_tool.demonstration(tok, render_solution(problem, lang))
