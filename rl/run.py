@@ -195,7 +195,7 @@ class Loop:
     def stage_end(self, sc, first_step: int) -> None:
         """At the end of a stage: the reward-hacking report of an RL stage (printed, in summary.json), curves.png."""
         recs = mlib.read_jsonl(self.ctx.writer.path)
-        if sc.kind in ("grpo", "ppo"):
+        if stage_lib.KINDS[sc.kind].is_rl:
             before = [r for r in recs if r["step"] < first_step and "validation/pass@1" in r][-1:]  # the baseline
             rep = hacking.stage_report(before + [r for r in recs if r.get("stage") == sc.name])
             self.summary.setdefault("hacking", {})[sc.name] = rep
@@ -350,7 +350,7 @@ def _run(loop: Loop, meta, latest) -> dict:
         bar = tqdm(total=sc.units, initial=loop.u0, desc=f"{sc.name} ({sc.kind})", disable=not bars,
                    dynamic_ncols=True)
         t_line = time.time()
-        kl_place = getattr(getattr(sc, "kl", None), "kl_place", None)  # where an RL stage's KL goes
+        kl_place = sc.kl.kl_place if stage_lib.KINDS[sc.kind].is_rl else None  # where an RL stage's KL goes
         for u in range(loop.u0, sc.units):
             t0 = time.time()
             run, m = stage_lib.unit(run, u)
@@ -395,7 +395,7 @@ def _run(loop: Loop, meta, latest) -> dict:
                 loop.stamp()
                 return loop.summary
         bar.close()
-        if getattr(run, "trained_units", None) == 0 and sc.units > 0:
+        if stage_lib.trained_units(run) == 0 and sc.units > 0:
             print(f"WARNING: stage {sc.name!r} trained in none of its {sc.units} iterations: every group had equal "
                   "rewards (no signal), so every update was skipped; the stage changed nothing. Make the task easier, "
                   "sample more answers per problem, or start from a stronger policy.", flush=True)

@@ -189,6 +189,38 @@ def from_flat(cls, d: dict):
     return construct(cls, kwargs, errors)
 
 
+# -- what a kind without an RL iteration answers the run's planners (rl.stages.Kind's defaults) -----------------
+def flat_steps(cfg, rows: int, row_multiple: int, prompt_len: int, new_tokens: int) -> None:
+    """The grouped layout of the kind's optimizer steps: none, every step is flat rows of prompt + answer."""
+    del cfg, rows, row_multiple, prompt_len, new_tokens
+    return None
+
+
+def no_reference(cfg) -> bool:
+    """Whether the kind holds a KL reference policy: it does not."""
+    del cfg
+    return False
+
+
+def untracked(st) -> None:
+    """Units that updated the policy: None, the kind does not count them (the RL iteration does, so that a stage whose
+    every update was skipped is reported)."""
+    del st
+    return None
+
+
+def no_warnings(cfg) -> list[str]:
+    """Warnings on the kind's values (rl/config_warnings.py): none."""
+    del cfg
+    return []
+
+
+def no_checks(cfg, section: dict) -> tuple:
+    """(field, reason) pairs of the rules between the kind's fields and a run section: none."""
+    del cfg, section
+    return ()
+
+
 # -- runtime -----------------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Base:

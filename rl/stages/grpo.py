@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import numpy as np
 
@@ -104,6 +105,53 @@ class GRPOConfig(iteration.RLStageMethods, Flat):
         if self.filter_zero_variance == "refill" and self.curriculum.enabled:
             yield "filter_zero_variance", "'refill' draws its extra problems uniformly, the curriculum by difficulty " \
                                           "bucket: turn one of them off (drop keeps the curriculum)"
+
+
+# -- what the run's planners ask of the kind (rl.stages.Kind; the rest is the iteration's) ----------------------
+def zero_variance_draws(cfg: GRPOConfig, kept_share: float) -> tuple[float, float]:
+    """(batches drawn, share of a batch's groups trained) per iteration when `kept_share` of a batch's groups carry
+    reward variance: "drop" one draw and kept_share of it; "refill" the draws kept_share needs to fill a batch (at
+    most 1 + max_refill_rounds) and a full batch; "off" one draw, all of it."""
+    if cfg.filter_zero_variance == "drop":
+        return 1.0, kept_share
+    if cfg.filter_zero_variance == "refill":
+        return float(min(math.ceil(1.0 / kept_share), 1 + cfg.max_refill_rounds)), 1.0
+    return 1.0, 1.0
+
+
+def seconds(cfg: GRPOConfig, run, price) -> dict:
+    """Seconds of one iteration by part (iteration.seconds: no value head, the draws of its zero-variance filter at
+    rl/time_estimate.py's expected share of groups with variance, price.kept_share)."""
+    return iteration.seconds(cfg, run, price, value_head=False, draws=zero_variance_draws(cfg, price.kept_share))
+
+
+def warnings(cfg: GRPOConfig) -> list[str]:
+    """A GRPO stage's warnings: the RL ones, Dr. GRPO half set, a refill cap without the refill."""
+    return [*iteration.warnings(cfg), *dr_grpo_warnings(cfg), *refill_warnings(cfg)]
+
+
+def dr_grpo_warnings(cfg: GRPOConfig) -> list[str]:
+    """scale_by_std=False without Dr. GRPO's constant normaliser (agg), or the normaliser with the std scaling kept."""
+    if cfg.advantage != "grpo":
+        return []
+    norm, agg = "seq-mean-token-sum-norm", cfg.loss.agg
+    if not cfg.scale_by_std and agg != norm:
+        return [f"scale_by_std=False is Dr. GRPO's advantage, but agg={agg!r} still divides by each response's "
+                f"or the batch's token count, the length bias Dr. GRPO removes with a constant normaliser "
+                f"(agg={norm!r}); algorithm='dr_grpo' sets both"]
+    if cfg.scale_by_std and agg == norm:
+        return [f"agg={norm!r} is Dr. GRPO's constant normaliser, chosen for scale_by_std=False; with the std "
+                "scaling kept the run is half Dr. GRPO: algorithm='dr_grpo' sets both (or agg='token-mean')"]
+    return []
+
+
+def refill_warnings(cfg: GRPOConfig) -> list[str]:
+    """max_refill_rounds away from its default while filter_zero_variance is not "refill"."""
+    rounds = cfg.max_refill_rounds
+    if rounds == MAX_REFILL_ROUNDS or cfg.filter_zero_variance == "refill":
+        return []
+    return [f"max_refill_rounds={rounds} was chosen for filter_zero_variance='refill' (DAPO's dynamic sampling); "
+            f"this stage has {cfg.filter_zero_variance!r}, which draws one batch per iteration"]
 
 
 def grpo_token_advantages(cfg: GRPOConfig, rewards: np.ndarray, ks, loss_mask: np.ndarray, steps=None):

@@ -168,6 +168,108 @@ def model_checks(cfg, model: dict):
             yield fld, "needs an MoE model (model.n_experts > 0 and model.moe_every > 0, or model.upcycle)"
 
 
+# -- what the run's planners ask of an RL kind (rl.stages.Kind) ------------------------------------------------
+def problems(cfg) -> tuple[str, int]:
+    """(the field counting the training problems it asks for, that count): n_prompts, drawn afresh each iteration."""
+    return "n_prompts", cfg.rl.n_prompts
+
+
+def step_rows(cfg, seq_len: int, row_multiple: int) -> int:
+    """Rows per optimizer step: token_budget over the padded length (rl.rollout.rows_for_budget)."""
+    return rollout.rows_for_budget(cfg.rl.token_budget, seq_len, row_multiple)
+
+
+def step_layout(cfg, rows: int, row_multiple: int, prompt_len: int, new_tokens: int):
+    """The grouped layout its steps take (rl/grouped_batch.py), or None for flat rows: batch_layout "flat", recorded
+    routes or group sizes that differ are flat (the update's rule, grouped_layout, on the config's group sizes)."""
+    sizes = group_sizes(cfg)
+    if cfg.rl.batch_layout == "flat" or records_routes(cfg) or len(set(sizes)) != 1:
+        return None
+    return grouped_batch.plan(sizes, rows, row_multiple, prompt_len, new_tokens, 0)
+
+
+def answers(cfg) -> int:
+    """Answers an iteration samples and scores (its first draw): n_prompts x the group size (the curriculum's mean)."""
+    k = float(np.mean(cfg.curriculum.samples)) if cfg.curriculum.enabled else cfg.rl.samples
+    return int(cfg.rl.n_prompts * k)
+
+
+def trained_rows(cfg, n_train: int) -> int:
+    """Rows an iteration trains on at most (every group kept), epochs counted."""
+    del n_train
+    return cfg.rl.epochs * answers(cfg)
+
+
+def seconds(cfg, run, price, *, value_head: bool, draws: tuple[float, float] = (1.0, 1.0)) -> dict:
+    """Seconds of one iteration by part, priced by rl/time_estimate.py's `price` (run: the RunConfig): sampling, the
+    logprob passes (the KL reference over the batch; the sampler / trainer check over one minibatch, or with a
+    value head the old logprobs and values over the batch) and the update, in the grouped layout's tokens when its
+    steps take it. `draws`: (batches drawn, share of a batch's groups trained), the kind's (GRPO's zero-variance
+    filter)."""
+    P, N = run.tasks.max_prompt_len, run.sampling.max_new_tokens
+    seq = P + N
+    r = cfg.rl
+    sizes = group_sizes(cfg)
+    rows = int(round(r.n_prompts * float(np.mean(sizes))))
+    grouped = r.batch_layout != "flat" and not records_routes(cfg) and len(set(sizes)) == 1
+    tokens = r.n_prompts * P + rows * N if grouped else rows * seq  # grouped: each prompt once (grouped_batch)
+    step = max(1, r.token_budget // seq)
+    n_draws, kept = draws
+    logprobs = price.forward(tokens if value_head else min(rows, step) * seq)
+    if uses_reference(cfg):
+        logprobs += price.forward(tokens)
+    return {"sampling": n_draws * price.decode(rows, r.n_prompts, r.sampler_dtype),
+            "logprobs": n_draws * logprobs,
+            "update": r.epochs * kept * price.train(tokens, r.token_budget)}
+
+
+def trained_units(st) -> int:
+    """Iterations that updated the policy so far (an iteration whose groups all had equal rewards did not)."""
+    return st.trained_units
+
+
+# -- warnings on an RL stage's values (rl/config_warnings.py prints them) ----------------------------------------
+SEQUENCE_CLIP_MAX = 0.01  # clip ranges below this are sequence-ratio ranges (GSPO: 3e-4 / 4e-4), above token-ratio
+
+
+def warnings(cfg) -> list[str]:
+    """An RL stage's warnings (GRPO's add its own): clip ranges chosen for another policy loss."""
+    return clip_warnings(cfg)
+
+
+def _clips(cfg) -> dict:
+    """The clip fields the stage's policy loss reads (cispo's clip_low only with cispo_floor)."""
+    loss = cfg.loss
+    keys = ("clip_high",) if loss.policy_loss == "cispo" and not loss.cispo_floor else ("clip_low", "clip_high")
+    return {k: getattr(loss, k) for k in keys}
+
+
+def clip_warnings(cfg) -> list[str]:
+    """Clip ranges of a token-ratio loss on GSPO's sequence ratio, or the reverse."""
+    clips, loss = _clips(cfg), cfg.loss.policy_loss
+    if loss == "gspo":
+        wide = {k: v for k, v in clips.items() if v >= SEQUENCE_CLIP_MAX}
+        if wide:
+            return [f"{_fields(wide)} {_were(wide)} chosen for a token-ratio loss (policy_loss ppo: PPO and DAPO clip "
+                    "at ~0.2); policy_loss gspo clips the sequence ratio, which moves far less per step: GSPO's "
+                    "paper uses clip_low=0.0003, clip_high=0.0004 (algorithm='gspo' sets them)"]
+    elif loss in ("ppo", "cispo"):
+        narrow = {k: v for k, v in clips.items() if 0 < v < SEQUENCE_CLIP_MAX}
+        if narrow:
+            return [f"{_fields(narrow)} {_were(narrow)} chosen for policy_loss gspo (a sequence ratio); policy_loss "
+                    f"{loss} clips each token's ratio, which at 1 +- {max(narrow.values())} stops almost "
+                    "every token's update: the token-ratio ranges are ~0.2 (0.2 / 0.28 with DAPO's clip-higher)"]
+    return []
+
+
+def _fields(d: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in d.items())
+
+
+def _were(d: dict) -> str:
+    return "was" if len(d) == 1 else "were"
+
+
 class RLStageMethods:
     """The methods the GRPO and PPO stage configs share (a mixin of functions of this module; it holds no fields)."""
 

@@ -76,3 +76,4 @@ def advantages(st: iteration.State, a: dict, texts, rewards, coef, kl_tok):
 
 init = functools.partial(iteration.init, advantages=advantages, value_head=True)
 unit = iteration.unit
+seconds = functools.partial(iteration.seconds, value_head=True)  # its value pass checks the whole batch
