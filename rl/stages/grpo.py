@@ -14,7 +14,6 @@ The iteration itself is rl/stages/iteration.py; this module is GRPO's config and
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 
 import numpy as np
@@ -54,7 +53,7 @@ def advantage_check(v) -> str | None:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class GRPOConfig(iteration.RLStageMethods, Flat):
+class GRPOConfig(Flat):
     KIND = "grpo"
     UNIT_FIELD = "iterations"
     # PPO's value-head / GAE keys, which every GRPO entry of a config.json written before they moved to PPOConfig
@@ -95,8 +94,9 @@ class GRPOConfig(iteration.RLStageMethods, Flat):
         yield from iteration.cross_checks(self)
         if self.process_grpo and self.rl.step_rewards:
             yield "process_grpo", "and step_rewards are alternatives; set only one"
-        if any(k < 2 for k in self.group_sizes()):
-            yield "samples", f"must be >= 2 for GRPO (group-relative advantages need a group), got {self.group_sizes()}"
+        if any(k < 2 for k in iteration.group_sizes(self)):
+            yield "samples", ("must be >= 2 for GRPO (group-relative advantages need a group), got "
+                              f"{iteration.group_sizes(self)}")
         if self.advantage != "grpo" and self.scale_by_std:
             yield "scale_by_std", f"divides GRPO's advantages by the group std; {self.advantage} has no std " \
                                   f"scaling: set scale_by_std=False with advantage {self.advantage}"
@@ -199,5 +199,10 @@ def advantages(st: iteration.State, a: dict, texts, rewards, coef, kl_tok):
     return {"advantages": adv}, keep
 
 
-init = functools.partial(iteration.init, advantages=advantages, value_head=False)
+def init(ctx, index: int, cfg: GRPOConfig, params) -> iteration.State:
+    """A GRPO stage's state: the iteration with GRPO's advantages, no value head, its refill rounds."""
+    return iteration.init(ctx, index, cfg, params, advantages=advantages, value_head=False,
+                          refill_rounds=cfg.refill_rounds)
+
+
 unit = iteration.unit

@@ -33,7 +33,8 @@ docs/training.md ("MoE RL") describes the mismatch fields.
 Config: `IterationConfig` holds the fields GRPO and PPO share that belong to the iteration itself; the loss, KL,
 off-policy and curriculum fields are their modules' sections (rl.losses.LossConfig, rl.kl_control.KLConfig,
 rl.offpolicy.OffPolicyConfig, rl.curriculum.CurriculumConfig), composed by each kind's config. The functions
-under "config rules" are the rules both kinds' configs apply (each config class binds them).
+under "config rules" are the rules both kinds' configs apply (plain functions of the config: each config's
+cross_checks calls cross_checks, rl.stages.Kind carries the others).
 """
 from __future__ import annotations
 
@@ -113,7 +114,7 @@ class IterationConfig(Checked):
                               choice("auto", "flat"))
 
 
-# -- config rules (GRPOConfig / PPOConfig bind these) ----------------------------------------------------------
+# -- config rules (GRPO's and PPO's) -------------------------------------------------------------------------------
 def loss_for(cfg, max_new_tokens: int) -> LossConfig:
     """The train step's LossConfig of an RL stage config: its loss section with the fields the stage derives."""
     return dataclasses.replace(
@@ -270,25 +271,6 @@ def _were(d: dict) -> str:
     return "was" if len(d) == 1 else "were"
 
 
-class RLStageMethods:
-    """The methods the GRPO and PPO stage configs share (a mixin of functions of this module; it holds no fields)."""
-
-    components = components
-    reward_checks = reward_checks
-    model_checks = model_checks
-    uses_reference = property(uses_reference)
-    records_routes = property(records_routes)
-    group_sizes = group_sizes
-    refill_rounds = 0  # rounds an iteration may draw after its first batch (GRPO's filter_zero_variance "refill")
-
-    @property
-    def corrects_off_policy(self) -> bool:
-        return self.offpolicy.enabled
-
-    def cross_checks(self):
-        yield from cross_checks(self)
-
-
 # -- state ---------------------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class State:
@@ -307,15 +289,19 @@ class State:
     pending: tuple = ()  # batches sampled ahead, oldest first (bounded staleness); checkpointed
     trained_units: int = 0  # updates so far: a batch's "version" is this count when it was sampled
     prm_out: Any = None  # the current batch's PRM scores (process reward and step scores share one forward)
+    refill_rounds: int = 0  # rounds an iteration may draw after its first batch (GRPO's filter_zero_variance "refill")
 
 
-def init(ctx, index: int, cfg, params, *, advantages: Callable, value_head: bool) -> State:
+def init(ctx, index: int, cfg, params, *, advantages: Callable, value_head: bool, refill_rounds: int = 0) -> State:
+    """An RL stage's state: the kind's advantage function, its value head (PPO) and refill rounds (GRPO's
+    filter_zero_variance "refill"), the KL reference, controller and curriculum state its config asks for."""
     loss_cfg, _, kl_ctl = components(cfg, ctx.cfg["sampling"]["max_new_tokens"])
     base = common.init_base(ctx, index, cfg, params, loss_cfg)
     st = State(base=base, advantages=advantages, value_head=value_head, kl_ctl=kl_ctl,
                max_rows=rollout.rows_for_budget(cfg.rl.token_budget, ctx.seq_len, ctx.row_multiple),
                sample_cfg=ctx.model_cfg.replace(dtype=cfg.rl.sampler_dtype) if cfg.rl.sampler_dtype else ctx.sampler_cfg,
-               prm=reward_terms.scorer(ctx, cfg, f"stages[{index}]"))  # reward.prm_path: the PRM wing's, else None
+               prm=reward_terms.scorer(ctx, cfg, f"stages[{index}]"),  # reward.prm_path: the PRM wing's, else None
+               refill_rounds=refill_rounds)
     return dataclasses.replace(
         st, ref_params=common.reference_params(st) if cfg.kl.uses_reference else None,
         kl_state=kl_ctl.init() if kl_ctl is not None else None,
@@ -352,7 +338,7 @@ def unit(st: State, u: int) -> tuple[State, dict]:
 
     coef = st.kl_ctl.coef_at(st.kl_state, u) if st.kl_ctl is not None else 0.0
     st, d = judge(st, a, texts, scores, coef)
-    if cfg.refill_rounds:  # DAPO's dynamic sampling: more groups, drawn now, until n_prompts carry variance
+    if st.refill_rounds:  # DAPO's dynamic sampling: more groups, drawn now, until n_prompts carry variance
         st, d = refill(st, u, d, coef)
     a, m = d["a"], d["m"]
     st, um = update(st, a, d["extra"], d["keep"], coef, u)
@@ -390,11 +376,11 @@ def refill(st: State, u: int, first: dict, coef: float) -> tuple[State, dict]:
     """DAPO's dynamic sampling (GRPO's filter_zero_variance "refill"): while fewer than n_prompts of the iteration's
     groups carry reward variance, draw n_prompts more problems (among those not drawn yet in this iteration, from
     the rng stream of (u, round)), sample them with the current params and score them, synchronously; at most
-    cfg.refill_rounds rounds, fewer when not n_prompts problems are left. The first n_prompts kept groups train
+    st.refill_rounds rounds, fewer when not n_prompts problems are left. The first n_prompts kept groups train
     (merge); refill/groups_drawn, refill/groups_kept (groups trained) and refill/rounds join the metrics."""
     ctx, n = st.base.ctx, st.base.cfg.rl.n_prompts
     draws, t0 = [first], time.time()
-    while kept_groups(draws) < n and len(draws) <= st.base.cfg.refill_rounds:
+    while kept_groups(draws) < n and len(draws) <= st.refill_rounds:
         drawn = np.concatenate([d["a"]["ids"] for d in draws])
         if len(st.base.problems) - len(np.unique(drawn)) < n:
             break
