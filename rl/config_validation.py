@@ -11,7 +11,7 @@ and the stage kinds' configs in rl/stages/. RunConfig composes them.
 
     cfg = validate(config)     # RunConfig (frozen); ConfigError listing every problem, each naming its field path,
                                # e.g. "stages[2].clip_high must be >= 0.0, got -1", with "did you mean" for typos
-    cfg.tasks.n_train, cfg.stages[2].lr, cfg["sampling"]["top_p"]   # attributes, or keys (a mapping view)
+    cfg.tasks.n_train, cfg.stages[2].loop.lr, cfg["sampling"]["top_p"]   # attributes, or keys (a mapping view)
     cfg.to_dict()              # plain containers: what workdir/config.json stores
     default_config()           # a ConfigDict with every field at its default (config files start from it)
     stage(kind, name, **kw)    # one `stages` entry of a kind, every field at its default plus kw

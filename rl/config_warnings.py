@@ -48,13 +48,14 @@ def lr_warnings(cfg, st) -> list[str]:
     if not (cfg.model.hf_path or cfg.model.pretrained):
         return []
     lora_on = cfg.model.lora is not None
-    if not lora_on and math.isclose(st.lr, LORA_LR):
-        return [f"lr={st.lr} was chosen for LoRA adapters (model.lora; {LORA_LR} in the SmolLM2 recipes, "
+    lr = st.loop.lr
+    if not lora_on and math.isclose(lr, LORA_LR):
+        return [f"lr={lr} was chosen for LoRA adapters (model.lora; {LORA_LR} in the SmolLM2 recipes, "
                 f"{LORA_LR / FULL_FINETUNE_LR:.0f}x full fine-tuning's {FULL_FINETUNE_LR}), but model.lora is None: "
                 f"full fine-tuning at it moves every weight that much further per step; set lr={FULL_FINETUNE_LR} "
                 "(the recipes' lora=0 variant does)"]
-    if lora_on and math.isclose(st.lr, FULL_FINETUNE_LR):
-        return [f"lr={st.lr} was chosen for full fine-tuning ({FULL_FINETUNE_LR} in the SmolLM2 recipes), but "
+    if lora_on and math.isclose(lr, FULL_FINETUNE_LR):
+        return [f"lr={lr} was chosen for full fine-tuning ({FULL_FINETUNE_LR} in the SmolLM2 recipes), but "
                 f"model.lora is set: the adapters, starting at zero, barely move at it; the recipes' LoRA rate is "
                 f"{LORA_LR}"]
     return []

@@ -357,7 +357,7 @@ def compute_estimate(config) -> tuple[str, dict]:
         per = {"gen_tokens": g * N, "verifier_calls": g, "train_tokens": trained * (P + N)}
         for kk in tot:
             tot[kk] += per[kk] * s.units
-        rows.append((s.name, s.kind, s.units, per))
+        rows.append((s.stage.name, s.kind, s.units, per))
     n_answers = sum(a for a, _ in time_est.evaluations(cfg))  # initial, stage ends, mid-stage, best policy
     tot["gen_tokens"] += n_answers * N
     tot["verifier_calls"] += n_answers

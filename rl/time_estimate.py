@@ -20,6 +20,8 @@ Each phase is a sum of a few terms from rl/calibration.py's figures, times a fac
   (sampler, train step, logprob pass, evaluation); a second launch reads them from the compilation cache
   (WARM_COMPILE_SHARE of that).
 - per unit: UNIT_OVERHEAD_S (host work: batching, rewards, metrics, a checkpoint).
+A stage's unit is priced by its kind (rl.stages.Kind.seconds, over a Price of the run's passes): the kinds know their
+work, this module the machine's speed.
 
 The factors are from measurements in this project (docs/training.md "How long will it take?" shows the estimate
 against real runs; tests/test_time_estimate.py holds a tiny run to within 2x): they are the ratio of what the
@@ -141,7 +143,7 @@ def estimate(config, model_cfg, cal: dict) -> dict:
     for s in cfg.stages:
         parts = _stage(s, cfg, m, cal)
         unit = sum(parts.values())
-        stages.append({"name": s.name, "kind": s.kind, "units": s.units, "parts": parts, "unit_s": unit,
+        stages.append({"name": s.stage.name, "kind": s.kind, "units": s.units, "parts": parts, "unit_s": unit,
                        "stage_s": unit * s.units})
 
     def eval_seconds(answers: int, problems: int) -> float:

@@ -160,11 +160,12 @@ def test_kl_defaults_and_dr_grpo_constant():
 
     ppo = stages.parse_stage(stages.defaults("ppo"))
     loss, _, ctl = stages.components(ppo, max_new_tokens=48)
-    assert ppo.kl_kind == "k1" and ppo.kl_place == "reward" and not loss.kl_in_loss  # k1 in the reward, unbiased
+    assert ppo.loss.kl_kind == "k1" and ppo.kl.kl_place == "reward" and not loss.kl_in_loss  # k1 in the reward
     grpo = stages.parse_stage({**stages.defaults("grpo"), "agg": "seq-mean-token-sum-norm"})
     loss, _, _ = stages.components(grpo, max_new_tokens=48)
     assert loss.max_len_norm == 48  # Dr. GRPO divides by the response budget, not prompt + response length
-    assert stages.components(stages.parse_stage({**stages.defaults("grpo"), "kl_adaptive": True}), 48)[2].init_coef == 0.04
+    adaptive = stages.parse_stage({**stages.defaults("grpo"), "kl_adaptive": True})
+    assert stages.components(adaptive, 48)[2].init_coef == 0.04
 
 
 def test_launch_dry_run_and_help(capsys):

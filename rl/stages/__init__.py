@@ -23,7 +23,7 @@ from typing import Callable, NamedTuple
 
 from rl.config_fields import FieldErrors
 from rl.stages import algorithms, common, grpo, iteration, ppo, rejection, sft
-from rl.stages.common import flat_fields, from_flat
+from rl.stages.common import flat_fields, flat_value, from_flat
 from rl.train_loop import check_trained as check_trained_carry
 
 
@@ -76,8 +76,8 @@ KINDS: dict[str, Kind] = {
 CONFIGS: dict[str, type] = {k: v.config for k, v in KINDS.items()}
 
 __all__ = ["Kind", "KINDS", "CONFIGS", "parse_stage", "defaults", "with_algorithm", "current_values", "flat_fields",
-           "legacy_keys", "sft_problem_count", "FieldErrors", "init", "unit", "tree", "meta", "template", "load",
-           "components", "trained_units", "policy_params", "carried_params", "check_trained"]
+           "flat_value", "legacy_keys", "sft_problem_count", "FieldErrors", "init", "unit", "tree", "meta",
+           "template", "load", "components", "trained_units", "policy_params", "carried_params", "check_trained"]
 
 
 def _kind_error(kind) -> FieldErrors:
@@ -175,4 +175,4 @@ carried_params = common.carried_params
 
 def check_trained(st) -> None:
     """rl.train_loop.check_trained on the stage's carry: NonFiniteError when every optimizer step was skipped."""
-    check_trained_carry(st.base.cfg.name, st.base.carry)
+    check_trained_carry(st.base.cfg.stage.name, st.base.carry)

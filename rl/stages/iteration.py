@@ -295,7 +295,7 @@ class State:
 def init(ctx, index: int, cfg, params, *, advantages: Callable, value_head: bool, refill_rounds: int = 0) -> State:
     """An RL stage's state: the kind's advantage function, its value head (PPO) and refill rounds (GRPO's
     filter_zero_variance "refill"), the KL reference, controller and curriculum state its config asks for."""
-    loss_cfg, _, kl_ctl = components(cfg, ctx.cfg["sampling"]["max_new_tokens"])
+    loss_cfg, _, kl_ctl = components(cfg, ctx.cfg.sampling.max_new_tokens)
     base = common.init_base(ctx, index, cfg, params, loss_cfg)
     st = State(base=base, advantages=advantages, value_head=value_head, kl_ctl=kl_ctl,
                max_rows=rollout.rows_for_budget(cfg.rl.token_budget, ctx.seq_len, ctx.row_multiple),
@@ -437,7 +437,7 @@ def merge(draws: list[dict], n_groups: int) -> dict:
 def lookahead(st: State) -> int:
     """Batches sampled ahead of the update: max_staleness, or 0 without run.overlap or with a curriculum (whose
     next pick must see this iteration's pass rates)."""
-    return st.base.cfg.rl.max_staleness if st.base.ctx.cfg["run"]["overlap"] and st.cur_state is None else 0
+    return st.base.cfg.rl.max_staleness if st.base.ctx.cfg.run.overlap and st.cur_state is None else 0
 
 
 # -- produce ------------------------------------------------------------------------------------------------------
@@ -538,8 +538,8 @@ def grouped_layout(st: State, ks):
     if cfg.rl.batch_layout == "flat" or records_routes(cfg):
         return None
     c = ctx.cfg
-    return grouped_batch.plan(ks, st.max_rows, ctx.row_multiple, c["tasks"]["max_prompt_len"],
-                              c["sampling"]["max_new_tokens"], ctx.tok.PAD)
+    return grouped_batch.plan(ks, st.max_rows, ctx.row_multiple, c.tasks.max_prompt_len, c.sampling.max_new_tokens,
+                              ctx.tok.PAD)
 
 
 def _problems(st: State, a: dict) -> list:
@@ -596,8 +596,8 @@ def stage_reward_terms(s, scores: list[dict]) -> np.ndarray:
     """The stage's own reward terms per answer: + process_weight x process + format_weight x format
     - language_weight x language (each a component rewards.combine.score always returns). The format term skips
     the families whose format is their outcome (rewards.task_score.FORMAT_IS_OUTCOME: an instruction row's `format`
-    is its share of constraints met, already in the total), as reward.w_format does. `s`: the stage config or its
-    IterationConfig."""
+    is its share of constraints met, already in the total), as reward.w_format does. `s`: the stage's IterationConfig
+    (cfg.rl)."""
     col = lambda k: np.array([float(sc[k]) for sc in scores], np.float64)  # noqa: E731
     out = np.zeros((len(scores),), np.float64)
     for weight, key, sign in ((s.process_weight, "process", 1.0), (s.format_weight, "format", 1.0),
