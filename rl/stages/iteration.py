@@ -128,14 +128,17 @@ def components(cfg, max_new_tokens: int):
 
 
 def uses_reference(cfg) -> bool:
+    """Whether the stage holds a KL reference policy (some KL coefficient can be > 0: rl.kl_control.KLConfig)."""
     return cfg.kl.uses_reference
 
 
 def records_routes(cfg) -> bool:
+    """Whether its rollouts record the sampler's MoE routes (to replay them, or only to measure the disagreement)."""
     return cfg.loss.routing_replay or cfg.rl.record_routes
 
 
 def group_sizes(cfg) -> list[int]:
+    """The answers per problem it samples: the curriculum's per bucket, else `samples`."""
     return list(cfg.curriculum.samples) if cfg.curriculum.enabled else [cfg.rl.samples]
 
 
@@ -264,10 +267,12 @@ def clip_warnings(cfg) -> list[str]:
 
 
 def _fields(d: dict) -> str:
+    """'clip_low=0.2, clip_high=0.28'."""
     return ", ".join(f"{k}={v}" for k, v in d.items())
 
 
 def _were(d: dict) -> str:
+    """The verb for one field or several."""
     return "was" if len(d) == 1 else "were"
 
 

@@ -52,6 +52,7 @@ class PPOConfig(Flat):
     lam: float = field(0.95, "GAE lambda", num(0.0, 1.0))
 
     def cross_checks(self):
+        """The RL rules between sections (iteration.cross_checks); PPO adds none."""
         yield from iteration.cross_checks(self)
 
 
