@@ -27,6 +27,7 @@ import os
 import matplotlib.pyplot as plt
 import numpy as np
 
+from rl import stages
 from rl.metrics import read_jsonl
 from rl.plots import mean_band, panel_series
 
@@ -263,15 +264,18 @@ def save_figure(fig, path) -> None:
 
 def samples_spent(run: Run, stage: str | None = None) -> int:
     """Sampled answers the run spent after its cold start (or in one `stage`): an RL stage's logged `n_samples`,
-    a rejection stage's rounds x problems x samples (its config.json entry; problems 0 = every training problem)."""
+    another stage's units x the answers a unit samples (its kind's Kind.answers of its config.json entry: a
+    rejection round's n_problems x samples, SFT none)."""
     with open(os.path.join(run.workdir, "config.json"), encoding="utf-8") as f:
         cfg = json.load(f)
     total = 0
     for s in cfg["stages"]:
         if stage is not None and s["name"] != stage:
             continue
-        if s["kind"] == "rejection":
-            total += int(s["rounds"]) * int(s["n_problems"] or cfg["tasks"]["n_train"]) * int(s["samples"])
-        else:
+        kind = stages.KINDS[s["kind"]]
+        if kind.is_rl:  # an iteration's answers vary (curriculum, refill): counted as they were drawn
             total += int(sum(stage_values(run, s["name"], "n_samples")))
+        else:
+            sc = stages.parse_stage(s)
+            total += sc.units * kind.answers(sc)
     return total

@@ -155,8 +155,8 @@ def for_context(ctx, stage=None, where: str = "stages[i]") -> PRMScorer | None:
     path = prm_file(reward, ctx.cfg["seed"])
     if not path:
         return None
-    w_extra = float(getattr(stage, "prm_weight", 0.0) or 0.0)
-    calibration = str(getattr(stage, "prm_calibration", "") or "")
+    w_extra = float(stage.rl.prm_weight) if stage is not None else 0.0
+    calibration = str(stage.rl.prm_calibration) if stage is not None else ""
     key = ("prm", path, reward.get("w_prm"), reward.get("prm_agg"), reward.get("prm_steps"), w_extra, calibration)
     return ctx.cached(key, lambda: load_scorer(path, ctx.tok, reward, w_extra=w_extra, calibration=calibration,
                                                calibration_field=f"{where}.prm_calibration"))

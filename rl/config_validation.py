@@ -11,7 +11,7 @@ and the stage kinds' configs in rl/stages/. RunConfig composes them.
 
     cfg = validate(config)     # RunConfig (frozen); ConfigError listing every problem, each naming its field path,
                                # e.g. "stages[2].clip_high must be >= 0.0, got -1", with "did you mean" for typos
-    cfg.tasks.n_train, cfg.stages[2].lr, cfg["sampling"]["top_p"]   # attributes, or keys (a mapping view)
+    cfg.tasks.n_train, cfg.stages[2].loop.lr, cfg["sampling"]["top_p"]   # attributes, or keys (a mapping view)
     cfg.to_dict()              # plain containers: what workdir/config.json stores
     default_config()           # a ConfigDict with every field at its default (config files start from it)
     stage(kind, name, **kw)    # one `stages` entry of a kind, every field at its default plus kw
@@ -517,15 +517,15 @@ def validate(config, *, complete: bool = True) -> RunConfig:
         parsed.append(sc)
         if not complete:
             continue
-        for fld in ("n_problems", "n_prompts"):
-            v = getattr(sc, fld, None)
-            if n_train is not None and isinstance(v, int) and v > n_train:
-                errors.append(f"{p}.{fld} ({v}) must be <= tasks.n_train ({n_train})")
-        if isinstance(model, dict) and hasattr(sc, "model_checks"):  # stage rules that need the model section
-            errors += [f"{p}.{fld} {msg}" for fld, msg in sc.model_checks(model)]
-        if isinstance(rew, dict) and hasattr(sc, "reward_checks"):  # stage rules that need the reward section
-            errors += [f"{p}.{fld} {msg}" for fld, msg in sc.reward_checks(rew)]
-        if sc.kind in ("grpo", "ppo") and not rl_stage:  # once, for the first RL stage
+        kind = stage_lib.KINDS[sc.kind]
+        fld, v = kind.problems(sc)
+        if n_train is not None and v > n_train:
+            errors.append(f"{p}.{fld} ({v}) must be <= tasks.n_train ({n_train})")
+        if isinstance(model, dict):  # stage rules that need the model section
+            errors += [f"{p}.{fld} {msg}" for fld, msg in kind.model_checks(sc, model)]
+        if isinstance(rew, dict):  # stage rules that need the reward section
+            errors += [f"{p}.{fld} {msg}" for fld, msg in kind.reward_checks(sc, rew)]
+        if kind.is_rl and not rl_stage:  # once, for the first RL stage
             rl_stage = p
             errors += list(rl_sampling_errors(smp, p))
     if errors:

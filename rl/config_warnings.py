@@ -5,7 +5,8 @@
 
 They never stop a run (the config is valid; the value may be meant): rl.preflight.prepare prints them in the dry run
 and at launch, after what each stage's algorithm name set (rl/stages/algorithms.py). Each rule is a small pure
-function of the typed config:
+function of the typed config; the rules on a stage's own fields are its kind's (rl.stages.Kind.warnings: the clip
+rule in rl/stages/iteration.py, Dr. GRPO's and the refill cap's in rl/stages/grpo.py):
 
 - clip ranges of another loss: GSPO clips a sequence ratio (~3e-4 / 4e-4), PPO and CISPO a token ratio (~0.2);
 - Dr. GRPO half set: scale_by_std=False without its constant normaliser, or the normaliser with the std kept;
@@ -19,11 +20,10 @@ from __future__ import annotations
 import math
 
 from rewards.python_tool import byte_markers
-from rl.stages.grpo import MAX_REFILL_ROUNDS
+from rl.stages import KINDS
 
 LORA_LR = 2e-4  # the SmolLM2 recipes' learning rate with LoRA adapters (rank 16, every projection)
 FULL_FINETUNE_LR = 1e-5  # theirs for full fine-tuning (20x smaller: every weight moves)
-SEQUENCE_CLIP_MAX = 0.01  # clip ranges below this are sequence-ratio ranges (GSPO: 3e-4 / 4e-4), above token-ratio
 
 
 def warnings(cfg) -> list[str]:
@@ -38,56 +38,9 @@ def warnings(cfg) -> list[str]:
 
 
 def stage_warnings(st) -> list[str]:
-    """A stage's own fields: clip ranges of another loss, Dr. GRPO half set, a refill cap without the refill."""
-    if st.kind not in ("grpo", "ppo"):
-        return []
-    return [*clip_warnings(st), *dr_grpo_warnings(st), *refill_warnings(st)]
-
-
-def refill_warnings(st) -> list[str]:
-    """max_refill_rounds away from its default on a GRPO stage whose filter_zero_variance is not "refill"."""
-    rounds = getattr(st, "max_refill_rounds", MAX_REFILL_ROUNDS)
-    if rounds == MAX_REFILL_ROUNDS or st.filter_zero_variance == "refill":
-        return []
-    return [f"max_refill_rounds={rounds} was chosen for filter_zero_variance='refill' (DAPO's dynamic sampling); "
-            f"this stage has {st.filter_zero_variance!r}, which draws one batch per iteration"]
-
-
-def _clips(st) -> dict:
-    """The clip fields the stage's policy loss reads (cispo's clip_low only with cispo_floor)."""
-    keys = ("clip_high",) if st.policy_loss == "cispo" and not st.cispo_floor else ("clip_low", "clip_high")
-    return {k: getattr(st, k) for k in keys}
-
-
-def clip_warnings(st) -> list[str]:
-    clips = _clips(st)
-    if st.policy_loss == "gspo":
-        wide = {k: v for k, v in clips.items() if v >= SEQUENCE_CLIP_MAX}
-        if wide:
-            return [f"{_fields(wide)} {_were(wide)} chosen for a token-ratio loss (policy_loss ppo: PPO and DAPO clip "
-                    "at ~0.2); policy_loss gspo clips the sequence ratio, which moves far less per step: GSPO's "
-                    "paper uses clip_low=0.0003, clip_high=0.0004 (algorithm='gspo' sets them)"]
-    elif st.policy_loss in ("ppo", "cispo"):
-        narrow = {k: v for k, v in clips.items() if 0 < v < SEQUENCE_CLIP_MAX}
-        if narrow:
-            return [f"{_fields(narrow)} {_were(narrow)} chosen for policy_loss gspo (a sequence ratio); policy_loss "
-                    f"{st.policy_loss} clips each token's ratio, which at 1 +- {max(narrow.values())} stops almost "
-                    "every token's update: the token-ratio ranges are ~0.2 (0.2 / 0.28 with DAPO's clip-higher)"]
-    return []
-
-
-def dr_grpo_warnings(st) -> list[str]:
-    if st.kind != "grpo" or st.advantage != "grpo":
-        return []
-    norm = "seq-mean-token-sum-norm"
-    if not st.scale_by_std and st.agg != norm:
-        return [f"scale_by_std=False is Dr. GRPO's advantage, but agg={st.agg!r} still divides by each response's "
-                f"or the batch's token count, the length bias Dr. GRPO removes with a constant normaliser "
-                f"(agg={norm!r}); algorithm='dr_grpo' sets both"]
-    if st.scale_by_std and st.agg == norm:
-        return [f"agg={norm!r} is Dr. GRPO's constant normaliser, chosen for scale_by_std=False; with the std "
-                "scaling kept the run is half Dr. GRPO: algorithm='dr_grpo' sets both (or agg='token-mean')"]
-    return []
+    """A stage's own fields, by its kind (rl.stages.Kind.warnings): clip ranges of another loss, Dr. GRPO half set, a
+    refill cap without the refill."""
+    return KINDS[st.kind].warnings(st)
 
 
 def lr_warnings(cfg, st) -> list[str]:
@@ -95,13 +48,14 @@ def lr_warnings(cfg, st) -> list[str]:
     if not (cfg.model.hf_path or cfg.model.pretrained):
         return []
     lora_on = cfg.model.lora is not None
-    if not lora_on and math.isclose(st.lr, LORA_LR):
-        return [f"lr={st.lr} was chosen for LoRA adapters (model.lora; {LORA_LR} in the SmolLM2 recipes, "
+    lr = st.loop.lr
+    if not lora_on and math.isclose(lr, LORA_LR):
+        return [f"lr={lr} was chosen for LoRA adapters (model.lora; {LORA_LR} in the SmolLM2 recipes, "
                 f"{LORA_LR / FULL_FINETUNE_LR:.0f}x full fine-tuning's {FULL_FINETUNE_LR}), but model.lora is None: "
                 f"full fine-tuning at it moves every weight that much further per step; set lr={FULL_FINETUNE_LR} "
                 "(the recipes' lora=0 variant does)"]
-    if lora_on and math.isclose(st.lr, FULL_FINETUNE_LR):
-        return [f"lr={st.lr} was chosen for full fine-tuning ({FULL_FINETUNE_LR} in the SmolLM2 recipes), but "
+    if lora_on and math.isclose(lr, FULL_FINETUNE_LR):
+        return [f"lr={lr} was chosen for full fine-tuning ({FULL_FINETUNE_LR} in the SmolLM2 recipes), but "
                 f"model.lora is set: the adapters, starting at zero, barely move at it; the recipes' LoRA rate is "
                 f"{LORA_LR}"]
     return []
@@ -116,7 +70,7 @@ def tools_warnings(cfg, i: int) -> list[str]:
     marker = byte_markers().call_start
     chat = bool(cfg.model.hf_path or cfg.model.pretrained) and cfg.model.chat_template
     prompt = cfg.model.system_prompt if chat else ""
-    if marker in prompt or any(s.kind == "sft" for s in cfg.stages[:i]):
+    if marker in prompt or any(KINDS[s.kind].demonstrations for s in cfg.stages[:i]):
         return []
     where = ("model.system_prompt, written for answers without the tool" if prompt else
              "no model.system_prompt (the prompt is the question alone)")
@@ -124,11 +78,3 @@ def tools_warnings(cfg, i: int) -> list[str]:
             f"no earlier sft stage teaches it, so the policy has no way to learn to call it: set "
             f"model.system_prompt to a tool prompt (rewards.python_tool.TOOL_SYSTEM_PROMPT, as "
             "experiments/configs/smollm2_tools.py does) or start with a cold start on tool demonstrations"]
-
-
-def _fields(d: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in d.items())
-
-
-def _were(d: dict) -> str:
-    return "was" if len(d) == 1 else "were"

@@ -67,9 +67,7 @@ from models import layer_stack, lora, transformer
 from models.slot_sampling import REFILL
 from models.sharding import DEFAULT_RULES, logical_to_spec
 from rl import config_validation as cv
-from rl import grouped_batch
-from rl.rollout import rows_for_budget
-from rl.stages.sft import sft_rows
+from rl import stages as stage_lib
 
 GIB = 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -361,25 +359,18 @@ def step_shape(cfg: cv.RunConfig, row_multiple: int) -> StepShape:
     P, N = cfg.tasks.max_prompt_len, cfg.sampling.max_new_tokens
     shapes = []
     for s in cfg.stages:
-        if s.kind in ("sft", "rejection"):
-            shapes.append(StepShape.flat(sft_rows(s.batch_size, row_multiple), P + N))
-            continue
-        rows = rows_for_budget(s.token_budget, P + N, row_multiple)
-        sizes = s.group_sizes()
-        layout = None if s.rl.batch_layout == "flat" or s.records_routes or len(set(sizes)) != 1 else \
-            grouped_batch.plan(sizes, rows, row_multiple, P, N, 0)
+        kind = stage_lib.KINDS[s.kind]
+        rows = kind.step_rows(s, P + N, row_multiple)
+        layout = kind.step_layout(s, rows, row_multiple, P, N)
         shapes.append(StepShape.flat(rows, P + N) if layout is None else
                       StepShape.grouped(layout.groups, layout.k, P, N))
     return max(shapes, key=lambda st: sum(q * keys for q, keys in st.passes) + sum(q for q, _ in st.passes))
 
 
 def train_rows(cfg: cv.RunConfig, row_multiple: int) -> int:
-    """The largest rows per optimizer step of any stage (the stages' own rule: rl.stages.sft.sft_rows for
-    sft/rejection, rl.rollout.rows_for_budget for grpo/ppo)."""
+    """The largest rows per optimizer step of any stage (its kind's own rule, rl.stages.Kind.step_rows)."""
     seq_len = cfg.tasks.max_prompt_len + cfg.sampling.max_new_tokens
-    rows = [sft_rows(s.batch_size, row_multiple) if s.kind in ("sft", "rejection")
-            else rows_for_budget(s.token_budget, seq_len, row_multiple) for s in cfg.stages]
-    return max(rows)
+    return max(stage_lib.KINDS[s.kind].step_rows(s, seq_len, row_multiple) for s in cfg.stages)
 
 
 def device_budget(run_gib: float, n_devices: int) -> tuple[int, str]:
@@ -413,8 +404,8 @@ def plan_for_config(cfg: cv.RunConfig, model_cfg, mesh_sizes: dict, rules=None,
     n_dev = math.prod(int(v) for v in mesh_sizes.values())
     budget, note = device_budget(float(cfg.run.device_memory_gib), n_dev)
     P, N = cfg.tasks.max_prompt_len, cfg.sampling.max_new_tokens
-    reference = any(getattr(s, "uses_reference", False) for s in cfg.stages)
-    after_training = any(getattr(s, "uses_reference", False) for s in cfg.stages[1:])  # LoRA: trained adapters
+    reference = any(stage_lib.KINDS[s.kind].uses_reference(s) for s in cfg.stages)
+    after_training = any(stage_lib.KINDS[s.kind].uses_reference(s) for s in cfg.stages[1:])  # LoRA: trained adapters
     continuous = cfg.sampling.batching == "continuous" and n_dev == 1
     return plan(model_cfg, mesh_sizes, rules, leaves=model_leaves(model_cfg), train_rows=train_rows(cfg, row_multiple),
                 seq_len=P + N, sample_rows=cfg.sampling.batch_rows, prompt_len=P, new_tokens=N,

@@ -31,7 +31,7 @@ from rl import config_validation as cv
 from rl import calibration, config_warnings, memory_plan, pretrained, setup
 from rl import time_estimate as time_est
 from rl.setup import Prepared
-from rl.stages import algorithms, sft_problem_count
+from rl.stages import KINDS, algorithms, sft_problem_count
 from rl.stages.common import stage_problems
 from rl.workdir_state import check_resume
 
@@ -183,11 +183,11 @@ def prepare(config, *, environment: bool = True, port: bool = False, workdir: st
     if splits is not None:
         train, val, test = splits
         for i, st in enumerate(cfg.stages):  # a stage restricted to some task families draws from fewer problems
-            pool = len(stage_problems(train, getattr(st, "families", "")))
-            need = max(int(getattr(st, "n_problems", 0) or 0),
-                       int(getattr(st, "n_prompts", 0) or 0) if st.kind in ("grpo", "ppo") else 0)
-            if st.kind != "sft" and need > pool or pool == 0:
-                errors.append(f"stages[{i}].families: {getattr(st, 'families', '')!r} leaves {pool} training problems "
+            kind = KINDS[st.kind]
+            pool = len(stage_problems(train, st.stage.families))
+            _, need = kind.problems(st)
+            if kind.draws and need > pool or pool == 0:
+                errors.append(f"stages[{i}].families: {st.stage.families!r} leaves {pool} training problems "
                               f"in tasks.mix, the stage needs {max(need, 1)}")
         if tok is not None:
             try:
@@ -299,19 +299,12 @@ def compute_estimate(config) -> tuple[str, dict]:
     e = cfg.eval
     rows, tot = [], {"gen_tokens": 0, "verifier_calls": 0, "train_tokens": 0}
     for s in cfg.stages:
-        if s.kind == "sft":
-            n = s.n_problems or cfg.tasks.n_train
-            per = {"gen_tokens": 0, "verifier_calls": 0, "train_tokens": n * (P + N)}
-        elif s.kind == "rejection":
-            g = s.n_problems * s.samples
-            per = {"gen_tokens": g * N, "verifier_calls": g, "train_tokens": s.epochs * g * (P + N)}
-        else:
-            k = float(np.mean(s.curriculum.samples)) if s.curriculum.enabled else s.samples
-            g = int(s.n_prompts * k)
-            per = {"gen_tokens": g * N, "verifier_calls": g, "train_tokens": s.epochs * g * (P + N)}
+        kind = KINDS[s.kind]
+        g, trained = kind.answers(s), kind.trained_rows(s, cfg.tasks.n_train)
+        per = {"gen_tokens": g * N, "verifier_calls": g, "train_tokens": trained * (P + N)}
         for kk in tot:
             tot[kk] += per[kk] * s.units
-        rows.append((s.name, s.kind, s.units, per))
+        rows.append((s.stage.name, s.kind, s.units, per))
     n_answers = sum(a for a, _ in time_est.evaluations(cfg))  # initial, stage ends, mid-stage, best policy
     tot["gen_tokens"] += n_answers * N
     tot["verifier_calls"] += n_answers

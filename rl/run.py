@@ -196,11 +196,11 @@ class Loop:
     def stage_end(self, sc, first_step: int) -> None:
         """At the end of a stage: the reward-hacking report of an RL stage (printed, in summary.json), curves.png."""
         recs = mlib.read_jsonl(self.ctx.writer.path)
-        if sc.kind in ("grpo", "ppo"):
+        if stage_lib.KINDS[sc.kind].is_rl:
             before = [r for r in recs if r["step"] < first_step and "validation/pass@1" in r][-1:]  # the baseline
-            rep = hacking.stage_report(before + [r for r in recs if r.get("stage") == sc.name])
-            self.summary.setdefault("hacking", {})[sc.name] = rep
-            self.clock.say(hacking.format_report(sc.name, rep))
+            rep = hacking.stage_report(before + [r for r in recs if r.get("stage") == sc.stage.name])
+            self.summary.setdefault("hacking", {})[sc.stage.name] = rep
+            self.clock.say(hacking.format_report(sc.stage.name, rep))
         if self.wall() > 120:  # a long run gets its figure at every stage end; every run gets it at the end
             self.curves(recs)
 
@@ -334,8 +334,8 @@ def _run(loop: Loop, meta, latest) -> dict:
         run = stage_lib.init(ctx, loop.si, sc, params)
         run = stage_lib.load(run, ctx.ckpt.restore(latest, stage_lib.template(run, meta["stage_meta"])),
                              meta["stage_meta"])
-        print(f"resuming from checkpoint {latest}: stage {loop.si + 1}/{len(loop.stage_cfgs)} {sc.name}, after unit "
-              f"{loop.u0} (units from 1 within a stage; the checkpoint number is the global unit)", flush=True)
+        print(f"resuming from checkpoint {latest}: stage {loop.si + 1}/{len(loop.stage_cfgs)} {sc.stage.name}, after "
+              f"unit {loop.u0} (units from 1 within a stage; the checkpoint number is the global unit)", flush=True)
 
     record = ctx.adaptation_record()  # model.upcycle (from which checkpoint) / model.lora (adapter parameters)
     if record:
@@ -346,12 +346,12 @@ def _run(loop: Loop, meta, latest) -> dict:
             run = stage_lib.init(ctx, si, sc, params)
         first_step = loop.gunit - loop.u0 + 1  # the global unit of this stage's first unit (also after a resume)
         if loop.u0 < sc.units:
-            loop.clock.say(f"stage {si + 1}/{len(loop.stage_cfgs)} {sc.name} ({sc.kind}): units {loop.u0 + 1}-"
+            loop.clock.say(f"stage {si + 1}/{len(loop.stage_cfgs)} {sc.stage.name} ({sc.kind}): units {loop.u0 + 1}-"
                            f"{sc.units} (the first unit compiles its step functions)")
-        bar = tqdm(total=sc.units, initial=loop.u0, desc=f"{sc.name} ({sc.kind})", disable=not bars,
+        bar = tqdm(total=sc.units, initial=loop.u0, desc=f"{sc.stage.name} ({sc.kind})", disable=not bars,
                    dynamic_ncols=True)
         t_line = time.time()
-        kl_place = getattr(getattr(sc, "kl", None), "kl_place", None)  # where an RL stage's KL goes
+        kl_place = sc.kl.kl_place if stage_lib.KINDS[sc.kind].is_rl else None  # where an RL stage's KL goes
         for u in range(loop.u0, sc.units):
             t0 = time.time()
             run, m = stage_lib.unit(run, u)
@@ -362,23 +362,23 @@ def _run(loop: Loop, meta, latest) -> dict:
             stop = bool(stop_after) and ran + 1 >= stop_after
             if u == loop.u0 or (line_every is not None and (last or stop or time.time() - t_line >= line_every)):
                 t_line = time.time()
-                loop.clock.say(f"{sc.name} unit {u + 1}/{sc.units} done in {m['time/unit']:.1f} s" + "".join(
+                loop.clock.say(f"{sc.stage.name} unit {u + 1}/{sc.units} done in {m['time/unit']:.1f} s" + "".join(
                     f", {k} {progress_number(v)}" for k, v in progress_values(m, kl_place).items()))
             val = None
             if last:
-                res = loop.evaluate(stage_lib.policy_params(run), si, u, stage=sc.name)
+                res = loop.evaluate(stage_lib.policy_params(run), si, u, stage=sc.stage.name)
                 val = res["validation"]
-                loop.summary["eval"][sc.name] = summary_entry(res["test"])
-                loop.history.append({"stage": sc.name, **res})
-                ctx.writer.write(loop.gunit, res, stage=sc.name, phase="eval", unit=str(u))
+                loop.summary["eval"][sc.stage.name] = summary_entry(res["test"])
+                loop.history.append({"stage": sc.stage.name, **res})
+                ctx.writer.write(loop.gunit, res, stage=sc.stage.name, phase="eval", unit=str(u))
             elif e.every and (u + 1) % e.every == 0:
                 val = loop.evaluate(stage_lib.policy_params(run), si, u, splits=("validation",),
-                                    stage=sc.name)["validation"]
-                ctx.writer.write(loop.gunit, {"validation": val}, stage=sc.name, phase="eval", unit=str(u))
+                                    stage=sc.stage.name)["validation"]
+                ctx.writer.write(loop.gunit, {"validation": val}, stage=sc.stage.name, phase="eval", unit=str(u))
             if val is not None:
-                loop.offer_best(stage_lib.carried_params(run), sc.name, u, val["pass@1"])
+                loop.offer_best(stage_lib.carried_params(run), sc.stage.name, u, val["pass@1"])
             if loop.gunit % cfg.log.every == 0 or last:
-                ctx.writer.write(loop.gunit, m, stage=sc.name, phase="train", unit=str(u))
+                ctx.writer.write(loop.gunit, m, stage=sc.stage.name, phase="train", unit=str(u))
             bar.update(1)
             bar.set_postfix({k: progress_number(v) for k, v in progress_values(m, kl_place).items()})
             ran += 1
@@ -396,10 +396,10 @@ def _run(loop: Loop, meta, latest) -> dict:
                 loop.stamp()
                 return loop.summary
         bar.close()
-        if getattr(run, "trained_units", None) == 0 and sc.units > 0:
-            print(f"WARNING: stage {sc.name!r} trained in none of its {sc.units} iterations: every group had equal "
-                  "rewards (no signal), so every update was skipped; the stage changed nothing. Make the task easier, "
-                  "sample more answers per problem, or start from a stronger policy.", flush=True)
+        if stage_lib.trained_units(run) == 0 and sc.units > 0:
+            print(f"WARNING: stage {sc.stage.name!r} trained in none of its {sc.units} iterations: every group had "
+                  "equal rewards (no signal), so every update was skipped; the stage changed nothing. Make the task "
+                  "easier, sample more answers per problem, or start from a stronger policy.", flush=True)
         params = stage_lib.carried_params(run)  # LoRA: the adapters carry on, on the same base
         run = None
         loop.si, loop.u0 = si + 1, 0

@@ -20,6 +20,8 @@ Each phase is a sum of a few terms from rl/calibration.py's figures, times a fac
   (sampler, train step, logprob pass, evaluation); a second launch reads them from the compilation cache
   (WARM_COMPILE_SHARE of that).
 - per unit: UNIT_OVERHEAD_S (host work: batching, rewards, metrics, a checkpoint).
+A stage's unit is priced by its kind (rl.stages.Kind.seconds, over a Price of the run's passes): the kinds know their
+work, this module the machine's speed.
 
 The factors are from measurements in this project (docs/training.md "How long will it take?" shows the estimate
 against real runs; tests/test_time_estimate.py holds a tiny run to within 2x): they are the ratio of what the
@@ -29,12 +31,12 @@ machine, answers longer than EXPECTED_LENGTH or a slower disk move it.
 from __future__ import annotations
 
 import math
-
-import numpy as np
+from typing import Callable, NamedTuple
 
 from models import flops
 from rl import calibration
 from rl import config_validation as cv
+from rl import stages as stage_lib
 
 EXPECTED_LENGTH = 0.6  # mean answer length / max_new_tokens on the shipped recipes (module docstring)
 KERNELS_PER_LAYER = 40  # fixed-cost kernels of one block's decode step (norms, projections, rotary, cache update, ...)
@@ -83,51 +85,36 @@ def train_s(m, cal: dict, tokens: float, seq_len: float, step_tokens: float) -> 
     return TRAIN_FACTOR * f / calibration.matmul_rate(cal, min(tokens, step_tokens))
 
 
-def _stage(s, cfg, m, cal: dict) -> dict:
-    """Seconds per unit of one stage, by part."""
+class Price(NamedTuple):
+    """Seconds of the passes a stage's unit makes, on one run's model and lengths at one calibration: what each kind's
+    `seconds` (rl.stages.Kind) prices its unit's work with. Rows are prompt + answer (tasks.max_prompt_len +
+    sampling.max_new_tokens) long; a decode's dtype "" is sampling.dtype, else model.dtype."""
+
+    decode: Callable  # (rows, prompts, dtype="") -> seconds to sample `rows` answers to `prompts` prompts
+    forward: Callable  # tokens -> seconds of a logprob pass over `tokens` padded tokens
+    train: Callable  # (tokens, step_tokens) -> seconds of forward + backward over them, steps of at most step_tokens
+    kept_share: float  # EXPECTED_KEPT: the share of a batch's groups with reward variance
+
+
+def price(cfg, m, cal: dict) -> Price:
+    """The Price of a typed config's units on model `m` at calibration `cal`."""
     P, N = cfg.tasks.max_prompt_len, cfg.sampling.max_new_tokens
-    smp = cfg.sampling
-    dtype = getattr(s, "sampler_dtype", "") or smp.dtype or m.dtype
-    seq = P + N
-    if s.kind == "sft":
-        n = s.n_problems or cfg.tasks.n_train
-        parts = {"update": train_s(m, cal, n * seq, seq, s.batch_size * seq)}
-    elif s.kind == "rejection":
-        rows = s.n_problems * s.samples
-        parts = {"sampling": decode_s(m, cal, rows=rows, prompts=s.n_problems, prompt_len=P, new_tokens=N,
-                                      slots=smp.batch_rows, dtype=dtype),
-                 "update": s.epochs * train_s(m, cal, rows * seq, seq, s.batch_size * seq)}
-    else:
-        sizes = s.group_sizes()
-        rows = int(round(s.n_prompts * float(np.mean(sizes))))
-        grouped = s.rl.batch_layout != "flat" and not s.records_routes and len(set(sizes)) == 1
-        tokens = s.n_prompts * P + rows * N if grouped else rows * seq  # grouped: each prompt once (grouped_batch)
-        step_rows = max(1, s.token_budget // seq)
-        draws, kept = zero_variance_factors(s)
-        # the KL reference over the batch; the sampler / trainer check over one minibatch (PPO: the whole batch,
-        # with its values)
-        check = tokens if s.kind == "ppo" else min(rows, step_rows) * seq
-        logprobs = forward_s(m, cal, tokens=check, seq_len=seq)
-        if s.uses_reference:
-            logprobs += forward_s(m, cal, tokens=tokens, seq_len=seq)
-        parts = {"sampling": draws * decode_s(m, cal, rows=rows, prompts=s.n_prompts, prompt_len=P, new_tokens=N,
-                                              slots=smp.batch_rows, dtype=dtype),
-                 "logprobs": draws * logprobs,
-                 "update": s.rl.epochs * kept * train_s(m, cal, tokens, seq, s.token_budget)}
+    smp, seq = cfg.sampling, P + N
+
+    def decode(rows, prompts, dtype: str = "") -> float:
+        """decode_s at the run's lengths and slots, in `dtype` ("": the sampler's)."""
+        return decode_s(m, cal, rows=rows, prompts=prompts, prompt_len=P, new_tokens=N, slots=smp.batch_rows,
+                        dtype=dtype or smp.dtype or m.dtype)
+
+    return Price(decode=decode, forward=lambda tokens: forward_s(m, cal, tokens=tokens, seq_len=seq),
+                 train=lambda tokens, step_tokens: train_s(m, cal, tokens, seq, step_tokens), kept_share=EXPECTED_KEPT)
+
+
+def _stage(s, cfg, m, cal: dict) -> dict:
+    """Seconds per unit of one stage, by part: its kind's (rl.stages.Kind.seconds) and the host's."""
+    parts = stage_lib.KINDS[s.kind].seconds(s, cfg, price(cfg, m, cal))
     parts["host"] = UNIT_OVERHEAD_S
     return parts
-
-
-def zero_variance_factors(s) -> tuple[float, float]:
-    """(batches drawn, share of a batch's groups trained) per iteration of an RL stage: "drop" one draw and
-    EXPECTED_KEPT of it; "refill" the draws EXPECTED_KEPT needs to fill a batch (at most 1 + max_refill_rounds) and a
-    full batch; "off" (and PPO) one draw, all of it."""
-    mode = getattr(s, "filter_zero_variance", "off")
-    if mode == "drop":
-        return 1.0, EXPECTED_KEPT
-    if mode == "refill":
-        return float(min(math.ceil(1.0 / EXPECTED_KEPT), 1 + s.max_refill_rounds)), 1.0
-    return 1.0, 1.0
 
 
 def evaluations(config) -> list[tuple[int, int]]:
@@ -156,7 +143,7 @@ def estimate(config, model_cfg, cal: dict) -> dict:
     for s in cfg.stages:
         parts = _stage(s, cfg, m, cal)
         unit = sum(parts.values())
-        stages.append({"name": s.name, "kind": s.kind, "units": s.units, "parts": parts, "unit_s": unit,
+        stages.append({"name": s.stage.name, "kind": s.kind, "units": s.units, "parts": parts, "unit_s": unit,
                        "stage_s": unit * s.units})
 
     def eval_seconds(answers: int, problems: int) -> float:
@@ -168,7 +155,8 @@ def estimate(config, model_cfg, cal: dict) -> dict:
     full = e.n_val + e.n_test
     eval_s = eval_seconds(full * (1 + e.k), full)  # one evaluation of validation + test
     evals_s = sum(eval_seconds(a, p) for a, p in evals)
-    families = 1 + len({s.kind for s in cfg.stages}) + (1 if any(s.kind in ("grpo", "ppo") for s in cfg.stages) else 0)
+    families = 1 + len({s.kind for s in cfg.stages}) + (1 if any(stage_lib.KINDS[s.kind].is_rl for s in cfg.stages)
+                                                        else 0)
     compile_s = cal["compile_s"] * COMPILE_UNITS * families * _size_factor(m)
     work = sum(st["stage_s"] for st in stages) + evals_s
     return {"stages": stages, "eval_s": eval_s, "n_evals": len(evals), "evals_s": evals_s, "compile_s": compile_s,

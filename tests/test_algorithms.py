@@ -66,14 +66,14 @@ def test_every_name_is_in_the_papers_table():
 def test_each_name_sets_the_fields_its_paper_uses(name):
     kind, fields = PAPERS[name]
     cfg = parse(stage(kind, algorithm=name))
-    assert {k: getattr(cfg, k) for k in fields} == fields
-    assert cfg.algorithm == name
+    assert {k: stages.flat_value(cfg, k) for k in fields} == fields  # the name's flat keys, read in their sections
+    assert cfg.rl.algorithm == name
     # the same from the command line, on a stage written without a name
     c = qs_config()
     c.stages[2] = stage(kind, "rl", iterations=2)
     launch.apply_overrides(c, [("stages[2].algorithm", name)])
     typed = cv.validate(c).stages[2]
-    assert {k: getattr(typed, k) for k in fields} == fields
+    assert {k: stages.flat_value(typed, k) for k in fields} == fields
 
 
 def test_a_name_runs_only_in_its_kind():
@@ -102,15 +102,15 @@ def test_dapo_refills_a_stage_that_drops_by_default(written):
 def test_explicit_fields_override_the_name():
     # in a config file: the kind's own default (kl_coef 0.04) as much as any other value
     cfg = parse(stage("grpo", algorithm="dapo", kl_coef=0.04, clip_high=0.3))
-    assert (cfg.kl_coef, cfg.clip_high, cfg.clip_low, cfg.agg) == (0.04, 0.3, 0.2, "token-mean")
+    assert (cfg.kl.kl_coef, cfg.loss.clip_high, cfg.loss.clip_low, cfg.loss.agg) == (0.04, 0.3, 0.2, "token-mean")
     # on the command line, before or after the name
     for order in ([("stages[2].algorithm", "gspo"), ("stages[2].clip_high", "0.001")],
                   [("stages[2].clip_high", "0.001"), ("stages[2].algorithm", "gspo")]):
         c = qs_config()
         launch.apply_overrides(c, order)
         st = cv.validate(c).stages[2]
-        assert (st.policy_loss, st.clip_low, st.clip_high) == ("gspo", 3e-4, 0.001)
-        assert st.kl_coef == 0.02  # quickstart's own KL, set by the recipe: an override too
+        assert (st.loss.policy_loss, st.loss.clip_low, st.loss.clip_high) == ("gspo", 3e-4, 0.001)
+        assert st.kl.kl_coef == 0.02  # quickstart's own KL, set by the recipe: an override too
 
 
 def test_switching_a_named_recipe_moves_only_the_fields_the_name_set():
@@ -121,16 +121,16 @@ def test_switching_a_named_recipe_moves_only_the_fields_the_name_set():
     assert cv.validate(c).stages[0].filter_zero_variance == "drop"  # the measured runs' setting, not dapo's refill
     launch.apply_overrides(c, [("stages[0].algorithm", "gspo")])
     st = cv.validate(c).stages[0]
-    assert (st.policy_loss, st.clip_low, st.clip_high, st.agg, st.kl_coef) == \
+    assert (st.loss.policy_loss, st.loss.clip_low, st.loss.clip_high, st.loss.agg, st.kl.kl_coef) == \
         ("gspo", 3e-4, 4e-4, "seq-mean-token-mean", 0.01)
     c = smollm2()
     launch.apply_overrides(c, [("stages[0].algorithm", "cispo")])
     st = cv.validate(c).stages[0]
-    assert (st.policy_loss, st.clip_high, st.kl_coef) == ("cispo", 0.2, 0.01)  # dapo's 0.28 went with dapo
+    assert (st.loss.policy_loss, st.loss.clip_high, st.kl.kl_coef) == ("cispo", 0.2, 0.01)  # dapo's 0.28 went with dapo
     c = smollm2()
     launch.apply_overrides(c, [("stages[0].algorithm", "dr_grpo")])
     st = cv.validate(c).stages[0]
-    assert (st.scale_by_std, st.agg, st.clip_high, st.filter_zero_variance) == \
+    assert (st.scale_by_std, st.loss.agg, st.loss.clip_high, st.filter_zero_variance) == \
         (False, "seq-mean-token-sum-norm", 0.2, "drop")
     assert config_warnings.warnings(cv.validate(c)) == []
 
@@ -142,7 +142,7 @@ def test_a_sweep_over_a_named_field_keeps_every_value(path, values):
     for v in values:
         c = smollm2()
         launch.apply_overrides(c, [(path, v)])
-        got.append(getattr(cv.validate(c).stages[0], path.split(".")[-1]))
+        got.append(stages.flat_value(cv.validate(c).stages[0], path.split(".")[-1]))
     assert got == [float(v) for v in values]
 
 

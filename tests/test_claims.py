@@ -11,7 +11,7 @@ from experiments import claims
 def _write_run(d, seed, finals, evals, train):
     d.mkdir(parents=True)
     (d / "config.json").write_text(json.dumps({"seed": seed, "tasks": {"n_train": 50}, "stages": [
-        {"name": "cold_start", "kind": "sft"}, {"name": "rejection", "kind": "rejection", "rounds": 2, "n_problems": 0,
+        {"name": "cold_start", "kind": "sft"}, {"name": "rejection", "kind": "rejection", "rounds": 2, "n_problems": 50,
                                                 "samples": 4}, {"name": "grpo", "kind": "grpo"}]}))
     (d / "summary.json").write_text(json.dumps({"eval": {k: {"pass@1": v} for k, v in finals.items()},
                                                 "hacking": {"grpo": {"flagged": ["length_growth"]}}}))
@@ -122,6 +122,6 @@ def test_save_figure_writes_the_png(tmp_path):
 
 def test_samples_spent_counts_rejection_rounds_and_rl_samples(sweep):
     run = claims.load_sweep(str(sweep))["process_weight=0.0"][0]
-    assert claims.samples_spent(run, "rejection") == 2 * 50 * 4  # n_problems 0 = every training problem
+    assert claims.samples_spent(run, "rejection") == 2 * 50 * 4  # rounds x n_problems x samples
     assert claims.samples_spent(run, "grpo") == 200  # the RL stage's logged n_samples
     assert claims.samples_spent(run) == 400 + 200

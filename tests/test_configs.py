@@ -148,10 +148,10 @@ def test_documented_off_values_are_accepted_and_mean_off():
                         ("stages[2].dual_clip", "0")):
         launch.apply_override(cfg, path, value)
     cv.validate(cfg)
-    loss, optim, ctl = stages.parse_stage(cv.to_dict(cfg)["stages"][2]).components(max_new_tokens=32)
+    loss, optim, ctl = stages.components(stages.parse_stage(cv.to_dict(cfg)["stages"][2]), max_new_tokens=32)
     assert optim.grad_clip is None and loss.dual_clip == 0  # LossConfig's 0 = off: the step passes None on
     ppo = stages.parse_stage({**stages.defaults("ppo"), "value_clip": 0.0})
-    loss, _, _ = ppo.components(max_new_tokens=32)
+    loss, _, _ = stages.components(ppo, max_new_tokens=32)
     assert loss.value_clip == 0  # off (rl.train_step passes None to the value loss)
 
 
@@ -159,12 +159,13 @@ def test_kl_defaults_and_dr_grpo_constant():
     from rl import stages
 
     ppo = stages.parse_stage(stages.defaults("ppo"))
-    loss, _, ctl = ppo.components(max_new_tokens=48)
-    assert ppo.kl_kind == "k1" and ppo.kl_place == "reward" and not loss.kl_in_loss  # k1 in the reward, unbiased
+    loss, _, ctl = stages.components(ppo, max_new_tokens=48)
+    assert ppo.loss.kl_kind == "k1" and ppo.kl.kl_place == "reward" and not loss.kl_in_loss  # k1 in the reward
     grpo = stages.parse_stage({**stages.defaults("grpo"), "agg": "seq-mean-token-sum-norm"})
-    loss, _, _ = grpo.components(max_new_tokens=48)
+    loss, _, _ = stages.components(grpo, max_new_tokens=48)
     assert loss.max_len_norm == 48  # Dr. GRPO divides by the response budget, not prompt + response length
-    assert stages.parse_stage({**stages.defaults("grpo"), "kl_adaptive": True}).components(48)[2].init_coef == 0.04
+    adaptive = stages.parse_stage({**stages.defaults("grpo"), "kl_adaptive": True})
+    assert stages.components(adaptive, 48)[2].init_coef == 0.04
 
 
 def test_launch_dry_run_and_help(capsys):

@@ -314,9 +314,9 @@ def test_cispo_stage_has_no_floor_unless_asked():
     def cfg(**kw):
         return stages.parse_stage({**stages.defaults("grpo"), **kw})
 
-    assert cfg(policy_loss="cispo").components(32)[0].ratio_clip_low is None
-    assert cfg(policy_loss="cispo", cispo_floor=True, clip_low=0.5).components(32)[0].ratio_clip_low == 0.5
-    assert cfg().components(32)[0].ratio_clip_low == 0.2
+    assert stages.components(cfg(policy_loss="cispo"), 32)[0].ratio_clip_low is None
+    assert stages.components(cfg(policy_loss="cispo", cispo_floor=True, clip_low=0.5), 32)[0].ratio_clip_low == 0.5
+    assert stages.components(cfg(), 32)[0].ratio_clip_low == 0.2
     with pytest.raises(FieldErrors, match="clip_low has no effect with policy_loss cispo"):
         cfg(policy_loss="cispo", clip_low=0.5)
     with pytest.raises(FieldErrors, match="cispo_floor applies to policy_loss cispo only"):
@@ -345,8 +345,8 @@ def test_policy_loss_is_selected_from_the_stage_config():
     def cfg(**kw):
         return stages.parse_stage({**stages.defaults("grpo"), **kw})
 
-    assert cfg(policy_loss="cispo").components(32)[0].policy_loss == "cispo"
-    assert cfg(policy_loss="gspo", agg="seq-mean-token-mean").components(32)[0].policy_loss == "gspo"
+    assert stages.components(cfg(policy_loss="cispo"), 32)[0].policy_loss == "cispo"
+    assert stages.components(cfg(policy_loss="gspo", agg="seq-mean-token-mean"), 32)[0].policy_loss == "gspo"
     with pytest.raises(FieldErrors, match="agg must be seq-mean-token-mean"):
         cfg(policy_loss="gspo")
     for loss in ("cispo", "reinforce", "gspo"):

@@ -135,9 +135,9 @@ def test_stage_fields_switch_the_corrections_and_name_bad_bounds():
     def cfg(**kw):
         return stages.parse_stage({**stages.defaults("grpo"), **kw})
 
-    assert not cfg().corrects_off_policy
-    assert cfg(tis_cap=2.0).corrects_off_policy and cfg(icepop_high=5.0).corrects_off_policy
-    assert cfg(mis_low=0.5).corrects_off_policy
+    assert not cfg().offpolicy.enabled
+    assert cfg(tis_cap=2.0).offpolicy.enabled and cfg(icepop_high=5.0).offpolicy.enabled
+    assert cfg(mis_low=0.5).offpolicy.enabled
     for kw, fld in ((dict(tis_cap=0.5), "tis_cap"), (dict(mis_high=0.9), "mis_high"), (dict(icepop_low=1.5), "icepop_low"),
                     (dict(mis_kind="harmonic"), "mis_kind"), (dict(tis_cap=2.0, icepop_high=5.0), "icepop_high")):
         with pytest.raises(FieldErrors, match=fld):

@@ -64,7 +64,7 @@ def state(varied, **cfg):
                             **cfg})
     base = SimpleNamespace(ctx=Ctx(varied), cfg=c, index=0, problems=list(range(N_PROBLEMS)))
     return iteration.State(base=base, advantages=grpo.advantages, value_head=False, kl_ctl=None, max_rows=8,
-                           sample_cfg=None, prm=None)
+                           sample_cfg=None, prm=None, refill_rounds=c.refill_rounds)
 
 
 def run_refill(monkeypatch, varied, u=0, **cfg):

@@ -98,9 +98,9 @@ def test_stage_reward_terms_add_process_and_format_and_subtract_language():
 
     scores = [{"process": 1.0, "format": 0.5, "language": 0.0}, {"process": 0.25, "format": 1.0, "language": 0.5}]
     off = grpo_cfg(name="g")
-    np.testing.assert_array_equal(stage_reward_terms(off, scores), [0.0, 0.0])
+    np.testing.assert_array_equal(stage_reward_terms(off.rl, scores), [0.0, 0.0])
     on = grpo_cfg(name="g", process_weight=0.2, format_weight=0.1, language_weight=1.0)
-    np.testing.assert_allclose(stage_reward_terms(on, scores), [0.2 + 0.05, 0.05 + 0.1 - 0.5])
+    np.testing.assert_allclose(stage_reward_terms(on.rl, scores), [0.2 + 0.05, 0.05 + 0.1 - 0.5])
 
 
 def test_stage_format_weight_does_not_add_an_instruction_rows_outcome_again():
@@ -120,7 +120,7 @@ def test_stage_format_weight_does_not_add_an_instruction_rows_outcome_again():
     assert inst["total"] == pytest.approx(1.0)  # w_format adds nothing to an instruction row
     assert math["family"] == "math" and math["format"] > 0
     on = grpo_cfg(name="g", format_weight=0.5)
-    np.testing.assert_allclose(stage_reward_terms(on, [inst, math]), [0.0, 0.5 * math["format"]])
+    np.testing.assert_allclose(stage_reward_terms(on.rl, [inst, math]), [0.0, 0.5 * math["format"]])
 
 
 def test_rl_fields_that_would_be_ignored_are_refused():
@@ -160,7 +160,9 @@ def test_every_stage_field_has_one_owner():
         keys = [k for k, _, _ in stages.flat_fields(cls)]
         assert len(keys) == len(set(keys)) and set(keys) | {"kind", "curriculum", "tools"} >= set(d)
     grpo, ppo = stages.parse_stage(stages.defaults("grpo")), stages.parse_stage(stages.defaults("ppo"))
-    assert grpo.clip_high == grpo.loss.clip_high == 0.2 and ppo.kl_place == "reward" and ppo.kl_kind == "k1"
+    assert stages.flat_value(grpo, "clip_high") == grpo.loss.clip_high == 0.2 and grpo.to_dict()["clip_high"] == 0.2
+    assert ppo.kl.kl_place == "reward" and ppo.loss.kl_kind == "k1"
+    assert not hasattr(grpo, "clip_high")  # a field is read in its section, never through the flat key
     for k in ("gamma", "lam", "value_coef", "value_clip"):
         assert k in stages.defaults("ppo") and k not in stages.defaults("grpo")
     for k in ("advantage", "scale_by_std", "filter_zero_variance", "process_grpo"):

@@ -79,7 +79,8 @@ def test_lookahead_follows_max_staleness_overlap_and_curriculum():
 
     def fake(k, overlap, curriculum):  # just what lookahead reads
         cfg = stages.parse_stage({**stages.defaults("grpo"), "max_staleness": k})
-        return SimpleNamespace(base=SimpleNamespace(cfg=cfg, ctx=SimpleNamespace(cfg={"run": {"overlap": overlap}})),
+        run_cfg = SimpleNamespace(run=SimpleNamespace(overlap=overlap))  # the typed RunConfig's run.overlap
+        return SimpleNamespace(base=SimpleNamespace(cfg=cfg, ctx=SimpleNamespace(cfg=run_cfg)),
                                cur_state={} if curriculum else None)
 
     assert lookahead(fake(3, True, False)) == 3 and lookahead(fake(0, True, False)) == 0

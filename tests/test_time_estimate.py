@@ -118,7 +118,7 @@ def test_dry_run_text_names_every_phase(monkeypatch, tmp_path):
     cfg, m = _cfg()
     text, est = preflight.time_estimate(cfg, m)
     for s in cfg.stages:
-        assert s.name in text
+        assert s.stage.name in text
     assert "evaluations" in text and "compiling" in text and "total" in text
     assert est["total_s"] > 0
 

@@ -66,6 +66,16 @@ def check_variant(args: dict, variants: tuple[str, ...]) -> str:
     return v
 
 
+# no warmup: three iterations are too few to finish one, and the lr must reach its end fraction
+_TINY_RL = dict(iterations=3, n_prompts=4, samples=4, token_budget=1024, temperature_start=1.0, temperature_end=1.0,
+                warmup_steps=0)
+TINY_STAGES = {  # tiny_variant's fields of each stage kind
+    "sft": dict(epochs=10, n_problems=64, batch_size=16, lr=1e-2, warmup_steps=0),
+    "rejection": dict(rounds=1, n_problems=8, samples=4, min_format=0.5, warmup_steps=0),
+    "grpo": _TINY_RL, "ppo": _TINY_RL,
+}
+
+
 def tiny_variant(c):
     """Seconds-long version for tests that still trains every stage: tiny model, single-digit problems, a cold
     start long enough to learn the answer format, and a format term in the reward (weight 0.5) so that RL groups
@@ -79,13 +89,7 @@ def tiny_variant(c):
     c.log.update(dict(progress=False))  # no bars (progress lines still print); TensorBoard on, as in real runs
     c.run.reward_workers = 0
     for s in c.stages:
-        if s.kind == "sft":
-            s.update(dict(epochs=10, n_problems=64, batch_size=16, lr=1e-2, warmup_steps=0))
-        elif s.kind == "rejection":
-            s.update(dict(rounds=1, n_problems=8, samples=4, min_format=0.5, warmup_steps=0))
-        else:  # no warmup: three iterations are too few to finish one, and the lr must reach its end fraction
-            s.update(dict(iterations=3, n_prompts=4, samples=4, token_budget=1024, temperature_start=1.0,
-                          temperature_end=1.0, warmup_steps=0))
+        s.update(TINY_STAGES[s.kind])
 
 
 # ----------------------------------------------------------------------------------- the claim ablations
@@ -132,9 +136,8 @@ def claim_config(args: dict, stages: tuple[str, ...] = ("sft", "grpo"), **grpo):
     if check_variant(args, ("full", "tiny")) == "tiny":
         tiny_variant(c)
         c.eval.update(dict(every=0, k=0))
+        tiny = {"sft": dict(direct_share=MIXED_COLD_START["direct_share"]),
+                "grpo": dict(curriculum=dict(samples=(2, 4, 4))) if "curriculum" in grpo else {}}
         for s in c.stages:
-            if s.kind == "sft":
-                s.direct_share = MIXED_COLD_START["direct_share"]
-            elif s.kind == "grpo" and "curriculum" in grpo:
-                s.curriculum.samples = (2, 4, 4)
+            s.update(tiny.get(s.kind, {}))
     return c

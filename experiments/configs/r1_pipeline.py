@@ -72,9 +72,11 @@ def get_config(arg=None):
         c.tasks.update(dict(mix=mix, n_train=64, n_val=12, n_test=12, max_prompt_len=320, source_difficulty=""))
         c.sampling.update(dict(max_new_tokens=224, batch_rows=16))
         c.eval.update(dict(n_val=12, n_test=12))
+        # the SFT and rejection stages without length buckets: 64 rows in 4 minibatches, length-sorted batches left
+        # the tiny policy's RL groups without reward variance (no update); the buckets' own tests are
+        # tests/test_length_buckets.py
+        tiny = {"grpo": dict(iterations=2, token_budget=4096), "sft": dict(length_buckets=0),
+                "rejection": dict(length_buckets=0)}
         for s in c.stages:
-            if s.kind == "grpo":
-                s.update(dict(iterations=2, token_budget=4096))
-            else:  # 64 rows in 4 minibatches: length-sorted batches left the tiny policy's RL groups without reward
-                s.length_buckets = 0  # variance (no update); the buckets' own tests are tests/test_length_buckets.py
+            s.update(tiny[s.kind])
     return c

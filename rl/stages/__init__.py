@@ -10,6 +10,11 @@
 Kinds: sft (rl/stages/sft.py), rejection (rejection.py), grpo (grpo.py), ppo (ppo.py); grpo and ppo are one
 iteration (rl/stages/iteration.py) with their own advantage functions. Every kind trains through the one optimizer
 loop, rl.train_loop.train_on. A new kind is a new module registered in KINDS.
+
+A Kind also answers what the run's planners and checks ask of a stage (whether it is RL, the training problems it
+asks for, its rows per optimizer step and their layout, the answers it samples and the rows it trains on per unit,
+its seconds per unit, whether it holds a KL reference, how many units trained, its warnings and its rules against
+the model and reward sections): no module outside rl/stages/ branches on a kind's name (tests/test_layering.py).
 """
 from __future__ import annotations
 
@@ -18,34 +23,61 @@ from typing import Callable, NamedTuple
 
 from rl.config_fields import FieldErrors
 from rl.stages import algorithms, common, grpo, iteration, ppo, rejection, sft
-from rl.stages.common import flat_fields, from_flat
+from rl.stages.common import flat_fields, flat_value, from_flat
 from rl.train_loop import check_trained as check_trained_carry
 
 
 class Kind(NamedTuple):
-    """A stage kind: its config class and its functions (checkpoint functions: every kind's, or the RL ones)."""
+    """A stage kind: its config class, its functions, and what the run's planners and checks ask of it (rl/run.py,
+    rl/preflight.py, rl/memory_plan.py, rl/time_estimate.py, rl/config_validation.py, rl/config_warnings.py read
+    these, never the kind's name). Checkpoint functions: every kind's, or the RL ones."""
 
     config: type
     init: Callable  # (ctx, index, cfg, params) -> state
     unit: Callable  # (state, u) -> (state, metrics)
+    components: Callable  # (cfg, max_new_tokens) -> (LossConfig, OptimConfig, KL controller or None) of its step
+    problems: Callable  # cfg -> (the flat key counting the training problems it asks for, that count)
+    step_rows: Callable  # (cfg, seq_len, row_multiple) -> rows per optimizer step (the memory plan's and its own)
+    answers: Callable  # cfg -> answers one unit samples and scores (0: none)
+    trained_rows: Callable  # (cfg, tasks.n_train) -> rows one unit trains on at most, epochs counted
+    seconds: Callable  # (cfg, run, rl.time_estimate.Price) -> {part: seconds of one unit}
+    is_rl: bool = False  # trains on its own answers against the sampler's logprobs: truncated sampling is refused,
+    # its end has a reward-hacking report, its run compiles a logprob pass
+    draws: bool = True  # each unit draws `problems` distinct problems of its families (False: takes up to that many)
+    demonstrations: bool = False  # fine-tunes on the tasks' worked solutions (what teaches a format the prompt lacks)
+    step_layout: Callable = common.flat_steps  # (cfg, rows, row_multiple, prompt_len, new_tokens) -> grouped or None
+    uses_reference: Callable = common.no_reference  # cfg -> whether it holds a KL reference policy
+    trained_units: Callable = common.untracked  # state -> units that updated the policy (None: not counted)
+    warnings: Callable = common.no_warnings  # cfg -> warnings on its values (rl/config_warnings.py)
+    model_checks: Callable = common.no_checks  # (cfg, model section) -> (field, reason) pairs
+    reward_checks: Callable = common.no_checks  # (cfg, reward section) -> (field, reason) pairs
     tree: Callable = common.tree  # state -> the checkpoint's array tree
     meta: Callable = common.meta  # state -> the checkpoint's JSON meta
     template: Callable = common.template  # (state, meta) -> the tree structure to restore into
     load: Callable = common.load  # (state, tree, meta) -> state
 
 
-_RL = dict(tree=iteration.tree, meta=iteration.meta, template=iteration.template, load=iteration.load)
+_FINE_TUNE = dict(components=sft.components, step_rows=sft.step_rows)  # SFT's train step (SFT, rejection)
+_RL = dict(components=iteration.components, problems=iteration.problems, step_rows=iteration.step_rows,
+           answers=iteration.answers, trained_rows=iteration.trained_rows, is_rl=True,
+           step_layout=iteration.step_layout, uses_reference=iteration.uses_reference,
+           trained_units=iteration.trained_units, model_checks=iteration.model_checks,
+           reward_checks=iteration.reward_checks, tree=iteration.tree, meta=iteration.meta,
+           template=iteration.template, load=iteration.load)
 KINDS: dict[str, Kind] = {
-    "sft": Kind(sft.SFTConfig, sft.init, sft.unit),
-    "rejection": Kind(rejection.RejectionConfig, rejection.init, rejection.unit),
-    "grpo": Kind(grpo.GRPOConfig, grpo.init, grpo.unit, **_RL),
-    "ppo": Kind(ppo.PPOConfig, ppo.init, ppo.unit, **_RL),
+    "sft": Kind(sft.SFTConfig, sft.init, sft.unit, problems=sft.problems, answers=sft.answers,
+                trained_rows=sft.trained_rows, seconds=sft.seconds, draws=False, demonstrations=True, **_FINE_TUNE),
+    "rejection": Kind(rejection.RejectionConfig, rejection.init, rejection.unit, problems=rejection.problems,
+                      answers=rejection.answers, trained_rows=rejection.trained_rows, seconds=rejection.seconds,
+                      **_FINE_TUNE),
+    "grpo": Kind(grpo.GRPOConfig, grpo.init, grpo.unit, seconds=grpo.seconds, warnings=grpo.warnings, **_RL),
+    "ppo": Kind(ppo.PPOConfig, ppo.init, ppo.unit, seconds=ppo.seconds, warnings=iteration.warnings, **_RL),
 }
 CONFIGS: dict[str, type] = {k: v.config for k, v in KINDS.items()}
 
-__all__ = ["KINDS", "CONFIGS", "parse_stage", "defaults", "with_algorithm", "current_values", "flat_fields",
-           "legacy_keys", "sft_problem_count", "FieldErrors", "init", "unit", "tree", "meta", "template", "load",
-           "policy_params", "carried_params", "check_trained"]
+__all__ = ["Kind", "KINDS", "CONFIGS", "parse_stage", "defaults", "with_algorithm", "current_values", "flat_fields",
+           "flat_value", "legacy_keys", "sft_problem_count", "FieldErrors", "init", "unit", "tree", "meta",
+           "template", "load", "components", "trained_units", "policy_params", "carried_params", "check_trained"]
 
 
 def _kind_error(kind) -> FieldErrors:
@@ -95,6 +127,11 @@ def legacy_keys(kind: str) -> dict:
     return dict(CONFIGS[kind].LEGACY) if kind in CONFIGS else {}
 
 
+def components(cfg, max_new_tokens: int):
+    """(LossConfig, OptimConfig, KL controller or None) of the train step a stage config runs (Kind.components)."""
+    return KINDS[cfg.kind].components(cfg, max_new_tokens)
+
+
 def sft_problem_count(cfg: dict) -> int:
     """How many training problems the config's SFT stages render as worked solutions."""
     return max([s.get("n_problems") or cfg["tasks"]["n_train"] for s in cfg["stages"] if s.get("kind") == "sft"],
@@ -109,6 +146,11 @@ def init(ctx, index: int, cfg, params):
 
 def unit(st, u: int):
     return KINDS[st.base.cfg.kind].unit(st, u)
+
+
+def trained_units(st) -> int | None:
+    """Units of the stage that updated the policy so far; None where its kind does not count them."""
+    return KINDS[st.base.cfg.kind].trained_units(st)
 
 
 def tree(st) -> dict:
@@ -133,4 +175,4 @@ carried_params = common.carried_params
 
 def check_trained(st) -> None:
     """rl.train_loop.check_trained on the stage's carry: NonFiniteError when every optimizer step was skipped."""
-    check_trained_carry(st.base.cfg.name, st.base.carry)
+    check_trained_carry(st.base.cfg.stage.name, st.base.carry)

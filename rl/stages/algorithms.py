@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from rl.stages.common import flat_value
+
 
 @dataclasses.dataclass(frozen=True)
 class Algorithm:
@@ -116,15 +118,15 @@ def settings(name: str) -> str:
 def overrides(cfg) -> dict:
     """{field: (the config's value, the name's value)} of a typed stage config whose fields differ from its name's
     (the config's own choices); {} without a name."""
-    algo = ALGORITHMS.get(getattr(cfg, "algorithm", ""))
+    algo = ALGORITHMS.get(flat_value(cfg, "algorithm", ""))
     if algo is None:
         return {}
-    return {k: (getattr(cfg, k), v) for k, v in algo.fields.items() if not _same(getattr(cfg, k), v)}
+    return {k: (flat_value(cfg, k), v) for k, v in algo.fields.items() if not _same(flat_value(cfg, k), v)}
 
 
 def describe(cfg) -> list[str]:
     """What a stage's name set and what the config overrode (the dry run's lines); [] without a name."""
-    name = getattr(cfg, "algorithm", "")
+    name = flat_value(cfg, "algorithm", "")
     if name not in ALGORITHMS:
         return []
     algo, over = ALGORITHMS[name], overrides(cfg)

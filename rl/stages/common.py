@@ -4,12 +4,13 @@ Config. A stage config is a frozen dataclass of sections (rl.losses.LossConfig, 
 rl.offpolicy.OffPolicyConfig, rl.train_loop.LoopConfig, ...) plus its own fields; each field has its one default,
 doc and check in the section that owns it. A config file writes the stage flat (`stages[i].clip_high`), so the
 config reads and writes flat dicts: `from_flat(cls, d)` routes each key to its section (unknown keys are errors
-naming the field; `curriculum` stays a nested section), `cfg.to_dict()` writes them back, and `cfg.clip_high`
-reads a flat key through to its section (what the run's planners and checks read). `LEGACY` lists keys a kind no
+naming the field; `curriculum` stays a nested section) and `cfg.to_dict()` writes them back. Code reads a field
+where it lives, in its section (`cfg.loss.clip_high`, `cfg.stage.name`); `flat_value(cfg, key)` reads one by its
+flat key, for code that handles flat keys by name (the algorithm names, to_dict). `LEGACY` lists keys a kind no
 longer has but old config.json files hold (they never changed what that kind computed): accepted and dropped.
 
     cfg = from_flat(GRPOConfig, {"kind": "grpo", "name": "grpo", "clip_high": 0.28})   # FieldErrors names fields
-    cfg.loss.clip_high == cfg.clip_high == 0.28 ; cfg.to_dict()["clip_high"] == 0.28
+    cfg.loss.clip_high == flat_value(cfg, "clip_high") == 0.28 ; cfg.to_dict()["clip_high"] == 0.28
 
 Runtime. `Base` is the part of a stage's state every kind has (its context, config, problems, the optimizer loop
 and its carry); each kind's state is a small frozen dataclass holding it as `base` beside its own fields.
@@ -111,12 +112,6 @@ class Flat(Checked):
             object.__setattr__(self, k, spell(getattr(self, k)))
         super().__post_init__()
 
-    def __getattr__(self, key: str):  # only called when normal lookup fails: a flat key of a section
-        sec = owners(type(self)).get(key) if not key.startswith("_") else None
-        if sec is None:
-            raise AttributeError(f"{type(self).__name__} has no field {key!r}")
-        return getattr(object.__getattribute__(self, sec), key)
-
     @property
     def kind(self) -> str:
         return self.KIND
@@ -124,14 +119,25 @@ class Flat(Checked):
     @property
     def units(self) -> int:
         """Units in the stage (SFT epochs, rejection rounds, RL iterations)."""
-        return int(getattr(self, self.UNIT_FIELD))
+        return int(flat_value(self, self.UNIT_FIELD))
 
     def to_dict(self) -> dict:
         """The flat config entry (plain containers), as a config file writes it."""
-        out = {"kind": self.KIND}
-        for k, sec in owners(type(self)).items():
-            out[k] = plain(getattr(getattr(self, sec), k) if sec else getattr(self, k))
-        return out
+        return {"kind": self.KIND, **{k: plain(flat_value(self, k)) for k in owners(type(self))}}
+
+
+_REQUIRED = object()
+
+
+def flat_value(cfg, key: str, default=_REQUIRED):
+    """The value of flat key `key` (as a config file writes it) of a stage config, read from the section that owns
+    it; `default` for a key its kind does not have (else AttributeError)."""
+    own = owners(type(cfg))
+    if key not in own:
+        if default is _REQUIRED:
+            raise AttributeError(f"{type(cfg).__name__} has no field {key!r}")
+        return default
+    return getattr(getattr(cfg, own[key]), key) if own[key] else getattr(cfg, key)
 
 
 def flat_fields(cls) -> list[tuple[str, Any, str]]:
@@ -142,7 +148,7 @@ def flat_fields(cls) -> list[tuple[str, Any, str]]:
         f = next(g for g in dataclasses.fields(holder) if g.name == k)
         if f.metadata.get("nested"):
             continue
-        out.append((k, plain(getattr(default, k)), f.metadata.get("doc", "")))
+        out.append((k, plain(flat_value(default, k)), f.metadata.get("doc", "")))
     return out
 
 
@@ -175,7 +181,7 @@ def from_flat(cls, d: dict):
             except FieldErrors as e:
                 errors += [(f"{k}.{p}" if p else k, m) for p, m in e.errors]
                 continue
-        elif isinstance(v, list) and isinstance(getattr(base, k), tuple):
+        elif isinstance(v, list) and isinstance(flat_value(base, k), tuple):
             v = tuple(v)
         if sec is None:
             kwargs[k] = v
@@ -187,6 +193,38 @@ def from_flat(cls, d: dict):
         except FieldErrors as e:
             errors += e.errors
     return construct(cls, kwargs, errors)
+
+
+# -- what a kind without an RL iteration answers the run's planners (rl.stages.Kind's defaults) -----------------
+def flat_steps(cfg, rows: int, row_multiple: int, prompt_len: int, new_tokens: int) -> None:
+    """The grouped layout of the kind's optimizer steps: none, every step is flat rows of prompt + answer."""
+    del cfg, rows, row_multiple, prompt_len, new_tokens
+    return None
+
+
+def no_reference(cfg) -> bool:
+    """Whether the kind holds a KL reference policy: it does not."""
+    del cfg
+    return False
+
+
+def untracked(st) -> None:
+    """Units that updated the policy: None, the kind does not count them (the RL iteration does, so that a stage whose
+    every update was skipped is reported)."""
+    del st
+    return None
+
+
+def no_warnings(cfg) -> list[str]:
+    """Warnings on the kind's values (rl/config_warnings.py): none."""
+    del cfg
+    return []
+
+
+def no_checks(cfg, section: dict) -> tuple:
+    """(field, reason) pairs of the rules between the kind's fields and a run section: none."""
+    del cfg, section
+    return ()
 
 
 # -- runtime -----------------------------------------------------------------------------------------------
@@ -207,7 +245,8 @@ def init_base(ctx, index: int, cfg, params, loss_cfg: LossConfig) -> Base:
     """A stage's train state from `params` (its optimizer state fresh) and its step function (cached per run)."""
     problems = stage_problems(ctx.train, cfg.stage.families)
     if not problems:
-        raise ValueError(f"stage {cfg.name!r}: no training problem of families {cfg.families!r} in tasks.mix")
+        raise ValueError(f"stage {cfg.stage.name!r}: no training problem of families {cfg.stage.families!r} in "
+                         "tasks.mix")
     loop: LoopConfig = cfg.loop
     optim = loop.optim()
     state = init_train_state(ctx.model_cfg, loss_cfg, optim, ctx.key("state", index), mesh=ctx.mesh, rules=ctx.rules,
@@ -217,7 +256,7 @@ def init_base(ctx, index: int, cfg, params, loss_cfg: LossConfig) -> Base:
     if uses_lora(ctx):  # the frozen base is the step's fourth argument (not donated: the same arrays every step)
         step_fn = functools.partial(_lora_step, step_fn, ctx.frozen_base())
     trainer = Trainer(step_fn=step_fn, loop=loop, units=cfg.units, agg=loss_cfg.agg, max_len_norm=loss_cfg.max_len_norm,
-                      max_consecutive_skips=ctx.cfg["run"]["max_consecutive_skips"], name=cfg.name)
+                      max_consecutive_skips=ctx.cfg.run.max_consecutive_skips, name=cfg.stage.name)
     return Base(ctx=ctx, index=index, cfg=cfg, problems=problems, loss_cfg=loss_cfg, trainer=trainer,
                 carry=Carry(state=state))
 
@@ -316,7 +355,7 @@ def load(st, tree: dict, meta: dict):
         try:
             lora.restore_item(tree["train_state"]["params"], meta, b.ctx.frozen_base(), b.ctx.model_cfg)
         except ValueError as e:
-            raise ValueError(f"stage {b.cfg.name!r}: {e}") from None
+            raise ValueError(f"stage {b.cfg.stage.name!r}: {e}") from None
     state = jax.tree.map(restore, b.carry.state, tree["train_state"])
     if b.ctx.mesh is not None:
         state = jax.device_put(state, state_shardings(b.ctx.model_cfg, b.loss_cfg, b.cfg.loop.optim(), b.ctx.mesh,

@@ -14,7 +14,7 @@ The iteration itself is rl/stages/iteration.py; this module is GRPO's config and
 from __future__ import annotations
 
 import dataclasses
-import functools
+import math
 
 import numpy as np
 
@@ -53,7 +53,7 @@ def advantage_check(v) -> str | None:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class GRPOConfig(iteration.RLStageMethods, Flat):
+class GRPOConfig(Flat):
     KIND = "grpo"
     UNIT_FIELD = "iterations"
     # PPO's value-head / GAE keys, which every GRPO entry of a config.json written before they moved to PPOConfig
@@ -94,8 +94,9 @@ class GRPOConfig(iteration.RLStageMethods, Flat):
         yield from iteration.cross_checks(self)
         if self.process_grpo and self.rl.step_rewards:
             yield "process_grpo", "and step_rewards are alternatives; set only one"
-        if any(k < 2 for k in self.group_sizes()):
-            yield "samples", f"must be >= 2 for GRPO (group-relative advantages need a group), got {self.group_sizes()}"
+        if any(k < 2 for k in iteration.group_sizes(self)):
+            yield "samples", ("must be >= 2 for GRPO (group-relative advantages need a group), got "
+                              f"{iteration.group_sizes(self)}")
         if self.advantage != "grpo" and self.scale_by_std:
             yield "scale_by_std", f"divides GRPO's advantages by the group std; {self.advantage} has no std " \
                                   f"scaling: set scale_by_std=False with advantage {self.advantage}"
@@ -104,6 +105,53 @@ class GRPOConfig(iteration.RLStageMethods, Flat):
         if self.filter_zero_variance == "refill" and self.curriculum.enabled:
             yield "filter_zero_variance", "'refill' draws its extra problems uniformly, the curriculum by difficulty " \
                                           "bucket: turn one of them off (drop keeps the curriculum)"
+
+
+# -- what the run's planners ask of the kind (rl.stages.Kind; the rest is the iteration's) ----------------------
+def zero_variance_draws(cfg: GRPOConfig, kept_share: float) -> tuple[float, float]:
+    """(batches drawn, share of a batch's groups trained) per iteration when `kept_share` of a batch's groups carry
+    reward variance: "drop" one draw and kept_share of it; "refill" the draws kept_share needs to fill a batch (at
+    most 1 + max_refill_rounds) and a full batch; "off" one draw, all of it."""
+    if cfg.filter_zero_variance == "drop":
+        return 1.0, kept_share
+    if cfg.filter_zero_variance == "refill":
+        return float(min(math.ceil(1.0 / kept_share), 1 + cfg.max_refill_rounds)), 1.0
+    return 1.0, 1.0
+
+
+def seconds(cfg: GRPOConfig, run, price) -> dict:
+    """Seconds of one iteration by part (iteration.seconds: no value head, the draws of its zero-variance filter at
+    rl/time_estimate.py's expected share of groups with variance, price.kept_share)."""
+    return iteration.seconds(cfg, run, price, value_head=False, draws=zero_variance_draws(cfg, price.kept_share))
+
+
+def warnings(cfg: GRPOConfig) -> list[str]:
+    """A GRPO stage's warnings: the RL ones, Dr. GRPO half set, a refill cap without the refill."""
+    return [*iteration.warnings(cfg), *dr_grpo_warnings(cfg), *refill_warnings(cfg)]
+
+
+def dr_grpo_warnings(cfg: GRPOConfig) -> list[str]:
+    """scale_by_std=False without Dr. GRPO's constant normaliser (agg), or the normaliser with the std scaling kept."""
+    if cfg.advantage != "grpo":
+        return []
+    norm, agg = "seq-mean-token-sum-norm", cfg.loss.agg
+    if not cfg.scale_by_std and agg != norm:
+        return [f"scale_by_std=False is Dr. GRPO's advantage, but agg={agg!r} still divides by each response's "
+                f"or the batch's token count, the length bias Dr. GRPO removes with a constant normaliser "
+                f"(agg={norm!r}); algorithm='dr_grpo' sets both"]
+    if cfg.scale_by_std and agg == norm:
+        return [f"agg={norm!r} is Dr. GRPO's constant normaliser, chosen for scale_by_std=False; with the std "
+                "scaling kept the run is half Dr. GRPO: algorithm='dr_grpo' sets both (or agg='token-mean')"]
+    return []
+
+
+def refill_warnings(cfg: GRPOConfig) -> list[str]:
+    """max_refill_rounds away from its default while filter_zero_variance is not "refill"."""
+    rounds = cfg.max_refill_rounds
+    if rounds == MAX_REFILL_ROUNDS or cfg.filter_zero_variance == "refill":
+        return []
+    return [f"max_refill_rounds={rounds} was chosen for filter_zero_variance='refill' (DAPO's dynamic sampling); "
+            f"this stage has {cfg.filter_zero_variance!r}, which draws one batch per iteration"]
 
 
 def grpo_token_advantages(cfg: GRPOConfig, rewards: np.ndarray, ks, loss_mask: np.ndarray, steps=None):
@@ -151,5 +199,10 @@ def advantages(st: iteration.State, a: dict, texts, rewards, coef, kl_tok):
     return {"advantages": adv}, keep
 
 
-init = functools.partial(iteration.init, advantages=advantages, value_head=False)
+def init(ctx, index: int, cfg: GRPOConfig, params) -> iteration.State:
+    """A GRPO stage's state: the iteration with GRPO's advantages, no value head, its refill rounds."""
+    return iteration.init(ctx, index, cfg, params, advantages=advantages, value_head=False,
+                          refill_rounds=cfg.refill_rounds)
+
+
 unit = iteration.unit

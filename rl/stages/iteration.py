@@ -33,7 +33,8 @@ docs/training.md ("MoE RL") describes the mismatch fields.
 Config: `IterationConfig` holds the fields GRPO and PPO share that belong to the iteration itself; the loss, KL,
 off-policy and curriculum fields are their modules' sections (rl.losses.LossConfig, rl.kl_control.KLConfig,
 rl.offpolicy.OffPolicyConfig, rl.curriculum.CurriculumConfig), composed by each kind's config. The functions
-under "config rules" are the rules both kinds' configs apply (each config class binds them).
+under "config rules" are the rules both kinds' configs apply (plain functions of the config: each config's
+cross_checks calls cross_checks, rl.stages.Kind carries the others).
 """
 from __future__ import annotations
 
@@ -113,7 +114,7 @@ class IterationConfig(Checked):
                               choice("auto", "flat"))
 
 
-# -- config rules (GRPOConfig / PPOConfig bind these) ----------------------------------------------------------
+# -- config rules (GRPO's and PPO's) -------------------------------------------------------------------------------
 def loss_for(cfg, max_new_tokens: int) -> LossConfig:
     """The train step's LossConfig of an RL stage config: its loss section with the fields the stage derives."""
     return dataclasses.replace(
@@ -127,14 +128,17 @@ def components(cfg, max_new_tokens: int):
 
 
 def uses_reference(cfg) -> bool:
+    """Whether the stage holds a KL reference policy (some KL coefficient can be > 0: rl.kl_control.KLConfig)."""
     return cfg.kl.uses_reference
 
 
 def records_routes(cfg) -> bool:
+    """Whether its rollouts record the sampler's MoE routes (to replay them, or only to measure the disagreement)."""
     return cfg.loss.routing_replay or cfg.rl.record_routes
 
 
 def group_sizes(cfg) -> list[int]:
+    """The answers per problem it samples: the curriculum's per bucket, else `samples`."""
     return list(cfg.curriculum.samples) if cfg.curriculum.enabled else [cfg.rl.samples]
 
 
@@ -168,23 +172,108 @@ def model_checks(cfg, model: dict):
             yield fld, "needs an MoE model (model.n_experts > 0 and model.moe_every > 0, or model.upcycle)"
 
 
-class RLStageMethods:
-    """The methods the GRPO and PPO stage configs share (a mixin of functions of this module; it holds no fields)."""
+# -- what the run's planners ask of an RL kind (rl.stages.Kind) ------------------------------------------------
+def problems(cfg) -> tuple[str, int]:
+    """(the field counting the training problems it asks for, that count): n_prompts, drawn afresh each iteration."""
+    return "n_prompts", cfg.rl.n_prompts
 
-    components = components
-    reward_checks = reward_checks
-    model_checks = model_checks
-    uses_reference = property(uses_reference)
-    records_routes = property(records_routes)
-    group_sizes = group_sizes
-    refill_rounds = 0  # rounds an iteration may draw after its first batch (GRPO's filter_zero_variance "refill")
 
-    @property
-    def corrects_off_policy(self) -> bool:
-        return self.offpolicy.enabled
+def step_rows(cfg, seq_len: int, row_multiple: int) -> int:
+    """Rows per optimizer step: token_budget over the padded length (rl.rollout.rows_for_budget)."""
+    return rollout.rows_for_budget(cfg.rl.token_budget, seq_len, row_multiple)
 
-    def cross_checks(self):
-        yield from cross_checks(self)
+
+def step_layout(cfg, rows: int, row_multiple: int, prompt_len: int, new_tokens: int):
+    """The grouped layout its steps take (rl/grouped_batch.py), or None for flat rows: batch_layout "flat", recorded
+    routes or group sizes that differ are flat (the update's rule, grouped_layout, on the config's group sizes)."""
+    sizes = group_sizes(cfg)
+    if cfg.rl.batch_layout == "flat" or records_routes(cfg) or len(set(sizes)) != 1:
+        return None
+    return grouped_batch.plan(sizes, rows, row_multiple, prompt_len, new_tokens, 0)
+
+
+def answers(cfg) -> int:
+    """Answers an iteration samples and scores (its first draw): n_prompts x the group size (the curriculum's mean)."""
+    k = float(np.mean(cfg.curriculum.samples)) if cfg.curriculum.enabled else cfg.rl.samples
+    return int(cfg.rl.n_prompts * k)
+
+
+def trained_rows(cfg, n_train: int) -> int:
+    """Rows an iteration trains on at most (every group kept), epochs counted."""
+    del n_train
+    return cfg.rl.epochs * answers(cfg)
+
+
+def seconds(cfg, run, price, *, value_head: bool, draws: tuple[float, float] = (1.0, 1.0)) -> dict:
+    """Seconds of one iteration by part, priced by rl/time_estimate.py's `price` (run: the RunConfig): sampling, the
+    logprob passes (the KL reference over the batch; the sampler / trainer check over one minibatch, or with a
+    value head the old logprobs and values over the batch) and the update, in the grouped layout's tokens when its
+    steps take it. `draws`: (batches drawn, share of a batch's groups trained), the kind's (GRPO's zero-variance
+    filter)."""
+    P, N = run.tasks.max_prompt_len, run.sampling.max_new_tokens
+    seq = P + N
+    r = cfg.rl
+    sizes = group_sizes(cfg)
+    rows = int(round(r.n_prompts * float(np.mean(sizes))))
+    grouped = r.batch_layout != "flat" and not records_routes(cfg) and len(set(sizes)) == 1
+    tokens = r.n_prompts * P + rows * N if grouped else rows * seq  # grouped: each prompt once (grouped_batch)
+    step = max(1, r.token_budget // seq)
+    n_draws, kept = draws
+    logprobs = price.forward(tokens if value_head else min(rows, step) * seq)
+    if uses_reference(cfg):
+        logprobs += price.forward(tokens)
+    return {"sampling": n_draws * price.decode(rows, r.n_prompts, r.sampler_dtype),
+            "logprobs": n_draws * logprobs,
+            "update": r.epochs * kept * price.train(tokens, r.token_budget)}
+
+
+def trained_units(st) -> int:
+    """Iterations that updated the policy so far (an iteration whose groups all had equal rewards did not)."""
+    return st.trained_units
+
+
+# -- warnings on an RL stage's values (rl/config_warnings.py prints them) ----------------------------------------
+SEQUENCE_CLIP_MAX = 0.01  # clip ranges below this are sequence-ratio ranges (GSPO: 3e-4 / 4e-4), above token-ratio
+
+
+def warnings(cfg) -> list[str]:
+    """An RL stage's warnings (GRPO's add its own): clip ranges chosen for another policy loss."""
+    return clip_warnings(cfg)
+
+
+def _clips(cfg) -> dict:
+    """The clip fields the stage's policy loss reads (cispo's clip_low only with cispo_floor)."""
+    loss = cfg.loss
+    keys = ("clip_high",) if loss.policy_loss == "cispo" and not loss.cispo_floor else ("clip_low", "clip_high")
+    return {k: getattr(loss, k) for k in keys}
+
+
+def clip_warnings(cfg) -> list[str]:
+    """Clip ranges of a token-ratio loss on GSPO's sequence ratio, or the reverse."""
+    clips, loss = _clips(cfg), cfg.loss.policy_loss
+    if loss == "gspo":
+        wide = {k: v for k, v in clips.items() if v >= SEQUENCE_CLIP_MAX}
+        if wide:
+            return [f"{_fields(wide)} {_were(wide)} chosen for a token-ratio loss (policy_loss ppo: PPO and DAPO clip "
+                    "at ~0.2); policy_loss gspo clips the sequence ratio, which moves far less per step: GSPO's "
+                    "paper uses clip_low=0.0003, clip_high=0.0004 (algorithm='gspo' sets them)"]
+    elif loss in ("ppo", "cispo"):
+        narrow = {k: v for k, v in clips.items() if 0 < v < SEQUENCE_CLIP_MAX}
+        if narrow:
+            return [f"{_fields(narrow)} {_were(narrow)} chosen for policy_loss gspo (a sequence ratio); policy_loss "
+                    f"{loss} clips each token's ratio, which at 1 +- {max(narrow.values())} stops almost "
+                    "every token's update: the token-ratio ranges are ~0.2 (0.2 / 0.28 with DAPO's clip-higher)"]
+    return []
+
+
+def _fields(d: dict) -> str:
+    """'clip_low=0.2, clip_high=0.28'."""
+    return ", ".join(f"{k}={v}" for k, v in d.items())
+
+
+def _were(d: dict) -> str:
+    """The verb for one field or several."""
+    return "was" if len(d) == 1 else "were"
 
 
 # -- state ---------------------------------------------------------------------------------------------------
@@ -205,15 +294,19 @@ class State:
     pending: tuple = ()  # batches sampled ahead, oldest first (bounded staleness); checkpointed
     trained_units: int = 0  # updates so far: a batch's "version" is this count when it was sampled
     prm_out: Any = None  # the current batch's PRM scores (process reward and step scores share one forward)
+    refill_rounds: int = 0  # rounds an iteration may draw after its first batch (GRPO's filter_zero_variance "refill")
 
 
-def init(ctx, index: int, cfg, params, *, advantages: Callable, value_head: bool) -> State:
-    loss_cfg, _, kl_ctl = components(cfg, ctx.cfg["sampling"]["max_new_tokens"])
+def init(ctx, index: int, cfg, params, *, advantages: Callable, value_head: bool, refill_rounds: int = 0) -> State:
+    """An RL stage's state: the kind's advantage function, its value head (PPO) and refill rounds (GRPO's
+    filter_zero_variance "refill"), the KL reference, controller and curriculum state its config asks for."""
+    loss_cfg, _, kl_ctl = components(cfg, ctx.cfg.sampling.max_new_tokens)
     base = common.init_base(ctx, index, cfg, params, loss_cfg)
     st = State(base=base, advantages=advantages, value_head=value_head, kl_ctl=kl_ctl,
                max_rows=rollout.rows_for_budget(cfg.rl.token_budget, ctx.seq_len, ctx.row_multiple),
                sample_cfg=ctx.model_cfg.replace(dtype=cfg.rl.sampler_dtype) if cfg.rl.sampler_dtype else ctx.sampler_cfg,
-               prm=reward_terms.scorer(ctx, cfg, f"stages[{index}]"))  # reward.prm_path: the PRM wing's, else None
+               prm=reward_terms.scorer(ctx, cfg, f"stages[{index}]"),  # reward.prm_path: the PRM wing's, else None
+               refill_rounds=refill_rounds)
     return dataclasses.replace(
         st, ref_params=common.reference_params(st) if cfg.kl.uses_reference else None,
         kl_state=kl_ctl.init() if kl_ctl is not None else None,
@@ -250,7 +343,7 @@ def unit(st: State, u: int) -> tuple[State, dict]:
 
     coef = st.kl_ctl.coef_at(st.kl_state, u) if st.kl_ctl is not None else 0.0
     st, d = judge(st, a, texts, scores, coef)
-    if cfg.refill_rounds:  # DAPO's dynamic sampling: more groups, drawn now, until n_prompts carry variance
+    if st.refill_rounds:  # DAPO's dynamic sampling: more groups, drawn now, until n_prompts carry variance
         st, d = refill(st, u, d, coef)
     a, m = d["a"], d["m"]
     st, um = update(st, a, d["extra"], d["keep"], coef, u)
@@ -288,11 +381,11 @@ def refill(st: State, u: int, first: dict, coef: float) -> tuple[State, dict]:
     """DAPO's dynamic sampling (GRPO's filter_zero_variance "refill"): while fewer than n_prompts of the iteration's
     groups carry reward variance, draw n_prompts more problems (among those not drawn yet in this iteration, from
     the rng stream of (u, round)), sample them with the current params and score them, synchronously; at most
-    cfg.refill_rounds rounds, fewer when not n_prompts problems are left. The first n_prompts kept groups train
+    st.refill_rounds rounds, fewer when not n_prompts problems are left. The first n_prompts kept groups train
     (merge); refill/groups_drawn, refill/groups_kept (groups trained) and refill/rounds join the metrics."""
     ctx, n = st.base.ctx, st.base.cfg.rl.n_prompts
     draws, t0 = [first], time.time()
-    while kept_groups(draws) < n and len(draws) <= st.base.cfg.refill_rounds:
+    while kept_groups(draws) < n and len(draws) <= st.refill_rounds:
         drawn = np.concatenate([d["a"]["ids"] for d in draws])
         if len(st.base.problems) - len(np.unique(drawn)) < n:
             break
@@ -349,7 +442,7 @@ def merge(draws: list[dict], n_groups: int) -> dict:
 def lookahead(st: State) -> int:
     """Batches sampled ahead of the update: max_staleness, or 0 without run.overlap or with a curriculum (whose
     next pick must see this iteration's pass rates)."""
-    return st.base.cfg.rl.max_staleness if st.base.ctx.cfg["run"]["overlap"] and st.cur_state is None else 0
+    return st.base.cfg.rl.max_staleness if st.base.ctx.cfg.run.overlap and st.cur_state is None else 0
 
 
 # -- produce ------------------------------------------------------------------------------------------------------
@@ -450,8 +543,8 @@ def grouped_layout(st: State, ks):
     if cfg.rl.batch_layout == "flat" or records_routes(cfg):
         return None
     c = ctx.cfg
-    return grouped_batch.plan(ks, st.max_rows, ctx.row_multiple, c["tasks"]["max_prompt_len"],
-                              c["sampling"]["max_new_tokens"], ctx.tok.PAD)
+    return grouped_batch.plan(ks, st.max_rows, ctx.row_multiple, c.tasks.max_prompt_len, c.sampling.max_new_tokens,
+                              ctx.tok.PAD)
 
 
 def _problems(st: State, a: dict) -> list:
@@ -508,8 +601,8 @@ def stage_reward_terms(s, scores: list[dict]) -> np.ndarray:
     """The stage's own reward terms per answer: + process_weight x process + format_weight x format
     - language_weight x language (each a component rewards.combine.score always returns). The format term skips
     the families whose format is their outcome (rewards.task_score.FORMAT_IS_OUTCOME: an instruction row's `format`
-    is its share of constraints met, already in the total), as reward.w_format does. `s`: the stage config or its
-    IterationConfig."""
+    is its share of constraints met, already in the total), as reward.w_format does. `s`: the stage's IterationConfig
+    (cfg.rl)."""
     col = lambda k: np.array([float(sc[k]) for sc in scores], np.float64)  # noqa: E731
     out = np.zeros((len(scores),), np.float64)
     for weight, key, sign in ((s.process_weight, "process", 1.0), (s.format_weight, "format", 1.0),

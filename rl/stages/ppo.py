@@ -30,7 +30,7 @@ from rl.train_loop import LoopConfig
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class PPOConfig(iteration.RLStageMethods, Flat):
+class PPOConfig(Flat):
     KIND = "ppo"
     UNIT_FIELD = "iterations"
     # GRPO's keys, which every PPO entry of a config.json written before they moved to GRPOConfig holds (at the one
@@ -50,6 +50,10 @@ class PPOConfig(iteration.RLStageMethods, Flat):
     tools: ToolsConfig = section(ToolsConfig, "tool calls during rollouts (rl/tool_rollout.py)", nested=True)
     gamma: float = field(1.0, "discount", num(0.0, 1.0))
     lam: float = field(0.95, "GAE lambda", num(0.0, 1.0))
+
+    def cross_checks(self):
+        """The RL rules between sections (iteration.cross_checks); PPO adds none."""
+        yield from iteration.cross_checks(self)
 
 
 def advantages(st: iteration.State, a: dict, texts, rewards, coef, kl_tok):
@@ -76,3 +80,4 @@ def advantages(st: iteration.State, a: dict, texts, rewards, coef, kl_tok):
 
 init = functools.partial(iteration.init, advantages=advantages, value_head=True)
 unit = iteration.unit
+seconds = functools.partial(iteration.seconds, value_head=True)  # its value pass checks the whole batch

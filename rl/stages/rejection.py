@@ -47,10 +47,31 @@ class RejectionConfig(Flat):
                                     "answers (cold-start data replay; 0 = off)", num(0.0, 100.0))
     length_buckets: int = length_buckets_field()
 
-    def components(self, max_new_tokens: int):
-        """(LossConfig, OptimConfig, KL controller or None) of the train step this stage runs."""
-        del max_new_tokens
-        return LossConfig(mode="sft"), self.loop.optim(), None
+
+# -- what the run's planners ask of the kind (rl.stages.Kind; its train step and step rows are SFT's) -----------
+def problems(cfg: RejectionConfig) -> tuple[str, int]:
+    """(the field counting the training problems it asks for, that count): n_problems, drawn afresh each round."""
+    return "n_problems", cfg.n_problems
+
+
+def answers(cfg: RejectionConfig) -> int:
+    """Answers a round samples and scores: n_problems x samples."""
+    return cfg.n_problems * cfg.samples
+
+
+def trained_rows(cfg: RejectionConfig, n_train: int) -> int:
+    """Rows a round trains on at most (every answer kept), epochs counted."""
+    del n_train
+    return cfg.epochs * answers(cfg)
+
+
+def seconds(cfg: RejectionConfig, run, price) -> dict:
+    """Seconds of one round by part, priced by rl/time_estimate.py's `price` (run: the RunConfig): sampling the
+    answers, the update on all of them."""
+    seq = run.tasks.max_prompt_len + run.sampling.max_new_tokens
+    rows = answers(cfg)
+    return {"sampling": price.decode(rows, cfg.n_problems),
+            "update": cfg.epochs * price.train(rows * seq, cfg.batch_size * seq)}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -45,15 +45,46 @@ class SFTConfig(Flat):
                                 num(0.0, 1.0))
     length_buckets: int = length_buckets_field()
 
-    def components(self, max_new_tokens: int):
-        """(LossConfig, OptimConfig, KL controller or None) of the train step this stage runs."""
-        del max_new_tokens
-        return LossConfig(mode="sft"), self.loop.optim(), None
+
+def components(cfg, max_new_tokens: int):
+    """(LossConfig, OptimConfig, KL controller or None) of the train step a stage that fine-tunes on answers (SFT,
+    rejection) runs: the SFT loss, no KL."""
+    del max_new_tokens
+    return LossConfig(mode="sft"), cfg.loop.optim(), None
 
 
 def sft_rows(batch_size: int, multiple: int) -> int:
     """Rows per SFT step: the batch size rounded up to the mesh's batch axes (one compiled shape)."""
     return max(multiple, -(-int(batch_size) // multiple) * multiple)
+
+
+# -- what the run's planners ask of the kind (rl.stages.Kind) ---------------------------------------------------
+def problems(cfg: SFTConfig) -> tuple[str, int]:
+    """(the field counting the training problems it asks for, that count): n_problems, 0 = all of its families."""
+    return "n_problems", cfg.n_problems
+
+
+def step_rows(cfg, seq_len: int, row_multiple: int) -> int:
+    """Rows per optimizer step of a stage that fine-tunes on answers (SFT, rejection): sft_rows of its batch_size."""
+    del seq_len
+    return sft_rows(cfg.batch_size, row_multiple)
+
+
+def answers(cfg: SFTConfig) -> int:
+    """Answers an epoch samples and scores: none (it trains on the tasks' worked solutions)."""
+    del cfg
+    return 0
+
+
+def trained_rows(cfg: SFTConfig, n_train: int) -> int:
+    """Rows an epoch trains on: n_problems, or tasks.n_train with n_problems 0."""
+    return cfg.n_problems or n_train
+
+
+def seconds(cfg: SFTConfig, run, price) -> dict:
+    """Seconds of one epoch by part, priced by rl/time_estimate.py's `price` (run: the RunConfig): the update."""
+    seq = run.tasks.max_prompt_len + run.sampling.max_new_tokens
+    return {"update": price.train(trained_rows(cfg, run.tasks.n_train) * seq, cfg.batch_size * seq)}
 
 
 DIRECT_STREAM = 10**6  # rng stream of the direct_share draw (epochs use streams 0 .. epochs - 1)
