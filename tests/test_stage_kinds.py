@@ -76,3 +76,16 @@ def test_the_scan_sees_every_form_and_nothing_else():
            'x = TABLE[s.kind]\n'
            'if KINDS[s.kind].is_rl: pass\n')
     assert kind_name_branches(src) == [1, 2, 3, 4, 5]
+
+
+def test_sft_problem_count_reads_the_typed_config():
+    """The SFT length check's count (rl.stages.sft_problem_count) on a validated RunConfig: a stage of a kind that
+    fine-tunes on demonstrations counts its n_problems (0 = all of tasks.n_train); read as a mapping it once gave 0,
+    which skipped the check of the worked solutions' lengths."""
+    from experiments.configs import quickstart
+    from rl import config_validation as cv
+    from rl.stages import sft_problem_count
+
+    cfg = cv.typed(quickstart.get_config("variant=tiny").to_dict())
+    sft = [s for s in cfg.stages if s.kind == "sft"]
+    assert sft and sft_problem_count(cfg) == (sft[0].n_problems or cfg.tasks.n_train) > 0

@@ -132,9 +132,10 @@ def components(cfg, max_new_tokens: int):
     return KINDS[cfg.kind].components(cfg, max_new_tokens)
 
 
-def sft_problem_count(cfg: dict) -> int:
-    """How many training problems the config's SFT stages render as worked solutions."""
-    return max([s.get("n_problems") or cfg["tasks"]["n_train"] for s in cfg["stages"] if s.get("kind") == "sft"],
+def sft_problem_count(cfg) -> int:
+    """How many training problems the stages that fine-tune on demonstrations (Kind.demonstrations) render as worked
+    solutions, for a validated RunConfig: their `problems` count, 0 meaning all of tasks.n_train."""
+    return max([KINDS[s.kind].problems(s)[1] or cfg.tasks.n_train for s in cfg.stages if KINDS[s.kind].demonstrations],
                default=0)
 
 
