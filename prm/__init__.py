@@ -6,7 +6,7 @@ rl/ import nothing of it (tests/test_layering.py).
     data.py         which tokens are steps (step_ends), exact labels, corrupted gold solutions, Math-Shepherd labels
     metrics.py      AUROC, ECE, Brier, NLL, temperature / Platt scaling, ProcessBench first-error F1, best-of-N
     model.py        PRM (params + calibration + threshold), token rows, batched jitted scoring
-    checkpoint.py   save / load: an orbax directory like the policy's; old .npz files read for one release
+    checkpoint.py   save / load: an orbax directory like the policy's; old .npz files read until its date in rl/compat.py (prm_npz)
     loop.py         optimizer steps over minibatches (the PRM's one optimizer loop)
     train.py        PRMConfig, train (mode "prm", early stopping on a calibration split)
     calibration.py  calibration fits, the first-error threshold, evaluation (step metrics, first-error F1)

@@ -1,5 +1,5 @@
 """PRM checkpoints: an orbax directory written like the policy's (rl/checkpoint.py), and the old .npz files, read
-for one release.
+until their date in rl/compat.py (prm_npz).
 
     save(prm, "runs/prm/prm")                 # a directory (rl.checkpoint.Checkpointer's layout, one step: 0)
     prm = load("runs/prm/prm")                # checksums verified first; a .npz file is read as the old format
@@ -12,7 +12,7 @@ calibs, threshold, agg, meta, likelihood, and `arrays` (each leaf's path, shape 
 restore reads into, so a checkpoint comes back with exactly the dtypes it was written with).
 
 The old format (NPZ_FORMAT, "mathrl-prm-v2": one .npz, arrays under "params/...", the rest as JSON under
-"__meta__", read with allow_pickle=False) is read by load_npz until the next release; load() takes either and
+"__meta__", read with allow_pickle=False) is read by load_npz until its date in rl/compat.py; load() takes either and
 warns (FutureWarning) on the old one. Files written before PRM.calibs existed load with {"none", their own map}.
 Every failure to read is a ValueError (or OSError for a missing path) that names the path.
 """
@@ -29,12 +29,13 @@ import numpy as np
 from models import layer_stack
 from models.config import ModelConfig
 from prm.model import PRM
+from rl import compat
 from rl.checkpoint import Checkpointer, CheckpointError
 
 __all__ = ["FORMAT", "NPZ_FORMAT", "save", "load", "load_npz", "convert", "is_checkpoint"]
 
 FORMAT = "mathrl-prm-v3"  # an orbax directory (this module)
-NPZ_FORMAT = "mathrl-prm-v2"  # the old single .npz file: read until the next release (then drop load_npz, convert)
+NPZ_FORMAT = "mathrl-prm-v2"  # the old single .npz file: read until its date in rl/compat.py
 _STEP = 0  # a PRM checkpoint holds one step
 
 
@@ -67,6 +68,7 @@ def _meta(prm: PRM) -> dict:
 
 def _prm(meta: dict, params: dict) -> PRM:
     model_cfg = ModelConfig.from_dict(meta["model_cfg"])
+    # compat: per_layer_checkpoint
     if layer_stack.is_per_layer(params):  # written before the blocks were stored stacked
         params = layer_stack.to_stacked(params, layer_stack.layer_groups(model_cfg))
     return PRM(model_cfg, params, meta["calib"], float(meta["threshold"]), meta["agg"], meta["meta"],
@@ -90,12 +92,12 @@ def save(prm: PRM, path) -> None:
 
 
 def load(path) -> PRM:
-    """The PRM of a checkpoint directory written by save, or (for one release, with a FutureWarning) of an old .npz
+    """The PRM of a checkpoint directory written by save, or (until its date in rl/compat.py, with a FutureWarning) of an old .npz
     file; ValueError naming the path for anything else, OSError when nothing is there."""
     path = os.fspath(path)
     if os.path.isfile(path):
-        warnings.warn(f"{path}: a PRM .npz file ({NPZ_FORMAT}) is read until the next release; convert it once with "
-                      f"prm.checkpoint.convert(old, new_directory)", FutureWarning, stacklevel=2)
+        warnings.warn(f"{path}: a PRM .npz file ({NPZ_FORMAT}) is read until {compat.SHIMS['prm_npz'].remove_after}; "
+                      f"convert it once with prm.checkpoint.convert(old, new_directory)", FutureWarning, stacklevel=2)
         return load_npz(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no PRM checkpoint there")
@@ -119,8 +121,9 @@ def load(path) -> PRM:
     return _prm(meta, params)
 
 
+# compat: prm_npz
 def load_npz(path) -> PRM:
-    """Read an old PRM file (NPZ_FORMAT, allow_pickle=False); ValueError for any other file. Kept for one release."""
+    """Read an old PRM file (NPZ_FORMAT, allow_pickle=False); ValueError for any other file. Kept until its date in rl/compat.py (prm_npz)."""
     with np.load(path, allow_pickle=False) as z:
         if "__meta__" not in z.files:
             raise ValueError(f"{path}: not a PRM file (no metadata)")

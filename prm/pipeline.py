@@ -318,7 +318,8 @@ def reuse_checkpoint(prm_dir: str, source: str, calibs: dict) -> bool:
     fitted maps stored."""
     path = os.path.join(prm_dir, source)
     if not checkpoint.is_checkpoint(path) and os.path.isfile(path + ".npz"):
-        checkpoint.convert(path + ".npz", path)  # written before the orbax format: read for one release
+        # compat: prm_npz
+        checkpoint.convert(path + ".npz", path)  # written before the orbax format: read until its date in rl/compat.py (prm_npz)
     if not checkpoint.is_checkpoint(path):
         return False
     store_calibrations(path, calibs)

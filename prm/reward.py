@@ -6,7 +6,7 @@ the policy's, not in the plain-Python reward pool. The stages and the evaluation
 them (the experiments package does that import). Config (reward section, rewards.combine):
 
     reward.prm_path   a PRM checkpoint written by prm/pipeline.py (python -m experiments.train_prm; "" = off); an
-                      old .npz file is still read, for one release (prm/checkpoint.py)
+                      old .npz file is still read until its date in rl/compat.py (prm/checkpoint.py)
     reward.w_prm      total reward += w_prm * the response's PRM score (0.1-0.3 when on; math rows only)
     reward.prm_agg    the response's PRM score from its calibrated step probabilities: min | mean | prod | last
     reward.prm_steps  step_rewards / process_grpo take their step scores from the PRM instead of the checker

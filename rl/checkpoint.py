@@ -328,6 +328,7 @@ class Checkpointer:
         template = _to_numpy(template)
         abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), template)
         path = self._path(step, best)
+        # compat: per_layer_checkpoint
         convert = self.layers is not None and saved_per_layer(path) and not layer_stack.is_per_layer(abstract)
         if convert:  # written before the stacked layout: restored per layer, then stacked
             abstract = layer_stack.to_per_layer(abstract, self.layers)

@@ -427,7 +427,7 @@ def upgrade(c: dict, *, quiet: bool = False) -> dict:
                 c["stages"] = [*c["stages"][:i], moved, *c["stages"][i + 1:]]
             if not quiet:
                 print(f"config: {shown}{old_key} is deprecated, read as {shown}{'.'.join(new_path)}; rename it (the "
-                      "old name is accepted for one release)", file=sys.stderr, flush=True)
+                      "old name is accepted until it leaves ALIASES)", file=sys.stderr, flush=True)
     return c
 
 

@@ -40,6 +40,7 @@ def best_record(best: dict | None) -> dict | None:
     if best is None:
         return None
     out = dict(best)
+    # compat: best_record_from_zero
     if "unit_base" not in out:
         out["unit"], out["unit_base"] = int(out["unit"]) + 1, 1
     if float(out.get("val_pass@1", 1.0)) == 0.0:
@@ -102,6 +103,7 @@ def load_policy(workdir: str, which: str | int = "best"):
         raise CheckpointError(f"checkpoint {path} could not be restored: {type(e).__name__}: {e}") from None
     params = state["policy"] if "policy" in state else state["train_state"]["params"]
     params = {k: v for k, v in params.items() if k != "value_head"}
+    # compat: per_layer_checkpoint
     if layer_stack.is_per_layer(params):  # written before the stacked layout
         params = layer_stack.to_stacked(params, layer_stack.layer_groups(model_cfg))
     if model_cfg.lora is not None:  # a LoRA run's checkpoint holds adapters: merged into the base rebuilt here

@@ -307,7 +307,7 @@ def test_load_policy_best_last_and_by_unit(tmp_path):
     for which, want in (("best", params[0]), ("last", params[2]), (5, params[1]), ("6", params[2])):
         cfg, mcfg, got, tok = load_policy(str(wd), which)
         assert _equal(got, want) and "value_head" not in got, which
-        assert cfg.stages[0].name == "cold_start" and mcfg.d_model == cfg.model.d_model
+        assert cfg.stages[0].stage.name == "cold_start" and mcfg.d_model == cfg.model.d_model
         assert tok.decode(tok.encode("Answer: 7", add_bos=False)) == "Answer: 7"
     path, step, meta = find_policy(str(wd), "best")
     assert step == 4 and meta["val_pass@1"] == 0.25 and path.endswith(os.path.join("best_policy", "last", "4"))

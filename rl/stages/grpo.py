@@ -58,7 +58,9 @@ class GRPOConfig(Flat):
     UNIT_FIELD = "iterations"
     # PPO's value-head / GAE keys, which every GRPO entry of a config.json written before they moved to PPOConfig
     # holds, at their old defaults; GRPO never read them, so any other value (once silently ignored) is refused
+    # compat: grpo_ppo_keys
     LEGACY = {"gamma": 1.0, "lam": 0.95, "value_coef": 0.5, "value_clip": 0.2}
+    # compat: zero_variance_bool
     SPELLINGS = {"filter_zero_variance": zero_variance_mode}  # True / False of older configs: "drop" / "off"
 
     stage: StageInfo = section(StageInfo, "name and problems")

@@ -36,6 +36,7 @@ class PPOConfig(Flat):
     # GRPO's keys, which every PPO entry of a config.json written before they moved to GRPOConfig holds (at the one
     # value PPO accepted; scale_by_std at its old default: PPO never read it, so False, once silently ignored, is
     # refused: PPO whitens its GAE advantages over the batch)
+    # compat: ppo_grpo_keys
     LEGACY = {"advantage": "grpo", "filter_zero_variance": False, "process_grpo": False, "scale_by_std": True}
 
     stage: StageInfo = section(StageInfo, "name and problems")
