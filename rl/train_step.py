@@ -70,6 +70,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from models import lora, shared_prompt, sharding, transformer, vocab
 from models.transformer import unembedding
 from rl import losses
+from rl.config_fields import Checked, field, num, optional
 from rl.losses import LossConfig
 
 __all__ = [
@@ -88,29 +89,21 @@ HEAD_MODES = ("ppo", "prm")  # modes whose params carry "value_head"
 
 # ------------------------------------------------------------------------------------- configs
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class OptimConfig:
-    """AdamW (decoupled weight decay on matrices) after an optional global-norm clip.
+class OptimConfig(Checked):
+    """AdamW (decoupled weight decay on matrices) after an optional global-norm clip; each field carries its default,
+    doc and range check (models/fields.py: a bad value raises FieldErrors naming the field).
 
     The learning rate is not part of it: the step takes it from the host each call
     (rl.schedules.lr_at), so a stage's schedule can follow the optimizer steps it really takes.
     """
 
-    weight_decay: float = 0.0  # decoupled, on matrices only (ndim >= 2), scaled by the learning rate
-    b1: float = 0.9
-    b2: float = 0.999
-    eps: float = 1e-8
-    grad_clip: float | None = 1.0  # global-norm clip; None disables
-
-    def __post_init__(self):
-        if not 0 <= self.weight_decay < float("inf"):
-            raise ValueError(f"OptimConfig.weight_decay must be a finite number >= 0, got {self.weight_decay}")
-        for name in ("b1", "b2"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"OptimConfig.{name} must be in [0, 1), got {getattr(self, name)}")
-        if not 0 < self.eps < float("inf"):
-            raise ValueError(f"OptimConfig.eps must be > 0, got {self.eps}")
-        if self.grad_clip is not None and not 0 < self.grad_clip < float("inf"):
-            raise ValueError(f"OptimConfig.grad_clip must be None or a finite number > 0, got {self.grad_clip}")
+    weight_decay: float = field(0.0, "decoupled weight decay, on matrices only (ndim >= 2), scaled by the learning "
+                                     "rate", num(0.0))
+    b1: float = field(0.9, "Adam's first-moment decay", num(0.0, 1.0, hi_open=True))
+    b2: float = field(0.999, "Adam's second-moment decay", num(0.0, 1.0, hi_open=True))
+    eps: float = field(1e-8, "Adam's denominator epsilon", num(0.0, lo_open=True))
+    grad_clip: float | None = field(1.0, "global-norm gradient clip; None disables", optional(num(0.0, lo_open=True),
+                                                                                              "off"))
 
 
 # ------------------------------------------------------------------------------------- optimizer
