@@ -53,7 +53,7 @@ from rl.memory_plan import MemoryPlan
 from rl.stages import sft_problem_count
 from rl.tasks.base import Problem
 from rl.tasks.render import render_prompt, render_solution, render_user_message
-from rl.train_step import make_logprob_fn
+from rl.logprobs import make_logprob_fn
 
 PURPOSES = {"init": 1, "sft": 2, "rejection": 3, "rl": 4, "eval": 5, "state": 6, "lora": 7, "upcycle": 8}
 _FN_CACHE: dict = {}

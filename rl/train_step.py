@@ -59,7 +59,6 @@ in the loss.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
 import jax
@@ -67,10 +66,11 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from models import lora, shared_prompt, sharding, transformer, vocab
-from models.transformer import unembedding
+from models import lora, shared_prompt, sharding, transformer
 from rl import losses
 from rl.config_fields import Checked, field, num, optional
+from rl.logprobs import (batch_sharding, head, is_grouped, logprobs_entropy, model_params, shifted_values,
+                         token_logprobs)
 from rl.losses import LossConfig
 
 __all__ = [
@@ -80,8 +80,8 @@ __all__ = [
     "init_train_state",
     "state_shardings",
     "make_train_step",
-    "make_logprob_fn",
-    "compute_logprobs",
+    "make_loss_fn",
+    "denom_share",
 ]
 
 HEAD_MODES = ("ppo", "prm")  # modes whose params carry "value_head"
@@ -129,10 +129,6 @@ def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
 def _value_head(d_model: int) -> dict:
     # Zero init: the first value estimates are 0, so early advantages are just the returns.
     return {"w": jnp.zeros((d_model,), jnp.float32), "b": jnp.zeros((), jnp.float32)}
-
-
-def _model_params(params: dict) -> dict:
-    return {k: v for k, v in params.items() if k != "value_head"}
 
 
 def _abstract_params(model_cfg, loss_cfg):
@@ -210,59 +206,10 @@ def init_train_state(model_cfg, loss_cfg: LossConfig, optim_cfg: OptimConfig, ke
 
 
 # ------------------------------------------------------------------------------------- the step
-def _head(params: dict, hidden: jax.Array) -> jax.Array:
-    head = params["value_head"]
-    return jnp.einsum("btd,d->bt", hidden.astype(jnp.float32), head["w"]) + head["b"]
-
-
-def _shifted_values(params: dict, hidden: jax.Array) -> jax.Array:
-    return jnp.pad(_head(params, hidden[:, :-1]), ((0, 0), (1, 0)))
-
-
-def _chunked_logprobs(params, aux, tokens, temperature, model_cfg, mesh, rules):
-    """(logp, entropy) [B, T] from forward(..., return_logits=False)'s hidden states, model_cfg.logits_chunk positions
-    at a time (models/vocab.py): the full-logits path's numbers without [B, T, vocab] float32 logits."""
-    return vocab.sequence_logprobs(_model_params(params), model_cfg, aux["hidden"], tokens, temperature,
-                                   chunk_len=model_cfg.logits_chunk, mesh=mesh, rules=rules)
-
-
-def _token_logprobs(params, logits, aux, tokens, temperature, model_cfg, mesh, rules):
-    """Per-token logprobs [B, T] from forward's full logits, or chunk by chunk when model_cfg.logits_chunk > 0."""
-    if model_cfg.logits_chunk > 0:
-        return _chunked_logprobs(params, aux, tokens, temperature, model_cfg, mesh, rules)[0]
-    return losses.token_logprobs(logits, tokens, temperature)
-
-
-def _is_grouped(batch: dict) -> bool:
-    """The grouped layout: prompts once ([G, P] prompt_tokens / prompt_mask, left-padded) and their K answers per
-    row ([G*K, C] tokens, attn_mask, loss_mask, ... with column t = answer token t), as the sampler returns them
-    (models/shared_prompt.py); otherwise the flat layout, [rows, T] prompt + answer per row."""
-    return "prompt_tokens" in batch
-
-
-def _logprobs_entropy(params, logits, aux, tokens, temp, model_cfg, mesh, rules, grouped: bool):
-    """(logp, entropy) [B, T] of `tokens` under softmax(logits / temp). Flat layout: column t from position t - 1,
-    column 0 is 0; grouped layout: column t from column t (shared_prompt.forward's alignment)."""
-    if model_cfg.logits_chunk > 0:
-        if not grouped:
-            return _chunked_logprobs(params, aux, tokens, temp, model_cfg, mesh, rules)
-        w, layout, scale = unembedding(_model_params(params), model_cfg)
-        return vocab.chunked_logprobs(aux["hidden"], w, tokens, layout=layout, scale=scale, temperature=temp,
-                                      chunk_len=model_cfg.logits_chunk, mesh=mesh, rules=rules)
-    # One log-softmax at the sampling temperature feeds both the sampled-token logprobs and the entropy.
-    pred, tgt = (logits, tokens) if grouped else (logits[:, :-1], tokens[:, 1:])
-    logp_all = jax.nn.log_softmax(pred.astype(jnp.float32) / temp[:, None, None], axis=-1)
-    logp = jnp.take_along_axis(logp_all, tgt[..., None], axis=-1)[..., 0]
-    ent = -(jnp.exp(logp_all) * logp_all).sum(-1)
-    if grouped:
-        return logp, ent
-    return jnp.pad(logp, ((0, 0), (1, 0))), jnp.pad(ent, ((0, 0), (1, 0)))
-
-
 def _real_tokens(batch: dict) -> jax.Array:
     """Tokens the model attends to, as the flat layout counts them (grouped: each prompt once per answer)."""
     n = batch["attn_mask"].astype(jnp.float32).sum()
-    if _is_grouped(batch):
+    if is_grouped(batch):
         k = batch["tokens"].shape[0] // batch["prompt_tokens"].shape[0]
         n = n + k * batch["prompt_mask"].astype(jnp.float32).sum()
     return n
@@ -271,7 +218,7 @@ def _real_tokens(batch: dict) -> jax.Array:
 def _split_microbatches(batch: dict, n_micro: int) -> dict:
     """Leaves [rows, ...] -> [n_micro, rows / n_micro, ...]: row r to microbatch r % n_micro (flat layout); grouped
     layout: prompt g and its K answer rows to microbatch g % n_micro."""
-    if not _is_grouped(batch):
+    if not is_grouped(batch):
         rows = batch["tokens"].shape[0]
         if rows % n_micro:
             raise ValueError(f"microbatches={n_micro} must divide the batch's {rows} rows")
@@ -349,29 +296,29 @@ def make_loss_fn(model_cfg, loss_cfg: LossConfig, mesh, rules):
         if loss_cfg.routing_replay and "routes" not in batch:
             raise ValueError("LossConfig.routing_replay needs batch['routes'] (the sampler's experts, "
                              "models.sampling.generate(..., return_routes=True))")
-        grouped = _is_grouped(batch)
+        grouped = is_grouped(batch)
         if grouped and (is_prm or loss_cfg.routing_replay):
             raise ValueError("the grouped batch layout (prompt_tokens / prompt_mask) supports the policy losses "
                              "without routing replay; use the flat layout for mode='prm' or routing_replay")
         if grouped:
-            logits, aux = shared_prompt.forward(_model_params(params), batch["prompt_tokens"], batch["prompt_mask"],
+            logits, aux = shared_prompt.forward(model_params(params), batch["prompt_tokens"], batch["prompt_mask"],
                                                 tokens, batch["attn_mask"], model_cfg, return_logits=not chunked,
                                                 mesh=mesh, rules=rules)
         else:
-            logits, aux = transformer.forward(_model_params(params), tokens, model_cfg, attn_mask=batch["attn_mask"],
+            logits, aux = transformer.forward(model_params(params), tokens, model_cfg, attn_mask=batch["attn_mask"],
                                               return_hidden=is_ppo or is_prm, return_logits=not chunked, mesh=mesh,
                                               rules=rules, routes=batch.get("routes"),
                                               replay_routes=loss_cfg.routing_replay)
         if is_prm:
-            z = _head(params, aux["hidden"])
+            z = head(params, aux["hidden"])
             if "step_prev" in batch:  # + each step's log-likelihood under the model's own LM head
-                lp = _token_logprobs(params, logits, aux, tokens, 1.0, model_cfg, mesh, rules)
+                lp = token_logprobs(params, logits, aux, tokens, 1.0, model_cfg, mesh, rules)
                 f = jnp.cumsum(lp * batch["attn_mask"], axis=1)
                 z = z + f - jnp.take_along_axis(f, batch["step_prev"].astype(jnp.int32), axis=1)
             return _prm_terms(z, inputs["step_labels"], mask, aux, n_bad, model_cfg, agg, max_len, denom, tok_w,
                               real_w)
         temp = jnp.ones((tokens.shape[0],), jnp.float32) if is_sft else _row_temperature(batch, tokens.shape[0])
-        logp, ent_tok = _logprobs_entropy(params, logits, aux, tokens, temp, model_cfg, mesh, rules, grouped)
+        logp, ent_tok = logprobs_entropy(params, logits, aux, tokens, temp, model_cfg, mesh, rules, grouped)
         entropy = losses.aggregate(ent_tok, mask, agg, max_len, denom)
         metrics: dict[str, Any] = {"entropy": entropy, "nonfinite_inputs": n_bad}
 
@@ -401,7 +348,7 @@ def make_loss_fn(model_cfg, loss_cfg: LossConfig, mesh, rules):
 
         vloss = jnp.zeros((), jnp.float32)
         if is_ppo:
-            values = _head(params, aux["hidden"]) if grouped else _shifted_values(params, aux["hidden"])
+            values = head(params, aux["hidden"]) if grouped else shifted_values(params, aux["hidden"])
             vloss, vmet = losses.value_loss(values, inputs["old_values"], inputs["returns"], mask,
                                             loss_cfg.value_clip or None, agg, max_len, denom)
             total = total + loss_cfg.value_coef * vloss
@@ -491,13 +438,6 @@ def _accumulated_value_and_grad(loss_fn, params, batch, kl_coef, n_micro: int, a
     return (metrics["loss/total"], metrics), grads
 
 
-def _batch_sharding(mesh, rules):
-    rules = sharding.DEFAULT_RULES if rules is None else rules
-    # Only the leading (row) axis is sharded, so one spec fits [B], [B, T] and [B, T, ...] leaves.
-    lead = sharding.batch_sharding(mesh, rules, ndim=2).spec[0]
-    return NamedSharding(mesh, PartitionSpec(lead))
-
-
 def _all_finite(tree) -> jax.Array:
     leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating)]
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
@@ -567,61 +507,11 @@ def make_train_step(model_cfg, loss_cfg: LossConfig, optim_cfg: OptimConfig, mes
         return jax.jit(step, donate_argnums=0)
     st_sh = state_shardings(model_cfg, loss_cfg, optim_cfg, mesh, rules)
     rep = NamedSharding(mesh, PartitionSpec())
-    in_sh = (st_sh, _batch_sharding(mesh, rules), rep)
+    in_sh = (st_sh, batch_sharding(mesh, rules), rep)
     if model_cfg.lora is not None:  # the frozen base, sharded as the model's params
         in_sh += (transformer.param_shardings(model_cfg, mesh, rules),)
     return jax.jit(step, in_shardings=in_sh, out_shardings=(st_sh, rep), donate_argnums=0)
 
-
-# ------------------------------------------------------------------------------------- logprobs
-def _logprobs(params, tokens, attn_mask, temperature, model_cfg, mesh, rules, with_values, routes=None,
-              prompt_tokens=None, prompt_mask=None):
-    chunked = model_cfg.logits_chunk > 0
-    grouped = prompt_tokens is not None
-    if grouped:
-        if routes is not None:
-            raise ValueError("routes (routing replay) need the flat layout, not prompt_tokens / prompt_mask")
-        logits, aux = shared_prompt.forward(_model_params(params), prompt_tokens, prompt_mask, tokens, attn_mask,
-                                            model_cfg, return_logits=not chunked, mesh=mesh, rules=rules)
-    else:
-        logits, aux = transformer.forward(_model_params(params), tokens, model_cfg, attn_mask=attn_mask,
-                                          return_hidden=with_values, return_logits=not chunked, mesh=mesh,
-                                          rules=rules, routes=routes)
-    real = attn_mask.astype(jnp.float32)
-    if grouped:
-        temp = jnp.broadcast_to(jnp.asarray(temperature, jnp.float32), (tokens.shape[0],))
-        logp = _logprobs_entropy(params, logits, aux, tokens, temp, model_cfg, mesh, rules, True)[0] * real
-    else:
-        logp = _token_logprobs(params, logits, aux, tokens, temperature, model_cfg, mesh, rules) * real
-    if not with_values:
-        return logp
-    values = _head(params, aux["hidden"]) if grouped else _shifted_values(params, aux["hidden"])
-    return logp, values * real
-
-
-def make_logprob_fn(model_cfg, mesh=None, rules=None, with_values: bool = False):
-    """Jitted `fn(params, tokens, attn_mask, temperature=1.0, routes=None, prompt_tokens=None, prompt_mask=None)
-    -> logp [B, T]` (and values [B, T] for PPO).
-
-    Flat layout: logp[:, t] = log softmax(logits[:, t-1] / temperature)[tokens[:, t]], logp[:, 0] = 0, and 0 on
-    padding. Grouped layout (prompt_tokens / prompt_mask [G, P] given, tokens the [G*K, C] answers): logp[:, t] is
-    answer token t's, the sampler's alignment, each prompt computed once (models/shared_prompt.py). temperature is
-    a scalar or one per row, traced (no recompiles). Use it for reference logprobs at the sampling temperature (the
-    behaviour logprobs are the sampler's own). routes: recorded experts [B, T, n_moe_layers, k] to replay (routing
-    replay, flat layout only), as in the train step.
-    """
-
-    def fn(params, tokens, attn_mask, temperature=1.0, routes=None, prompt_tokens=None, prompt_mask=None):
-        return _logprobs(params, tokens, attn_mask, temperature, model_cfg, mesh, rules, with_values, routes,
-                         prompt_tokens, prompt_mask)
-
-    if mesh is None:
-        return jax.jit(fn)
-    out = _batch_sharding(mesh, rules)
-    return jax.jit(fn, out_shardings=(out, out) if with_values else out)
-
-
-@functools.partial(jax.jit, static_argnames=("cfg",))
 def compute_logprobs(params, tokens, attn_mask, cfg, temperature=1.0):
     """Unsharded convenience form of make_logprob_fn: `[B, T]` per-token logprobs."""
     return _logprobs(params, tokens, attn_mask, temperature, cfg, None, None, False)

@@ -9,8 +9,9 @@ import pytest
 from models.config import ModelConfig
 from rl import advantages
 from rl.config_fields import FieldErrors
+from rl.logprobs import make_logprob_fn
 from rl.losses import token_logprobs
-from rl.train_step import (LossConfig, OptimConfig, init_train_state, make_logprob_fn, make_loss_fn, make_optimizer,
+from rl.train_step import (LossConfig, OptimConfig, init_train_state, make_loss_fn, make_optimizer,
                            make_train_step)
 
 # One MoE block: router losses and statistics are exercised while compiles stay short on 2 cores
