@@ -14,8 +14,8 @@ The objectives here:
         temperature, - entropy_coef * entropy, + kl_coef * KL(policy || ref) when the batch has ref_logp and
         loss_cfg.kl_in_loss (else the KL is only measured: `kl`)
   ppo   grpo's terms + value_coef * the clipped value loss of the linear value head (params["value_head"])
-  prm   the process reward model's (the prm/ wing): binary cross-entropy of the value head's logit at each labelled
-        step end against step_labels (+ the step's log-likelihood under the LM head with step_prev); flat layout only
+The "prm" slot (the process reward model's step-end binary cross-entropy) is the PRM wing's: prm/objective.py fills
+it when the wing is installed (prm.install()); rl/ imports nothing of the wing (docs/layout.md, Layers).
 
 Slots are rl.losses.MODES, the names LossConfig.mode accepts; `register` fills one, so a wing adds its objective
 without a branch here. Each metric an objective reports is the whole batch's when summed over microbatches: means
@@ -33,7 +33,7 @@ import jax.numpy as jnp
 
 from rl import logprobs, losses
 
-__all__ = ["Objective", "Forward", "register", "registered", "get", "MAX_METRICS", "sft", "grpo", "ppo", "prm"]
+__all__ = ["Objective", "Forward", "register", "registered", "get", "MAX_METRICS", "sft", "grpo", "ppo"]
 
 # Metrics combined across microbatches by max; all others are pre-scaled so that they add up.
 MAX_METRICS = ("policy/ratio_max",)
@@ -114,7 +114,8 @@ def registered() -> list[str]:
 def get(mode: str) -> Objective:
     """The objective of LossConfig.mode `mode`; ValueError when no objective fills its slot."""
     if mode not in _OBJECTIVES:
-        raise ValueError(f"LossConfig.mode {mode!r} has no registered objective; registered: "
+        wing = " (the PRM wing's: call prm.install() first)" if mode == "prm" else ""
+        raise ValueError(f"LossConfig.mode {mode!r} has no registered objective{wing}; registered: "
                          f"{', '.join(registered())}")
     return _OBJECTIVES[mode]
 
@@ -182,22 +183,6 @@ def ppo(f: Forward) -> tuple[jax.Array, dict]:
     return total, {**metrics, "loss/value": vloss, **{f"value/{k}": v * f.tok_w for k, v in vmet.items()}}
 
 
-def prm(f: Forward) -> tuple[jax.Array, dict]:
-    """The process reward model's step-end binary cross-entropy (tokens read up to and including t: not shifted);
-    prm/accuracy is the share of steps on the right side of 0."""
-    z = logprobs.head(f.params, f.aux["hidden"])
-    if "step_prev" in f.batch:  # + each step's log-likelihood under the model's own LM head
-        lp = f.token_logprobs(1.0)
-        cum = jnp.cumsum(lp * f.batch["attn_mask"], axis=1)
-        z = z + cum - jnp.take_along_axis(cum, f.batch["step_prev"].astype(jnp.int32), axis=1)
-    labels = f.inputs["step_labels"]
-    bce = f.aggregate(jnp.logaddexp(0.0, z) - labels * z)
-    hit = ((z > 0) == (labels > 0.5)).astype(jnp.float32)
-    return bce, {"loss/prm": bce, "prm/accuracy": losses.aggregate(hit, f.mask, "token-mean") * f.tok_w}
-
-
-
 register("sft", Objective(sft))
 register("grpo", Objective(grpo))
 register("ppo", Objective(ppo, value_head=True))
-register("prm", Objective(prm, value_head=True, grouped=False, inputs=("step_labels",)))

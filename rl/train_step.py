@@ -1,8 +1,8 @@
 """The functional train step shared by every objective: state, shardings, accumulation, the non-finite skip.
 
 One jitted pure function `(state, batch, hparams) -> (state, metrics)` serves every LossConfig.mode. It runs the
-policy forward once and hands it to the mode's objective (rl/objectives.py: sft, grpo, ppo and the PRM wing's prm),
-which reads per-token logprobs and entropy from the same logits (rl/logprobs.py:
+policy forward once and hands it to the mode's objective (rl/objectives.py: sft, grpo, ppo; the PRM wing registers
+"prm" from prm/objective.py), which reads per-token logprobs and entropy from the same logits (rl/logprobs.py:
 divided by each row's sampling temperature; with ModelConfig.logits_chunk > 0 from the hidden states that many
 positions at a time, models/vocab.py, never holding [B, T, vocab] logits). The step adds what every objective
 shares and reports every term separately:
@@ -37,7 +37,7 @@ Batch (dict of arrays, all rows first; rows must divide the mesh's batch axes):
   ref_logp [B, T] (optional: absent means no KL term); PPO also old_values [B, T] and returns [B, T];
   routes [B, T, n_moe_layers, k] int32 (optional: the sampler's experts per token, -1 = none; replayed when
   LossConfig.routing_replay, else only compared with the trainer's own: router/replay_disagreement); an
-  objective's own inputs (Objective.inputs: the PRM's step_labels).
+  objective's own inputs (Objective.inputs: the PRM's step_labels, prm/objective.py).
 Grouped layout (GRPO's K answers per prompt; models/shared_prompt.py): prompt_tokens / prompt_mask [G, P], the
 prompts LEFT-padded and each computed once, with every per-row key above for the R = G*K answers [R, C] (row r
 answers prompt r // K: the sampler's output as is, tokens = generate's tokens, old_logp its logprobs), column t
