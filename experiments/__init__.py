@@ -1,9 +1,8 @@
 """Launcher, sweeps, experiment configs and benchmark scripts.
 
-Importing this package activates the wings a run may ask for: `import prm` registers the process reward model's
-reward term into rl/reward_terms.py (the RL stages and the evaluation call it when reward.prm_path is set), so
-every entry point here (launch, sweep, eval, sample, train_prm) has it. The import is light (no JAX; the PRM's
-model code loads when a run first uses it), so the launcher stays quick to import and so do the reward pool's
-workers, which import the launcher's module.
+Each entry point here that may run with a process reward model (launch, sweep, eval, sample, train_prm) installs
+the PRM wing explicitly, `prm.install()` first thing in its main(): the wing's reward term and train-step objective
+go into rl/'s registries (rl/reward_terms.py, rl/objectives.py), which rl/ cannot fill by importing the wing above
+it. Importing this package imports nothing, so the reward pool's workers, which import the launcher's module, stay
+light.
 """
-import prm  # noqa: F401  (registers the PRM reward term; rl/ cannot import the wing above it)

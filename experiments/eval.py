@@ -48,6 +48,7 @@ import time
 import jax
 import ml_collections
 
+import prm
 from models import hf, pretrained
 from models.tokenizer import HFTokenizer
 from rewards.python_tool import TOOL_SYSTEM_PROMPT, chat_markers
@@ -245,6 +246,7 @@ def main_pretrained(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    prm.install()  # the PRM wing's reward term and objective (a run may ask for a PRM: reward.prm_path)
     ap = argparse.ArgumentParser(prog="python -m experiments.eval", description=__doc__.split("\n\n")[0])
     ap.add_argument("--workdir", help="a run directory (or --model)")
     ap.add_argument("--model", default="", help="a pretrained model instead of a run: a name (smollm2-135m-instruct), "

@@ -18,6 +18,7 @@ import sys
 
 import jax
 
+import prm
 from experiments.eval import open_run, problems_of, resolve_ckpt
 from rewards.parse import extract_answer
 from rl.checkpoint import CheckpointError
@@ -26,6 +27,7 @@ from rl.tasks.base import Problem
 
 
 def main(argv: list[str] | None = None) -> int:
+    prm.install()  # the PRM wing's reward term and objective (a run may ask for a PRM: reward.prm_path)
     ap = argparse.ArgumentParser(prog="python -m experiments.sample", description=__doc__.split("\n\n")[0])
     ap.add_argument("--workdir", required=True)
     ap.add_argument("--ckpt", default="", help="best | last | a global unit number (default: best when the run "

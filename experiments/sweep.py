@@ -60,6 +60,7 @@ import numpy as np
 import psutil
 from matplotlib.figure import Figure
 
+import prm
 from experiments import launch, sweep_log
 from rl import config_validation as cv
 from rl import calibration, memory_plan, plots, preflight, setup, workdir_lock
@@ -384,6 +385,7 @@ def parse(argv):
 
 
 def main(argv: list[str] | None = None) -> int:
+    prm.install()  # the PRM wing's reward term and objective (a run may ask for a PRM: reward.prm_path)
     locks: list = []  # the sweep's workdir lock, once taken: released on every way out (the OS releases it on a kill)
     try:
         return _main(sys.argv[1:] if argv is None else argv, locks)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+import prm
 from experiments import launch
 from prm import pipeline
 from prm.train import with_overrides
@@ -30,6 +31,7 @@ def load(spec: str, overrides=()):
 
 
 def main(argv=None) -> int:
+    prm.install()  # the PRM wing's objective (mode "prm", what pipeline.run trains) and reward term
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", required=True, help="experiments/configs/FILE.py[:arg]")
     ap.add_argument("--workdir", required=True)

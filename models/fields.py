@@ -122,7 +122,7 @@ def integer(lo: int | None = None, hi: int | None = None) -> Check:
     return c
 
 
-def num(lo: float | None = None, hi: float | None = None, lo_open: bool = False) -> Check:
+def num(lo: float | None = None, hi: float | None = None, lo_open: bool = False, hi_open: bool = False) -> Check:
     def c(v):
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             return f"must be a number, got {v!r}"
@@ -130,8 +130,8 @@ def num(lo: float | None = None, hi: float | None = None, lo_open: bool = False)
             return f"must be a finite number, got {v!r}"
         if lo is not None and (v < lo or (lo_open and v == lo)):
             return f"must be {'>' if lo_open else '>='} {lo}, got {v}"
-        if hi is not None and v > hi:
-            return f"must be <= {hi}, got {v}"
+        if hi is not None and (v > hi or (hi_open and v == hi)):
+            return f"must be {'<' if hi_open else '<='} {hi}, got {v}"
         return None
 
     return c

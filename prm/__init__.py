@@ -1,12 +1,13 @@
 """The process reward model (PRM) wing: the policy's transformer with a per-step scoring head, trained on the
-project's train step (rl/train_step.py, mode "prm"), calibrated, and used as a process reward, as step rewards
-and as a best-of-N reranker. It sits above rl/ (it uses rl's train step, tasks and rollout helpers); rewards/ and
-rl/ import nothing of it (tests/test_layering.py).
+project's train step (rl/train_step.py with this wing's objective, prm/objective.py: mode "prm"), calibrated, and
+used as a process reward, as step rewards and as a best-of-N reranker. It sits above rl/ (it uses rl's train step,
+tasks and rollout helpers); rewards/ and rl/ import nothing of it (tests/test_layering.py).
 
     data.py         which tokens are steps (step_ends), exact labels, corrupted gold solutions, Math-Shepherd labels
     metrics.py      AUROC, ECE, Brier, NLL, temperature / Platt scaling, ProcessBench first-error F1, best-of-N
     model.py        PRM (params + calibration + threshold), token rows, batched jitted scoring
-    checkpoint.py   save / load: an orbax directory like the policy's; old .npz files read until its date in rl/compat.py (prm_npz)
+    objective.py    the train step's "prm" objective (step-end binary cross-entropy), registered into rl/objectives.py
+    checkpoint.py   save / load: an orbax directory like the policy's; old .npz files read until rl/compat.py's date
     loop.py         optimizer steps over minibatches (the PRM's one optimizer loop)
     train.py        PRMConfig, train (mode "prm", early stopping on a calibration split)
     calibration.py  calibration fits, the first-error threshold, evaluation (step metrics, first-error F1)
@@ -17,25 +18,19 @@ The command line is experiments/train_prm.py (a thin CLI over pipeline.py):
 
     python -m experiments.train_prm --config experiments/configs/prm_arith.py --workdir runs/prm
 
-`import prm` registers the PRM reward term into rl/reward_terms.py, the plug-in point through which the RL stages
-and the evaluation score with a PRM (reward.prm_path, reward.w_prm, reward.prm_agg, reward.prm_steps); the
-experiments package imports it. This file stays light (no JAX): reward.py, and with it the model code, is imported
-when a run first asks for its PRM, so that `import prm.metrics` / `prm.data` and the reward pool's workers (which
-import the launcher's package) load no JAX.
+The wing plugs into rl/ through registries, filled by one explicit call, `prm.install()`: the PRM reward term into
+rl/reward_terms.py (the RL stages and the evaluation score with a PRM through it: reward.prm_path, reward.w_prm,
+reward.prm_agg, reward.prm_steps) and the "prm" objective into rl/objectives.py (what prm/train.py trains). Every
+entry point that may run with a PRM calls it: experiments/launch.py, sweep.py, eval.py, sample.py, train_prm.py, and
+tests/conftest.py for the tests. Importing the package registers nothing and stays light (no JAX), so that
+`import prm.metrics` / `prm.data` load no JAX.
 """
-from rl import reward_terms
 
 
-def _scorer(ctx, stage=None, where: str = "stages[i]"):
-    from prm import reward  # deliberately lazy: the model code (JAX) loads when a run uses its PRM
+def install() -> None:
+    """Plug the wing into rl/: the "prm" reward term (rl/reward_terms.py) and the "prm" train-step objective
+    (rl/objectives.py). Idempotent; a run that asks for a PRM without it fails naming the field and this call."""
+    from prm import objective, reward  # deliberately here: `import prm` (prm.metrics, prm.data) stays JAX-free
 
-    return reward.for_context(ctx, stage, where)
-
-
-def _eval_rerank(ctx, prompts, samples, scores, k: int) -> dict:
-    from prm import reward  # deliberately lazy, as in _scorer
-
-    return reward.eval_rerank(ctx, prompts, samples, scores, k)
-
-
-reward_terms.register("prm", scorer=_scorer, eval_rerank=_eval_rerank)
+    reward.register()
+    objective.register()

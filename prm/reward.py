@@ -2,8 +2,8 @@
 
 The PRM is a model, so it is scored here, in batched jitted forwards over the RL batch's own token rows beside
 the policy's, not in the plain-Python reward pool. The stages and the evaluation (rl/) cannot import this wing:
-`import prm` registers for_context and eval_rerank into rl/reward_terms.py (slot "prm"), through which they call
-them (the experiments package does that import). Config (reward section, rewards.combine):
+register() (called by prm.install(), which every entry point calls) puts for_context and eval_rerank into
+rl/reward_terms.py (slot "prm"), through which they call them. Config (reward section, rewards.combine):
 
     reward.prm_path   a PRM checkpoint written by prm/pipeline.py (python -m experiments.train_prm; "" = off); an
                       old .npz file is still read until its date in rl/compat.py (prm/checkpoint.py)
@@ -38,10 +38,11 @@ from prm.data import step_ends
 from prm.metrics import aggregate
 from prm.model import logits_at, utf8_safe
 from rewards.parse import step_spans
+from rl import reward_terms
 from rl.rollout import build_batch
 from rl.advantages import step_arrays
 
-__all__ = ["PRMScorer", "for_context", "load_scorer", "prm_file", "eval_rerank"]
+__all__ = ["PRMScorer", "for_context", "load_scorer", "prm_file", "eval_rerank", "register"]
 
 
 class PRMScorer:
@@ -161,3 +162,7 @@ def for_context(ctx, stage=None, where: str = "stages[i]") -> PRMScorer | None:
     return ctx.cached(key, lambda: load_scorer(path, ctx.tok, reward, w_extra=w_extra, calibration=calibration,
                                                calibration_field=f"{where}.prm_calibration"))
 
+
+def register() -> None:
+    """Fill the "prm" slot of rl/reward_terms.py with for_context and eval_rerank (prm.install() calls it)."""
+    reward_terms.register("prm", scorer=for_context, eval_rerank=eval_rerank)

@@ -32,11 +32,11 @@ from rl import checkpoint as ckpt_lib
 from rl import config_validation as cv
 from rl import metrics as mlib
 from rl import rollout
+from rl.logprobs import make_logprob_fn
 from rl.setup import (Prepared, backend_kernels, build_mesh, checkpoint_path, dense_model_cfg, make_reward_pool,
                       prepare_inputs, reward_deadline)
 from rl.tasks.base import Problem
 from rl.tasks.render import prompt_text, solution_text
-from rl.train_step import make_logprob_fn
 
 PURPOSES = {"init": 1, "sft": 2, "rejection": 3, "rl": 4, "eval": 5, "state": 6, "lora": 7, "upcycle": 8}
 _FN_CACHE: dict = {}

@@ -5,7 +5,7 @@
 
 A flat RL batch (rl.rollout.build_batch) holds each answer as its own row, BOS + prompt + answer right-padded to
 prompt_len + answer_len, so a train step runs every prompt K times. `to_grouped` rewrites whole groups into the
-layout of models/shared_prompt.py, which the train step (rl.train_step) and make_logprob_fn take as they are:
+layout of models/shared_prompt.py, which the train step (rl.train_step) and make_logprob_fn (rl.logprobs) take as they are:
 prompt_tokens / prompt_mask [G, prompt_len] (left-padded, the sampler's form) and the answers [G*K, answer_len],
 where every per-token array moves from row position resp_start + t to answer column t (the flat layout's
 logprob at position j is that of token j; the grouped one's at column t that of answer token t). Per-row arrays
@@ -107,7 +107,7 @@ def to_grouped(batch: dict, resp_start, layout: GroupedLayout) -> dict:
 
 def chunked_logprobs(fn, params, batch: dict, resp_start, layout: GroupedLayout, temperature):
     """rl.rollout.chunked's flat [rows, T] results, computed in the grouped layout: `fn` is one of
-    rl.train_step.make_logprob_fn's functions (logprobs, or (logprobs, values) with with_values=True), called on
+    rl.logprobs.make_logprob_fn's functions (logprobs, or (logprobs, values) with with_values=True), called on
     `layout.groups` whole groups at a time (one compiled shape). Each answer token's value lands at its flat
     position; prompt positions and positions past a row's end are 0 (every caller masks them)."""
     tokens = np.asarray(batch["tokens"])

@@ -4,9 +4,10 @@ rl/ sits below the PRM: the PRM's training runs rl's train step, its labels rend
 rewards take the stages' layout, so the PRM wing (prm/) imports rl/ and rl/ may import nothing of it (an import
 back would make a circle: tests/test_layering.py). The policy-gradient stages and the evaluation still score with a
 PRM when the config names one (reward.prm_path). They reach it through this registry: the wing registers its term
-when it is imported (prm/reward.py ends with register("prm", ...)), and whoever starts runs imports the wing
-(experiments/__init__.py does, so the launcher, sweeps, evaluation and sampling all have it). rl/ knows only the
-slot: which reward field asks for it and the calls a stage makes (ProcessScorer).
+when it is installed (prm.install() calls prm/reward.py's register(), which calls register("prm", ...)), and every
+entry point that starts runs installs it first thing (experiments/launch.py, sweep.py, eval.py, sample.py,
+train_prm.py; tests/conftest.py for the tests). rl/ knows only the slot: which reward field asks for it and the
+calls a stage makes (ProcessScorer). The wing's train-step objective goes the same way (rl/objectives.py).
 
     scorer = reward_terms.scorer(ctx, stage_cfg, "stages[1]")    # None when reward.prm_path is ""
     out = scorer.score_rows(tokens, attn_mask, texts, resp_start)
@@ -16,7 +17,7 @@ slot: which reward field asks for it and the calls a stage makes (ProcessScorer)
 Why a registry: the alternatives were an import of prm/ inside rl/ (an upward edge, and the old
 prm_reward <-> policy_gradient circle back), or a scorer built by every caller and passed in through the run
 context (every builder of a context, from the launcher to the notebooks, would have to know the PRM). A config that
-asks for a PRM when no term is registered fails with an error naming the field and the import; it never runs
+asks for a PRM when no term is registered fails with an error naming the field and prm.install(); it never runs
 without its PRM.
 """
 from __future__ import annotations
@@ -68,8 +69,8 @@ def _term(ctx, name: str) -> _Term | None:
     if not ctx.cfg["reward"].get(switch):
         return None
     if name not in _TERMS:
-        raise ValueError(f"reward.{switch} is set, but no {name!r} reward term is registered: import prm.reward "
-                         "first (importing the experiments package does)")
+        raise ValueError(f"reward.{switch} is set, but no {name!r} reward term is registered: call prm.install() "
+                         "first (the launcher, sweep, eval and sample do)")
     return _TERMS[name]
 
 

@@ -1,20 +1,19 @@
-"""The functional train step shared by SFT, GRPO and PPO, plus its configs, optimizer and helpers.
+"""The functional train step shared by every objective: state, shardings, accumulation, the non-finite skip.
 
-One jitted pure function `(state, batch, hparams) -> (state, metrics)` serves all three modes. It
-runs the policy forward once, derives per-token logprobs and entropy from the same logits (divided
-by each row's sampling temperature; with ModelConfig.logits_chunk > 0 from the hidden states that
-many positions at a time, models/vocab.py, never holding [B, T, vocab] logits), and sums
-  policy loss (or masked cross-entropy for SFT)
-  + kl_coef * KL(policy || ref)          (when the batch has ref_logp and kl_in_loss)
-  - entropy_coef * entropy
-  + value_coef * clipped value loss      (PPO: linear value head on the final hidden state)
+One jitted pure function `(state, batch, hparams) -> (state, metrics)` serves every LossConfig.mode. It runs the
+policy forward once and hands it to the mode's objective (rl/objectives.py: sft, grpo, ppo; the PRM wing registers
+"prm" from prm/objective.py), which reads per-token logprobs and entropy from the same logits (rl/logprobs.py:
+divided by each row's sampling temperature; with ModelConfig.logits_chunk > 0 from the hidden states that many
+positions at a time, models/vocab.py, never holding [B, T, vocab] logits). The step adds what every objective
+shares and reports every term separately:
+  objective's total   (sft: masked cross-entropy; grpo: policy loss + kl_coef * KL(policy || ref) - entropy_coef *
+                       entropy; ppo: + value_coef * clipped value loss; see rl/objectives.py)
   + router_aux_coef * sum(load-balancing) + router_z_coef * sum(z-loss)   (MoE layers)
-and reports every term separately. `hparams = {"lr": scalar, "kl_coef": scalar}` comes from the
-host each step: the learning-rate schedule (rl.schedules.lr_at) and the KL controller
-(rl.kl_control) each have one owner outside the step, and a traced scalar never recompiles. An optional
-`hparams["loss_denom"]` replaces the batch's own aggregation denominator (its loss-token count for token-mean):
-length-bucketed SFT passes the epoch's denominator over its step count, so each step weighs by its share of the
-epoch's loss tokens (rl.train_loop.train_on).
+`hparams = {"lr": scalar, "kl_coef": scalar}` comes from the host each step: the learning-rate schedule
+(rl.schedules.lr_at) and the KL controller (rl.kl_control) each have one owner outside the step, and a traced scalar
+never recompiles. An optional `hparams["loss_denom"]` replaces the batch's own aggregation denominator (its
+loss-token count for token-mean): length-bucketed SFT passes the epoch's denominator over its step count, so each
+step weighs by its share of the epoch's loss tokens (rl.train_loop.train_on).
 
 A step whose loss, gradient or parameter update is not finite, or whose batch holds a non-finite
 value at a position that counts (masks 1), leaves params, optimizer state and step untouched and
@@ -37,17 +36,14 @@ Batch (dict of arrays, all rows first; rows must divide the mesh's batch axes):
   policy's logprobs, i.e. the sampler's; absent means on-policy, old = stop_gradient(logp));
   ref_logp [B, T] (optional: absent means no KL term); PPO also old_values [B, T] and returns [B, T];
   routes [B, T, n_moe_layers, k] int32 (optional: the sampler's experts per token, -1 = none; replayed when
-  LossConfig.routing_replay, else only compared with the trainer's own: router/replay_disagreement).
+  LossConfig.routing_replay, else only compared with the trainer's own: router/replay_disagreement); an
+  objective's own inputs (Objective.inputs: the PRM's step_labels, prm/objective.py).
 Grouped layout (GRPO's K answers per prompt; models/shared_prompt.py): prompt_tokens / prompt_mask [G, P], the
 prompts LEFT-padded and each computed once, with every per-row key above for the R = G*K answers [R, C] (row r
 answers prompt r // K: the sampler's output as is, tokens = generate's tokens, old_logp its logprobs), column t
 being answer token t; same loss and gradients as the flat layout, ~29% fewer token-passes at W1's shapes.
-Microbatches then take whole prompts (G must divide by their number); not for "prm" or routing replay.
-PRM (mode "prm", the process reward model of the prm/ wing): tokens, attn_mask, loss_mask = 1 at each labelled
-step end and step_labels [B, T] in [0, 1] there; the loss is the binary cross-entropy of the value head's logit
-at token t (not shifted: it reads the prefix up to and including t), aggregated like a policy loss. With
-step_prev [B, T] (int: at a step end, the previous step's end) the logit also adds the step's log-likelihood
-under the model's own LM head, sum of log p(token) over (step_prev[t], t].
+Microbatches then take whole prompts (G must divide by their number); not for an objective without
+Objective.grouped ("prm") or for routing replay.
 Value alignment matches logprobs: values[:, t] is the head applied to hidden[:, t - 1] (the state
 before token t), values[:, 0] = 0.
 
@@ -59,17 +55,16 @@ in the loss.
 from __future__ import annotations
 
 import dataclasses
-import functools
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from models import lora, shared_prompt, sharding, transformer, vocab
-from models.transformer import unembedding
-from rl import losses
+from models import lora, shared_prompt, sharding, transformer
+from rl import losses, objectives
+from rl.config_fields import Checked, field, num, optional
+from rl.logprobs import batch_sharding, is_grouped, model_params
 from rl.losses import LossConfig
 
 __all__ = [
@@ -78,39 +73,29 @@ __all__ = [
     "make_optimizer",
     "init_train_state",
     "state_shardings",
+    "make_loss_fn",
     "make_train_step",
-    "make_logprob_fn",
-    "compute_logprobs",
+    "denom_share",
 ]
-
-HEAD_MODES = ("ppo", "prm")  # modes whose params carry "value_head"
 
 
 # ------------------------------------------------------------------------------------- configs
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class OptimConfig:
-    """AdamW (decoupled weight decay on matrices) after an optional global-norm clip.
+class OptimConfig(Checked):
+    """AdamW (decoupled weight decay on matrices) after an optional global-norm clip; each field carries its default,
+    doc and range check (models/fields.py: a bad value raises FieldErrors naming the field).
 
     The learning rate is not part of it: the step takes it from the host each call
     (rl.schedules.lr_at), so a stage's schedule can follow the optimizer steps it really takes.
     """
 
-    weight_decay: float = 0.0  # decoupled, on matrices only (ndim >= 2), scaled by the learning rate
-    b1: float = 0.9
-    b2: float = 0.999
-    eps: float = 1e-8
-    grad_clip: float | None = 1.0  # global-norm clip; None disables
-
-    def __post_init__(self):
-        if not 0 <= self.weight_decay < float("inf"):
-            raise ValueError(f"OptimConfig.weight_decay must be a finite number >= 0, got {self.weight_decay}")
-        for name in ("b1", "b2"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"OptimConfig.{name} must be in [0, 1), got {getattr(self, name)}")
-        if not 0 < self.eps < float("inf"):
-            raise ValueError(f"OptimConfig.eps must be > 0, got {self.eps}")
-        if self.grad_clip is not None and not 0 < self.grad_clip < float("inf"):
-            raise ValueError(f"OptimConfig.grad_clip must be None or a finite number > 0, got {self.grad_clip}")
+    weight_decay: float = field(0.0, "decoupled weight decay, on matrices only (ndim >= 2), scaled by the learning "
+                                     "rate", num(0.0))
+    b1: float = field(0.9, "Adam's first-moment decay", num(0.0, 1.0, hi_open=True))
+    b2: float = field(0.999, "Adam's second-moment decay", num(0.0, 1.0, hi_open=True))
+    eps: float = field(1e-8, "Adam's denominator epsilon", num(0.0, lo_open=True))
+    grad_clip: float | None = field(1.0, "global-norm gradient clip; None disables", optional(num(0.0, lo_open=True),
+                                                                                              "off"))
 
 
 # ------------------------------------------------------------------------------------- optimizer
@@ -138,8 +123,9 @@ def _value_head(d_model: int) -> dict:
     return {"w": jnp.zeros((d_model,), jnp.float32), "b": jnp.zeros((), jnp.float32)}
 
 
-def _model_params(params: dict) -> dict:
-    return {k: v for k, v in params.items() if k != "value_head"}
+def _has_head(loss_cfg) -> bool:
+    """Whether the mode's objective trains a value head (params["value_head"]): ppo, the PRM's prm."""
+    return objectives.get(loss_cfg.mode).value_head
 
 
 def _abstract_params(model_cfg, loss_cfg):
@@ -148,7 +134,7 @@ def _abstract_params(model_cfg, loss_cfg):
     abstract = jax.eval_shape(lambda k: transformer.init(model_cfg, k), jax.random.key(0))
     if model_cfg.lora is not None:
         abstract = {lora.ADAPTER_KEY: jax.eval_shape(lambda k: lora.init(abstract, model_cfg, k), jax.random.key(0))}
-    if loss_cfg.mode in HEAD_MODES:
+    if _has_head(loss_cfg):
         abstract = {**abstract, "value_head": jax.eval_shape(lambda: _value_head(model_cfg.d_model))}
     return abstract
 
@@ -166,7 +152,7 @@ def state_shardings(model_cfg, loss_cfg, optim_cfg, mesh, rules=None) -> dict:
         p_sh = {lora.ADAPTER_KEY: lora.shardings(adapters, transformer.param_axes(model_cfg), model_cfg, mesh, rules)}
     else:
         p_sh = dict(transformer.param_shardings(model_cfg, mesh, rules))
-    if loss_cfg.mode in HEAD_MODES:
+    if _has_head(loss_cfg):
         p_sh["value_head"] = {"w": rep, "b": rep}
     opt = make_optimizer(optim_cfg)
     opt_abstract = jax.eval_shape(opt.init, _abstract_params(model_cfg, loss_cfg))
@@ -180,7 +166,8 @@ def init_train_state(model_cfg, loss_cfg: LossConfig, optim_cfg: OptimConfig, ke
     """Fresh train state: {params, opt_state, step, rng, n_skipped}.
 
     `params` (e.g. from an SFT checkpoint) are used when given, else initialised (sharded when a
-    mesh is given). PPO and PRM add params["value_head"] = {"w": [d_model], "b": []}; other modes drop it.
+    mesh is given). A mode whose objective has a value head (ppo, the PRM's prm: Objective.value_head) adds
+    params["value_head"] = {"w": [d_model], "b": []}; other modes drop it.
     With model_cfg.lora, params are the trainable tree {"lora": adapters} (required): the optimizer holds only them.
     """
     k_params, k_rng = jax.random.split(key)
@@ -193,7 +180,7 @@ def init_train_state(model_cfg, loss_cfg: LossConfig, optim_cfg: OptimConfig, ke
             params = transformer.init_sharded(model_cfg, k_params, mesh,
                                               sharding.DEFAULT_RULES if rules is None else rules)
     params = dict(params)
-    if loss_cfg.mode in HEAD_MODES:
+    if _has_head(loss_cfg):
         params.setdefault("value_head", _value_head(model_cfg.d_model))
     else:
         params.pop("value_head", None)
@@ -217,59 +204,10 @@ def init_train_state(model_cfg, loss_cfg: LossConfig, optim_cfg: OptimConfig, ke
 
 
 # ------------------------------------------------------------------------------------- the step
-def _head(params: dict, hidden: jax.Array) -> jax.Array:
-    head = params["value_head"]
-    return jnp.einsum("btd,d->bt", hidden.astype(jnp.float32), head["w"]) + head["b"]
-
-
-def _shifted_values(params: dict, hidden: jax.Array) -> jax.Array:
-    return jnp.pad(_head(params, hidden[:, :-1]), ((0, 0), (1, 0)))
-
-
-def _chunked_logprobs(params, aux, tokens, temperature, model_cfg, mesh, rules):
-    """(logp, entropy) [B, T] from forward(..., return_logits=False)'s hidden states, model_cfg.logits_chunk positions
-    at a time (models/vocab.py): the full-logits path's numbers without [B, T, vocab] float32 logits."""
-    return vocab.sequence_logprobs(_model_params(params), model_cfg, aux["hidden"], tokens, temperature,
-                                   chunk_len=model_cfg.logits_chunk, mesh=mesh, rules=rules)
-
-
-def _token_logprobs(params, logits, aux, tokens, temperature, model_cfg, mesh, rules):
-    """Per-token logprobs [B, T] from forward's full logits, or chunk by chunk when model_cfg.logits_chunk > 0."""
-    if model_cfg.logits_chunk > 0:
-        return _chunked_logprobs(params, aux, tokens, temperature, model_cfg, mesh, rules)[0]
-    return losses.token_logprobs(logits, tokens, temperature)
-
-
-def _is_grouped(batch: dict) -> bool:
-    """The grouped layout: prompts once ([G, P] prompt_tokens / prompt_mask, left-padded) and their K answers per
-    row ([G*K, C] tokens, attn_mask, loss_mask, ... with column t = answer token t), as the sampler returns them
-    (models/shared_prompt.py); otherwise the flat layout, [rows, T] prompt + answer per row."""
-    return "prompt_tokens" in batch
-
-
-def _logprobs_entropy(params, logits, aux, tokens, temp, model_cfg, mesh, rules, grouped: bool):
-    """(logp, entropy) [B, T] of `tokens` under softmax(logits / temp). Flat layout: column t from position t - 1,
-    column 0 is 0; grouped layout: column t from column t (shared_prompt.forward's alignment)."""
-    if model_cfg.logits_chunk > 0:
-        if not grouped:
-            return _chunked_logprobs(params, aux, tokens, temp, model_cfg, mesh, rules)
-        w, layout, scale = unembedding(_model_params(params), model_cfg)
-        return vocab.chunked_logprobs(aux["hidden"], w, tokens, layout=layout, scale=scale, temperature=temp,
-                                      chunk_len=model_cfg.logits_chunk, mesh=mesh, rules=rules)
-    # One log-softmax at the sampling temperature feeds both the sampled-token logprobs and the entropy.
-    pred, tgt = (logits, tokens) if grouped else (logits[:, :-1], tokens[:, 1:])
-    logp_all = jax.nn.log_softmax(pred.astype(jnp.float32) / temp[:, None, None], axis=-1)
-    logp = jnp.take_along_axis(logp_all, tgt[..., None], axis=-1)[..., 0]
-    ent = -(jnp.exp(logp_all) * logp_all).sum(-1)
-    if grouped:
-        return logp, ent
-    return jnp.pad(logp, ((0, 0), (1, 0))), jnp.pad(ent, ((0, 0), (1, 0)))
-
-
 def _real_tokens(batch: dict) -> jax.Array:
     """Tokens the model attends to, as the flat layout counts them (grouped: each prompt once per answer)."""
     n = batch["attn_mask"].astype(jnp.float32).sum()
-    if _is_grouped(batch):
+    if is_grouped(batch):
         k = batch["tokens"].shape[0] // batch["prompt_tokens"].shape[0]
         n = n + k * batch["prompt_mask"].astype(jnp.float32).sum()
     return n
@@ -278,7 +216,7 @@ def _real_tokens(batch: dict) -> jax.Array:
 def _split_microbatches(batch: dict, n_micro: int) -> dict:
     """Leaves [rows, ...] -> [n_micro, rows / n_micro, ...]: row r to microbatch r % n_micro (flat layout); grouped
     layout: prompt g and its K answer rows to microbatch g % n_micro."""
-    if not _is_grouped(batch):
+    if not is_grouped(batch):
         rows = batch["tokens"].shape[0]
         if rows % n_micro:
             raise ValueError(f"microbatches={n_micro} must divide the batch's {rows} rows")
@@ -303,18 +241,15 @@ def _router_terms(aux: dict, model_cfg) -> tuple[jax.Array, jax.Array]:
     return lb.sum(), z.sum()
 
 
-def _row_temperature(batch: dict, rows: int) -> jax.Array:
-    t = batch.get("temperature")
-    if t is None:
-        return jnp.ones((rows,), jnp.float32)
-    return jnp.broadcast_to(jnp.asarray(t, jnp.float32), (rows,))
+# The float inputs of the policy objectives; an objective adds its own (Objective.inputs: the PRM's step_labels).
+_INPUTS = ("old_logp", "ref_logp", "advantages", "old_values", "returns")
 
 
-def _masked_inputs(batch: dict, mask: jax.Array) -> tuple[dict, jax.Array]:
+def _masked_inputs(batch: dict, mask: jax.Array, keys) -> tuple[dict, jax.Array]:
     """Float inputs with masked positions zeroed by selection (a NaN there never spreads), and the number of
     non-finite values at positions that count."""
     out, bad = {}, jnp.zeros((), jnp.float32)
-    for k in ("old_logp", "ref_logp", "advantages", "old_values", "returns", "step_labels"):
+    for k in keys:
         if k not in batch:
             continue
         x = jnp.asarray(batch[k], jnp.float32)
@@ -325,12 +260,9 @@ def _masked_inputs(batch: dict, mask: jax.Array) -> tuple[dict, jax.Array]:
     return out, bad
 
 
-# Metrics combined across microbatches by max; all others are pre-scaled so that they add up.
-_MAX_METRICS = ("policy/ratio_max",)
-
-
 def make_loss_fn(model_cfg, loss_cfg: LossConfig, mesh, rules):
-    """loss_fn(params, batch, kl_coef, share) -> (total, metrics).
+    """loss_fn(params, batch, kl_coef, share) -> (total, metrics): the forward, the mode's objective
+    (rl/objectives.py) and what every objective shares (router losses, counts, the non-finite input count).
 
     `share` describes the batch as a part of a larger one (gradient accumulation): `denom` is the
     whole batch's aggregation denominator, `tok_w` / `real_w` / `row_w` its fraction of the loss
@@ -339,10 +271,8 @@ def make_loss_fn(model_cfg, loss_cfg: LossConfig, mesh, rules):
     parts gives the whole-batch values (router load-balancing loss: the token-weighted mean of the
     parts' losses, the usual accumulation approximation).
     """
-    policy_fn = losses.get_policy_loss(loss_cfg.policy_loss)
-    agg, max_len = loss_cfg.agg, loss_cfg.max_len_norm
-    is_ppo, is_sft = loss_cfg.mode == "ppo", loss_cfg.mode == "sft"
-    is_prm = loss_cfg.mode == "prm"
+    objective = objectives.get(loss_cfg.mode)
+    keys = _INPUTS + tuple(k for k in objective.inputs if k not in _INPUTS)
     chunked = model_cfg.logits_chunk > 0
 
     def loss_fn(params, batch, kl_coef, share=None):
@@ -352,82 +282,34 @@ def make_loss_fn(model_cfg, loss_cfg: LossConfig, mesh, rules):
         row_w = 1.0 if share is None else share["row_w"]
         tokens = batch["tokens"].astype(jnp.int32)
         mask = batch["loss_mask"].astype(jnp.float32)
-        inputs, n_bad = _masked_inputs(batch, mask)
+        inputs, n_bad = _masked_inputs(batch, mask, keys)
         if loss_cfg.routing_replay and "routes" not in batch:
             raise ValueError("LossConfig.routing_replay needs batch['routes'] (the sampler's experts, "
                              "models.sampling.generate(..., return_routes=True))")
-        grouped = _is_grouped(batch)
-        if grouped and (is_prm or loss_cfg.routing_replay):
+        grouped = is_grouped(batch)
+        if grouped and (not objective.grouped or loss_cfg.routing_replay):
             raise ValueError("the grouped batch layout (prompt_tokens / prompt_mask) supports the policy losses "
-                             "without routing replay; use the flat layout for mode='prm' or routing_replay")
+                             f"without routing replay; use the flat layout for mode={loss_cfg.mode!r} or "
+                             "routing_replay")
         if grouped:
-            logits, aux = shared_prompt.forward(_model_params(params), batch["prompt_tokens"], batch["prompt_mask"],
+            logits, aux = shared_prompt.forward(model_params(params), batch["prompt_tokens"], batch["prompt_mask"],
                                                 tokens, batch["attn_mask"], model_cfg, return_logits=not chunked,
                                                 mesh=mesh, rules=rules)
         else:
-            logits, aux = transformer.forward(_model_params(params), tokens, model_cfg, attn_mask=batch["attn_mask"],
-                                              return_hidden=is_ppo or is_prm, return_logits=not chunked, mesh=mesh,
-                                              rules=rules, routes=batch.get("routes"),
+            logits, aux = transformer.forward(model_params(params), tokens, model_cfg, attn_mask=batch["attn_mask"],
+                                              return_hidden=objective.value_head, return_logits=not chunked,
+                                              mesh=mesh, rules=rules, routes=batch.get("routes"),
                                               replay_routes=loss_cfg.routing_replay)
-        if is_prm:
-            z = _head(params, aux["hidden"])
-            if "step_prev" in batch:  # + each step's log-likelihood under the model's own LM head
-                lp = _token_logprobs(params, logits, aux, tokens, 1.0, model_cfg, mesh, rules)
-                f = jnp.cumsum(lp * batch["attn_mask"], axis=1)
-                z = z + f - jnp.take_along_axis(f, batch["step_prev"].astype(jnp.int32), axis=1)
-            return _prm_terms(z, inputs["step_labels"], mask, aux, n_bad, model_cfg, agg, max_len, denom, tok_w,
-                              real_w)
-        temp = jnp.ones((tokens.shape[0],), jnp.float32) if is_sft else _row_temperature(batch, tokens.shape[0])
-        logp, ent_tok = _logprobs_entropy(params, logits, aux, tokens, temp, model_cfg, mesh, rules, grouped)
-        entropy = losses.aggregate(ent_tok, mask, agg, max_len, denom)
-        metrics: dict[str, Any] = {"entropy": entropy, "nonfinite_inputs": n_bad}
-
-        if is_sft:
-            policy = losses.aggregate(-logp, mask, agg, max_len, denom)
-        else:
-            adv = inputs["advantages"]
-            if adv.ndim == 1:
-                adv = adv[:, None]
-            adv = jnp.broadcast_to(adv, mask.shape)
-            old = inputs["old_logp"] if "old_logp" in inputs else jax.lax.stop_gradient(logp)
-            policy, pmet = policy_fn(logp, old, adv, mask, loss_cfg.ratio_clip_low, loss_cfg.clip_high,
-                                     loss_cfg.dual_clip or None, agg, max_len, denom)
-            metrics.update({f"policy/{k}": v if f"policy/{k}" in _MAX_METRICS else v * tok_w
-                            for k, v in pmet.items()})
-        total = policy - loss_cfg.entropy_coef * entropy
-
-        kl_loss = kl_seq = jnp.zeros((), jnp.float32)
-        if not is_sft and "ref_logp" in inputs:
-            kl_tok = losses.kl_penalty(logp, inputs["ref_logp"], loss_cfg.kl_kind)
-            kl_loss = losses.aggregate(kl_tok, mask, agg, max_len, denom)
-            kl_seq = losses.aggregate(kl_tok, mask, "seq-mean-token-mean") * row_w
-            if loss_cfg.kl_in_loss:
-                total = total + kl_coef * kl_loss
-            else:  # only measured (`kl`): the KL is in the rewards, so the loss has no KL term to report
-                kl_loss = jnp.zeros((), jnp.float32)
-
-        vloss = jnp.zeros((), jnp.float32)
-        if is_ppo:
-            values = _head(params, aux["hidden"]) if grouped else _shifted_values(params, aux["hidden"])
-            vloss, vmet = losses.value_loss(values, inputs["old_values"], inputs["returns"], mask,
-                                            loss_cfg.value_clip or None, agg, max_len, denom)
-            total = total + loss_cfg.value_coef * vloss
-            metrics.update({f"value/{k}": v * tok_w for k, v in vmet.items()})
+        total, metrics = objective.loss(objectives.Forward(
+            params=params, batch=batch, inputs=inputs, tokens=tokens, mask=mask, logits=logits, aux=aux,
+            grouped=grouped, kl_coef=kl_coef, denom=denom, tok_w=tok_w, row_w=row_w, model_cfg=model_cfg,
+            loss_cfg=loss_cfg, mesh=mesh, rules=rules))
 
         r_lb, r_z = (t * real_w for t in _router_terms(aux, model_cfg))
         total = total + model_cfg.router_aux_coef * r_lb + model_cfg.router_z_coef * r_z
-
-        metrics.update({
-            "loss/total": total,
-            "loss/policy": policy,
-            "loss/kl": kl_loss,
-            "loss/value": vloss,
-            "loss/router_aux": r_lb,
-            "loss/router_z": r_z,
-            "kl": kl_seq,
-            "n_tokens": mask.sum(),
-            "n_rows": (mask.sum(-1) > 0).sum().astype(jnp.float32),
-        })
+        metrics = {**metrics, "nonfinite_inputs": n_bad, "loss/total": total, "loss/router_aux": r_lb,
+                   "loss/router_z": r_z, "n_tokens": mask.sum(),
+                   "n_rows": (mask.sum(-1) > 0).sum().astype(jnp.float32)}
         if "expert_load" in aux:
             metrics["router/expert_load"] = aux["expert_load"] * real_w
         if "dropped_fraction" in aux:
@@ -438,22 +320,6 @@ def make_loss_fn(model_cfg, loss_cfg: LossConfig, mesh, rules):
         return total, metrics
 
     return loss_fn
-
-
-def _prm_terms(z, labels, mask, aux, n_bad, model_cfg, agg, max_len, denom, tok_w, real_w):
-    """(total, metrics) of the "prm" mode: binary cross-entropy of the step logits z against the labels at the
-    loss_mask positions, plus the router terms; prm/accuracy is the share of steps on the right side of 0."""
-    bce = losses.aggregate(jnp.logaddexp(0.0, z) - labels * z, mask, agg, max_len, denom)
-    hit = ((z > 0) == (labels > 0.5)).astype(jnp.float32)
-    r_lb, r_z = (t * real_w for t in _router_terms(aux, model_cfg))
-    total = bce + model_cfg.router_aux_coef * r_lb + model_cfg.router_z_coef * r_z
-    metrics = {"loss/total": total, "loss/prm": bce, "prm/accuracy": losses.aggregate(hit, mask, "token-mean") * tok_w,
-               "loss/router_aux": r_lb, "loss/router_z": r_z, "nonfinite_inputs": n_bad, "n_tokens": mask.sum(),
-               "n_rows": (mask.sum(-1) > 0).sum().astype(jnp.float32)}
-    for k in ("expert_load", "dropped_fraction"):
-        if k in aux:
-            metrics[f"router/{k}"] = aux[k] * real_w
-    return total, metrics
 
 
 def denom_share(denom) -> dict:
@@ -487,22 +353,15 @@ def _accumulated_value_and_grad(loss_fn, params, batch, kl_coef, n_micro: int, a
         g_acc, m_acc = carry
         (_, met), g = grad_fn(params, mb, kl_coef, share_of(mb))
         g_acc = jax.tree.map(jnp.add, g_acc, g)
-        m_acc = {k: jnp.maximum(m_acc[k], v) if k in _MAX_METRICS else m_acc[k] + v for k, v in met.items()}
+        m_acc = {k: jnp.maximum(m_acc[k], v) if k in objectives.MAX_METRICS else m_acc[k] + v for k, v in met.items()}
         return (g_acc, m_acc), None
 
     first = jax.tree.map(lambda x: x[0], split)
     met_shape = jax.eval_shape(lambda: grad_fn(params, first, kl_coef, share_of(first))[0][1])
-    m0 = {k: jnp.full(v.shape, -jnp.inf if k in _MAX_METRICS else 0.0, v.dtype) for k, v in met_shape.items()}
+    m0 = {k: jnp.full(v.shape, -jnp.inf if k in objectives.MAX_METRICS else 0.0, v.dtype) for k, v in met_shape.items()}
     g0 = jax.tree.map(jnp.zeros_like, params)
     (grads, metrics), _ = jax.lax.scan(body, (g0, m0), split)
     return (metrics["loss/total"], metrics), grads
-
-
-def _batch_sharding(mesh, rules):
-    rules = sharding.DEFAULT_RULES if rules is None else rules
-    # Only the leading (row) axis is sharded, so one spec fits [B], [B, T] and [B, T, ...] leaves.
-    lead = sharding.batch_sharding(mesh, rules, ndim=2).spec[0]
-    return NamedSharding(mesh, PartitionSpec(lead))
 
 
 def _all_finite(tree) -> jax.Array:
@@ -574,61 +433,7 @@ def make_train_step(model_cfg, loss_cfg: LossConfig, optim_cfg: OptimConfig, mes
         return jax.jit(step, donate_argnums=0)
     st_sh = state_shardings(model_cfg, loss_cfg, optim_cfg, mesh, rules)
     rep = NamedSharding(mesh, PartitionSpec())
-    in_sh = (st_sh, _batch_sharding(mesh, rules), rep)
+    in_sh = (st_sh, batch_sharding(mesh, rules), rep)
     if model_cfg.lora is not None:  # the frozen base, sharded as the model's params
         in_sh += (transformer.param_shardings(model_cfg, mesh, rules),)
     return jax.jit(step, in_shardings=in_sh, out_shardings=(st_sh, rep), donate_argnums=0)
-
-
-# ------------------------------------------------------------------------------------- logprobs
-def _logprobs(params, tokens, attn_mask, temperature, model_cfg, mesh, rules, with_values, routes=None,
-              prompt_tokens=None, prompt_mask=None):
-    chunked = model_cfg.logits_chunk > 0
-    grouped = prompt_tokens is not None
-    if grouped:
-        if routes is not None:
-            raise ValueError("routes (routing replay) need the flat layout, not prompt_tokens / prompt_mask")
-        logits, aux = shared_prompt.forward(_model_params(params), prompt_tokens, prompt_mask, tokens, attn_mask,
-                                            model_cfg, return_logits=not chunked, mesh=mesh, rules=rules)
-    else:
-        logits, aux = transformer.forward(_model_params(params), tokens, model_cfg, attn_mask=attn_mask,
-                                          return_hidden=with_values, return_logits=not chunked, mesh=mesh,
-                                          rules=rules, routes=routes)
-    real = attn_mask.astype(jnp.float32)
-    if grouped:
-        temp = jnp.broadcast_to(jnp.asarray(temperature, jnp.float32), (tokens.shape[0],))
-        logp = _logprobs_entropy(params, logits, aux, tokens, temp, model_cfg, mesh, rules, True)[0] * real
-    else:
-        logp = _token_logprobs(params, logits, aux, tokens, temperature, model_cfg, mesh, rules) * real
-    if not with_values:
-        return logp
-    values = _head(params, aux["hidden"]) if grouped else _shifted_values(params, aux["hidden"])
-    return logp, values * real
-
-
-def make_logprob_fn(model_cfg, mesh=None, rules=None, with_values: bool = False):
-    """Jitted `fn(params, tokens, attn_mask, temperature=1.0, routes=None, prompt_tokens=None, prompt_mask=None)
-    -> logp [B, T]` (and values [B, T] for PPO).
-
-    Flat layout: logp[:, t] = log softmax(logits[:, t-1] / temperature)[tokens[:, t]], logp[:, 0] = 0, and 0 on
-    padding. Grouped layout (prompt_tokens / prompt_mask [G, P] given, tokens the [G*K, C] answers): logp[:, t] is
-    answer token t's, the sampler's alignment, each prompt computed once (models/shared_prompt.py). temperature is
-    a scalar or one per row, traced (no recompiles). Use it for reference logprobs at the sampling temperature (the
-    behaviour logprobs are the sampler's own). routes: recorded experts [B, T, n_moe_layers, k] to replay (routing
-    replay, flat layout only), as in the train step.
-    """
-
-    def fn(params, tokens, attn_mask, temperature=1.0, routes=None, prompt_tokens=None, prompt_mask=None):
-        return _logprobs(params, tokens, attn_mask, temperature, model_cfg, mesh, rules, with_values, routes,
-                         prompt_tokens, prompt_mask)
-
-    if mesh is None:
-        return jax.jit(fn)
-    out = _batch_sharding(mesh, rules)
-    return jax.jit(fn, out_shardings=(out, out) if with_values else out)
-
-
-@functools.partial(jax.jit, static_argnames=("cfg",))
-def compute_logprobs(params, tokens, attn_mask, cfg, temperature=1.0):
-    """Unsharded convenience form of make_logprob_fn: `[B, T]` per-token logprobs."""
-    return _logprobs(params, tokens, attn_mask, temperature, cfg, None, None, False)

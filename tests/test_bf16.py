@@ -14,7 +14,8 @@ import pytest
 from models import layer_stack, sampling, transformer
 from models.config import ModelConfig
 from models.moe import route
-from rl.train_step import LossConfig, OptimConfig, init_train_state, make_logprob_fn, make_loss_fn, make_train_step
+from rl.logprobs import make_logprob_fn
+from rl.train_step import LossConfig, OptimConfig, init_train_state, make_loss_fn, make_train_step
 
 MOE32 = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64, n_experts=4,
                     experts_per_token=2, moe_every=1, qk_norm=True, max_seq_len=32)

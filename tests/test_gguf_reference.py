@@ -111,7 +111,7 @@ def test_greedy_continuations_with_the_kv_cache_match_transformers(smol):
 
 def test_train_step_logprobs_match_the_samplers(smol):
     from rl import rollout
-    from rl.train_step import make_logprob_fn
+    from rl.logprobs import make_logprob_fn
 
     cfg, params, prompts = smol["cfg"], smol["params"], smol["prompts"]
     eos = smol["ref_tok"].eos_token_id

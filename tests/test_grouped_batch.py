@@ -100,7 +100,7 @@ def test_loss_and_gradients_equal_the_flat_rows_with_padding_groups(mode):
 def test_chunked_logprobs_equal_the_flat_passes():
     """The reference pass (and PPO's logprob + value pass) in the grouped layout, 2 groups per call (the second call
     padded), against rl.rollout.chunked's flat pass at each row's answer positions."""
-    from rl.train_step import make_logprob_fn
+    from rl.logprobs import make_logprob_fn
 
     prompt_ids, s = sampled(3)
     batch, start = flat_batch(prompt_ids, s, 3)

@@ -9,8 +9,8 @@ import pytest
 from models.config import ModelConfig
 from rl import rollout
 from rl.train_loop import bucketed_denominator
-from rl.train_step import (LossConfig, OptimConfig, compute_logprobs, denom_share, init_train_state, make_loss_fn,
-                           make_train_step)
+from rl.logprobs import compute_logprobs
+from rl.train_step import LossConfig, OptimConfig, denom_share, init_train_state, make_loss_fn, make_train_step
 
 TINY = dict(vocab_size=16, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=32, n_experts=4,
             experts_per_token=2, moe_every=1, n_shared_experts=0, capacity_factor=None, max_seq_len=32)

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import prm  # noqa: F401  (registers the PRM reward term into rl/reward_terms.py; the experiments import does too)
+import prm
 from experiments import launch, train_prm
 from experiments.configs.common import TINY_MODEL
 from models import transformer
@@ -21,6 +21,7 @@ from models.config import ModelConfig
 from models.tokenizer import ByteTokenizer
 from prm import data as pd
 from prm import metrics as pm
+from prm import objective as prm_objective
 from prm.calibration import evaluate, fit_calibrations, fit_threshold, scored_steps
 from prm.checkpoint import FORMAT, convert, load, load_npz, save
 from prm.model import PRM, encode, score_texts, step_logits, train_batch, utf8_safe
@@ -31,7 +32,7 @@ from rewards.combine import RewardConfig, score
 from rewards.parse import step_spans
 from rewards.steps import check_steps
 from rl import config_validation as cv
-from rl import reward_terms, rollout
+from rl import objectives, reward_terms, rollout
 from rl.config_fields import FieldErrors
 from rl.context import cached
 from rl.train_loop import optimizer_steps
@@ -39,7 +40,7 @@ from rl.advantages import step_scores
 from rl.stages import parse_stage
 from rl.stages.grpo import GRPOConfig
 from rl.tasks import load_mix
-from rl.train_step import LossConfig, OptimConfig, init_train_state
+from rl.train_step import LossConfig, OptimConfig, init_train_state, make_loss_fn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOK = ByteTokenizer()
@@ -495,8 +496,9 @@ def test_stage_prm_fields_are_checked():
 
 
 def test_the_prm_reaches_the_stages_through_its_registered_term(tmp_path, monkeypatch):
-    """rl/reward_terms.py: `import prm` fills the "prm" slot; without a PRM path nothing is asked of it; with a path
-    and no registered term the run fails naming the field, never running without its PRM."""
+    """rl/reward_terms.py: prm.install() (tests/conftest.py, as every entry point) fills the "prm" slot; without a
+    PRM path nothing is asked of it; with a path and no registered term the run fails naming the field, never running
+    without its PRM."""
     assert "prm" in reward_terms.registered()
     params, path = _tiny_head_prm(tmp_path, "slot")
     reward = {"prm_path": str(path), "w_prm": 0.2, "prm_agg": "min", "prm_steps": True}
@@ -509,10 +511,26 @@ def test_the_prm_reaches_the_stages_through_its_registered_term(tmp_path, monkey
     assert reward_terms.scorer(_Ctx(off, seed=0), GRPOConfig(), "stages[1]") is None
     with pytest.raises(ValueError, match="reward.prm_path is set, but no 'prm' reward term is registered"):
         reward_terms.scorer(_Ctx(reward, seed=0), GRPOConfig(), "stages[1]")
-    with pytest.raises(ValueError, match="import prm"):
+    with pytest.raises(ValueError, match=r"prm\.install\(\)"):
         reward_terms.eval_metrics(_Ctx(reward, seed=0), ["q"], object(), [{}], 2)
     with pytest.raises(ValueError, match="no slot"):
         reward_terms.register("value_model", scorer=lambda *a: None, eval_rerank=lambda *a: {})
+
+
+def test_the_prm_objective_is_the_wings_and_fills_its_slot_on_install(monkeypatch):
+    """rl/objectives.py: prm.install() fills the "prm" slot with prm/objective.py's objective (value head, flat layout
+    only); without it a "prm" train step fails naming the call; a slot outside LossConfig.mode's names is refused."""
+    assert objectives.get("prm") is prm_objective.OBJECTIVE and prm_objective.OBJECTIVE.value_head
+    monkeypatch.setattr(objectives, "_OBJECTIVES", {k: v for k, v in objectives._OBJECTIVES.items() if k != "prm"})
+    assert objectives.registered() == ["grpo", "ppo", "sft"]
+    for build in (lambda: make_loss_fn(TINY, LossConfig(mode="prm"), None, None),
+                  lambda: init_train_state(TINY, LossConfig(mode="prm"), OptimConfig(), jax.random.key(0))):
+        with pytest.raises(ValueError, match=r"LossConfig.mode 'prm' has no registered objective.*prm\.install\(\)"):
+            build()
+    prm.install()
+    assert objectives.get("prm") is prm_objective.OBJECTIVE and "prm" in reward_terms.registered()
+    with pytest.raises(ValueError, match="no slot"):
+        objectives.register("dpo", objectives.Objective(lambda f: (0.0, {})))
 
 
 def test_optimizer_steps_runs_one_step_per_minibatch_in_order():
@@ -540,10 +558,12 @@ def test_optimizer_steps_runs_one_step_per_minibatch_in_order():
 
 
 def test_plain_rewards_and_the_light_prm_modules_do_not_import_jax():
+    """... and importing the wing or the experiments package registers nothing (prm.install() is the one call)."""
     code = ("import sys; import rewards.combine, rewards.task_score, rewards.pool, rewards.verify, rewards.format, "
-            "prm, prm.metrics, prm.data; print('jax' in sys.modules)")
+            "prm, prm.metrics, prm.data, experiments; from rl import reward_terms; "
+            "print('jax' in sys.modules, reward_terms.registered())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
-    assert out.stdout.strip() == "False"
+    assert out.stdout.strip() == "False []"
 
 
 @pytest.mark.slow

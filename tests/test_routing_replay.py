@@ -123,7 +123,7 @@ def test_sampler_records_the_routes_the_trainer_replays():
     """float32: the sampler's recorded experts (prefill + decode, by cache slot) are those a full forward over prompt
     + response chooses, and replaying them reproduces the sampler's logprobs; padding and each row's last token have
     no record."""
-    from rl.train_step import make_logprob_fn
+    from rl.logprobs import make_logprob_fn
 
     cfg = _cfg(n_layers=3, moe_every=1, dense_layers=(1,), max_seq_len=32)
     params = transformer.init(cfg, jax.random.key(5))

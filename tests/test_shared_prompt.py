@@ -9,7 +9,8 @@ import pytest
 
 from models import sampling, shared_prompt, transformer
 from models.config import ModelConfig
-from rl.train_step import LossConfig, OptimConfig, init_train_state, make_logprob_fn, make_loss_fn, make_train_step
+from rl.logprobs import make_logprob_fn
+from rl.train_step import LossConfig, OptimConfig, init_train_state, make_loss_fn, make_train_step
 
 CFG = dict(vocab_size=40, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=32, n_experts=4,
            experts_per_token=2, moe_every=1, n_shared_experts=0, capacity_factor=None, max_seq_len=32)

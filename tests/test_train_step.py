@@ -8,8 +8,10 @@ import pytest
 
 from models.config import ModelConfig
 from rl import advantages
+from rl.config_fields import FieldErrors
+from rl.logprobs import make_logprob_fn
 from rl.losses import token_logprobs
-from rl.train_step import (LossConfig, OptimConfig, init_train_state, make_logprob_fn, make_loss_fn, make_optimizer,
+from rl.train_step import (LossConfig, OptimConfig, init_train_state, make_loss_fn, make_optimizer,
                            make_train_step)
 
 # One MoE block: router losses and statistics are exercised while compiles stay short on 2 cores
@@ -51,10 +53,19 @@ def test_configs_validate_and_name_the_field():
     with pytest.raises(ValueError, match="score function"):
         LossConfig(mode="grpo", kl_kind="k1")  # k1 in the loss has zero expected gradient
     LossConfig(mode="ppo", kl_kind="k1", kl_in_loss=False)  # k1 in the reward is the unbiased choice
-    with pytest.raises(ValueError, match="grad_clip"):
-        OptimConfig(grad_clip=-1.0)
-    with pytest.raises(ValueError, match="weight_decay"):
-        OptimConfig(weight_decay=float("inf"))
+    # OptimConfig's fields carry their checks (models/fields.py): FieldErrors names each bad field
+    for bad, why in ((dict(grad_clip=-1.0), "must be None (off) or > 0.0"), (dict(grad_clip=0.0), "> 0.0"),
+                     (dict(weight_decay=float("inf")), "finite"), (dict(weight_decay=-0.1), ">= 0.0"),
+                     (dict(b1=1.0), "< 1.0"), (dict(b2=-0.5), ">= 0.0"), (dict(eps=0.0), "> 0.0"),
+                     (dict(b1=True), "a number")):
+        with pytest.raises(FieldErrors) as e:
+            OptimConfig(**bad)
+        assert [f for f, _ in e.value.errors] == list(bad) and why in e.value.errors[0][1], (bad, e.value.errors)
+    with pytest.raises(FieldErrors) as e:  # every bad field at once
+        OptimConfig(b1=2.0, eps=-1.0)
+    assert [f for f, _ in e.value.errors] == ["b1", "eps"]
+    assert OptimConfig() == OptimConfig(weight_decay=0.0, b1=0.9, b2=0.999, eps=1e-8, grad_clip=1.0)
+    OptimConfig(grad_clip=None, b1=0.0, b2=0.0, weight_decay=1e3)  # the edges the optimizer accepts
 
 
 HP = {"lr": 1e-4, "kl_coef": 0.1}

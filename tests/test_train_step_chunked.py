@@ -14,7 +14,8 @@ import pytest
 
 from models import sharding, transformer
 from models.config import ModelConfig
-from rl.train_step import LossConfig, OptimConfig, init_train_state, make_logprob_fn, make_loss_fn, make_train_step
+from rl.logprobs import make_logprob_fn
+from rl.train_step import LossConfig, OptimConfig, init_train_state, make_loss_fn, make_train_step
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # One MoE block (router terms, routes) and a vocabulary of 16 (shardable over tensor=2). T = 9: the 8 scored

@@ -28,7 +28,7 @@ from rewards.task_score import score_task, target_of
 from rl import context, losses, rollout, runs, setup, stages
 from rl.stages.grpo import grpo_token_advantages
 from rl.advantages import step_scores
-from rl.train_step import compute_logprobs
+from rl.logprobs import compute_logprobs
 
 
 def flat_grad(params, batch, adv, model_cfg, temperature):

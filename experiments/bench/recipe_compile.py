@@ -26,7 +26,8 @@ from jax.experimental import serialize_executable
 
 from experiments.bench import common
 from models import hf, lora, pretrained
-from rl.train_step import LossConfig, OptimConfig, init_train_state, make_logprob_fn, make_train_step
+from rl.logprobs import make_logprob_fn
+from rl.train_step import LossConfig, OptimConfig, init_train_state, make_train_step
 
 MODEL = "smollm2-135m-instruct"
 PROMPT, ANSWER, K, RANK = 96, 128, 8, 16

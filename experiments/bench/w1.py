@@ -63,7 +63,8 @@ from models import flops, sampling
 from models.config import ModelConfig
 from models.cpu import allocator
 from rl import advantages
-from rl.train_step import LossConfig, OptimConfig, init_train_state, make_logprob_fn, make_train_step
+from rl.logprobs import make_logprob_fn
+from rl.train_step import LossConfig, OptimConfig, init_train_state, make_train_step
 
 W1_MODEL = dict(vocab_size=512, d_model=256, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=64, d_ff=512,
                 n_experts=8, experts_per_token=2, moe_every=1, n_shared_experts=0, capacity_factor=None,
