@@ -2,6 +2,7 @@
 "prm" mode against a float64 NumPy reference, the optimizer loop, a tiny PRM that learns, checkpoints (orbax, and
 the old .npz files), the trainer-side scorer (prm/reward.py) and its plug-in point (rl/reward_terms.py). Metric
 functions are in tests/test_prm_metrics.py."""
+import importlib
 import json
 import os
 import random
@@ -531,6 +532,19 @@ def test_the_prm_objective_is_the_wings_and_fills_its_slot_on_install(monkeypatc
     assert objectives.get("prm") is prm_objective.OBJECTIVE and "prm" in reward_terms.registered()
     with pytest.raises(ValueError, match="no slot"):
         objectives.register("dpo", objectives.Objective(lambda f: (0.0, {})))
+
+
+@pytest.mark.parametrize("entry", ["launch", "sweep", "eval", "sample", "train_prm"])
+def test_every_entry_point_installs_the_wing_first(entry, monkeypatch, capsys):
+    """The launcher, sweeps, evaluation, sampling and the PRM pipeline call prm.install() first thing in main (here
+    with --help, which exits before any work): both slots filled from empty registries."""
+    module = importlib.import_module(f"experiments.{entry}")
+    monkeypatch.setattr(reward_terms, "_TERMS", {})
+    monkeypatch.setattr(objectives, "_OBJECTIVES", {k: v for k, v in objectives._OBJECTIVES.items() if k != "prm"})
+    with pytest.raises(SystemExit) as e:
+        module.main(["--help"])
+    assert e.value.code == 0 and "usage" in capsys.readouterr().out
+    assert "prm" in reward_terms.registered() and objectives.get("prm") is prm_objective.OBJECTIVE
 
 
 def test_optimizer_steps_runs_one_step_per_minibatch_in_order():
