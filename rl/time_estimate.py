@@ -53,8 +53,6 @@ def _itemsize(dtype: str) -> int:
     return 2 if dtype in ("bfloat16", "float16") else 4
 
 
-
-
 def decode_s(m, cal: dict, *, rows: int, prompts: int, prompt_len: int, new_tokens: int, slots: int,
              dtype: str) -> float:
     """Seconds to draw `rows` answers of ~EXPECTED_LENGTH x new_tokens tokens for `prompts` prompts of prompt_len."""

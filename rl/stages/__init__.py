@@ -14,7 +14,7 @@ loop, rl.train_loop.train_on. A new kind is a new module registered in KINDS.
 A Kind also answers what the run's planners and checks ask of a stage (whether it is RL, the training problems it
 asks for, its rows per optimizer step and their layout, the answers it samples and the rows it trains on per unit,
 its seconds per unit, whether it holds a KL reference, how many units trained, its warnings and its rules against
-the model and reward sections): no module outside rl/stages/ branches on a kind's name (tests/test_layering.py).
+the model and reward sections): no module outside rl/stages/ branches on a kind's name (tests/test_stage_kinds.py).
 """
 from __future__ import annotations
 
@@ -135,8 +135,8 @@ def components(cfg, max_new_tokens: int):
 def sft_problem_count(cfg) -> int:
     """How many training problems the stages that fine-tune on demonstrations (Kind.demonstrations) render as worked
     solutions, for a validated RunConfig: their `problems` count, 0 meaning all of tasks.n_train."""
-    return max([KINDS[s.kind].problems(s)[1] or cfg.tasks.n_train for s in cfg.stages if KINDS[s.kind].demonstrations],
-               default=0)
+    counts = [KINDS[s.kind].problems(s)[1] or cfg.tasks.n_train for s in cfg.stages if KINDS[s.kind].demonstrations]
+    return max(counts, default=0)
 
 
 # -- a stage's state, whatever its kind ---------------------------------------------------------------------------

@@ -186,10 +186,14 @@ def step_rows(cfg, seq_len: int, row_multiple: int) -> int:
 def step_layout(cfg, rows: int, row_multiple: int, prompt_len: int, new_tokens: int):
     """The grouped layout its steps take (rl/grouped_batch.py), or None for flat rows: batch_layout "flat", recorded
     routes or group sizes that differ are flat (the update's rule, grouped_layout, on the config's group sizes)."""
-    sizes = group_sizes(cfg)
-    if cfg.rl.batch_layout == "flat" or records_routes(cfg) or len(set(sizes)) != 1:
+    if not steps_grouped(cfg):
         return None
-    return grouped_batch.plan(sizes, rows, row_multiple, prompt_len, new_tokens, 0)
+    return grouped_batch.plan(group_sizes(cfg), rows, row_multiple, prompt_len, new_tokens, 0)
+
+
+def steps_grouped(cfg) -> bool:
+    """Whether its steps take the grouped layout: batch_layout not "flat", no recorded routes, one group size."""
+    return cfg.rl.batch_layout != "flat" and not records_routes(cfg) and len(set(group_sizes(cfg))) == 1
 
 
 def answers(cfg) -> int:
@@ -215,8 +219,7 @@ def seconds(cfg, run, price, *, value_head: bool, draws: tuple[float, float] = (
     r = cfg.rl
     sizes = group_sizes(cfg)
     rows = int(round(r.n_prompts * float(np.mean(sizes))))
-    grouped = r.batch_layout != "flat" and not records_routes(cfg) and len(set(sizes)) == 1
-    tokens = r.n_prompts * P + rows * N if grouped else rows * seq  # grouped: each prompt once (grouped_batch)
+    tokens = r.n_prompts * P + rows * N if steps_grouped(cfg) else rows * seq  # grouped: each prompt once (grouped_batch)
     step = max(1, r.token_budget // seq)
     n_draws, kept = draws
     logprobs = price.forward(tokens if value_head else min(rows, step) * seq)

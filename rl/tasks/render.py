@@ -143,10 +143,9 @@ def prompt_text(cfg, tok, problem: Problem) -> str:
     """The prompt text the sampler continues: one user turn through the chat template (a checkpoint with
     model.chat_template), after a system turn when model.system_prompt is set (the user turn is then the bare
     question of a math problem; code and instruction problems keep their own statement), else render_prompt.
-    `cfg`: the run's RunConfig (rl.config_validation, which imports rl.tasks: not imported here); a checkpoint is
-    model.pretrained or model.hf_path (rl.setup.checkpoint_field)."""
+    `cfg`: the run's RunConfig (rl.config_validation, which imports rl.tasks: not imported here)."""
     lang = cfg.tasks.lang
-    if (cfg.model.pretrained or cfg.model.hf_path) and cfg.model.chat_template:
+    if cfg.model.checkpoint_field and cfg.model.chat_template:
         system = cfg.model.system_prompt
         if not system:
             return tok.render_chat_template([{"role": "user", "content": render_user_message(problem, lang)}])
