@@ -39,9 +39,9 @@ import prm
 from rl import config_validation as cv
 from rl import prefix, preflight, workdir_lock
 from rl.checkpoint import CheckpointError
-from rl.config_fields import suggest
 from rl.setup import Prepared, backend_kernels
 from rl.workdir_state import check_resume, has_checkpoint
+from schema import suggest
 
 
 def load_config_file(spec: str):

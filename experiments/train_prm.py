@@ -17,7 +17,7 @@ from experiments import launch
 from prm import pipeline
 from prm.train import with_overrides
 from rl import config_validation as cv
-from rl.config_fields import FieldErrors
+from schema import FieldErrors
 
 
 def load(spec: str, overrides=()):

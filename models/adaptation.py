@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from models.fields import field
+from schema import field
 
 # Block-relative path -> (lead dims, contracted "in" dims) of that weight (models/transformer.py _block_shapes).
 TARGETS = {

@@ -2,7 +2,7 @@
 
 Build one with keywords (every field has a default giving a tiny byte-level model), derive variants with
 `dataclasses.replace(cfg, d_model=512)` or `cfg.replace(...)`, and load one from an experiment config with
-`ModelConfig.from_dict(d)`. Each field carries its default, doc and range check (models/fields.py; the run config's
+`ModelConfig.from_dict(d)`. Each field carries its default, doc and range check (schema/; the run config's
 model section lists them with --help_config); invalid values raise FieldErrors (a ValueError) naming every bad field
 on construction. The optional sections
 `lora` and `upcycle` are the typed configs of models/lora.py and models/upcycle.py (a dict becomes one).
@@ -17,9 +17,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from models.fields import Checked, boolean, choice, field, integer, num, optional
 from models.adaptation import LoraConfig, UpcycleConfig
 from models import flops as _flops
+from schema import Checked, boolean, choice, field, integer, num, optional
 
 _DTYPES = ("float32", "bfloat16", "float16")
 

@@ -22,11 +22,11 @@ import numpy as np
 
 from prm import metrics
 from prm.model import Encoded, train_batch
-from rl.config_fields import Checked, boolean, choice, field, from_dict, integer, num, text
 from rl.rollout import pad_rows
 from rl.schedules import lr_at
 from rl.train_loop import optimizer_steps
 from rl.train_step import LossConfig, OptimConfig, init_train_state, make_train_step
+from schema import Checked, boolean, choice, field, from_dict, integer, num, text
 
 __all__ = ["PRMConfig", "SOURCES", "train", "step_fn", "with_overrides"]
 

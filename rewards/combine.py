@@ -50,12 +50,12 @@ import dataclasses
 import math
 import numbers
 
-from models.fields import Checked, boolean, choice, field, integer, num, text
 from rewards import penalties
 from rewards.format import LANGS, MODES, FormatConfig, format_reward
 from rewards.parse import ANSWER_WINDOW, as_text, extract_answer
 from rewards.steps import check_steps, step_score
 from rewards.verify import is_equiv
+from schema import Checked, boolean, choice, field, integer, num, text
 
 __all__ = ["RewardConfig", "RewardSection", "RewardWeights", "score", "error_result", "gold_text", "RESULT_KEYS",
            "PRM_AGGREGATES", "PRM_CALIBRATIONS"]
@@ -69,7 +69,7 @@ MAX_ANSWER_LOG_CHARS = 200  # the answer is returned for logging only; hostile a
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RewardConfig(Checked):
     """Weights and switches of the combined reward (seed practice: w_process 0.1-0.3 when on, w_format 0.05-0.1).
-    Each field carries its default, doc and range check (models/fields.py).
+    Each field carries its default, doc and range check (schema/).
 
     w_format defaults to 0: under std-normalised GRPO (scale_by_std) a format term's small differences inside a
     group whose answers are all wrong become advantages as large as a right answer's (docs/rewards.md)."""

@@ -5,7 +5,7 @@ An experiment config is an `ml_collections.ConfigDict` with these sections:
     seed, sharding_rules, model, reward, mesh, tasks, sampling, eval, checkpoint, log, run, stages (a list)
 
 Each section is a frozen keyword-only dataclass whose fields carry their default, one-line doc and range check
-(models/fields.py): MeshSection, TasksSection, SamplingSection, EvalSection, CheckpointSection, LogSection, RunSection
+(schema/): MeshSection, TasksSection, SamplingSection, EvalSection, CheckpointSection, LogSection, RunSection
 here, ModelSection = models.config.ModelConfig plus where the weights come from, RewardSection in rewards/combine.py,
 and the stage kinds' configs in rl/stages/. RunConfig composes them.
 
@@ -34,14 +34,13 @@ from typing import Any
 import ml_collections
 
 from models.config import ModelConfig
-from models.fields import key_values
 from models.pretrained import SOURCES as PRETRAINED_SOURCES
 from rewards.combine import RewardSection
 from rl import stages as stage_lib
-from rl.config_fields import (Checked, FieldErrors, boolean, choice, default_of, field, from_dict, integer, num,
-                              plain, section_type, suggest, text, unknown_field)
-from rl.config_fields import describe as describe_fields
+from schema import (Checked, FieldErrors, boolean, choice, default_of, field, from_dict, integer, key_values, num,
+                    plain, section_type, suggest, text, unknown_field)
 from rl.tasks import mix_error, split_source_errors
+from schema import describe as describe_fields
 
 
 class ConfigError(ValueError):

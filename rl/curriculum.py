@@ -16,14 +16,34 @@ Picks depend only on (state, seed, iteration), so a resumed run draws the same p
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from rl.config_fields import Checked, boolean, field, integer, num, three_ints, three_weights
+from schema import Check, Checked, boolean, field, integer, num
 
 EASY, MEDIUM, HARD = 0, 1, 2
 BUCKET_NAMES = ("easy", "medium", "hard")
+
+
+def three_ints(lo: int = 1, hi: int = 4096) -> Check:
+    def c(v):
+        if (not isinstance(v, (tuple, list)) or len(v) != 3
+                or any(isinstance(x, bool) or not isinstance(x, int) or not lo <= x <= hi for x in v)):
+            return f"must be 3 ints in [{lo}, {hi}] (easy, medium, hard), got {v!r}"
+        return None
+
+    return c
+
+
+def three_weights(v) -> str | None:
+    if (not isinstance(v, (tuple, list)) or len(v) != 3
+            or any(isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0 for x in v)):
+        return f"must be 3 finite non-negative numbers (easy, medium, hard), got {v!r}"
+    if sum(v) <= 0:
+        return f"must have a positive sum, got {v!r}"
+    return None
 
 
 @dataclass(frozen=True, kw_only=True)

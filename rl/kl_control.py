@@ -33,7 +33,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from rl.config_fields import Checked, boolean, choice, field, integer, num
+from schema import Checked, boolean, choice, field, integer, num
 
 __all__ = ["FixedKL", "AdaptiveKL", "KLConfig", "controller", "ramp_factor"]
 

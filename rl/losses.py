@@ -22,7 +22,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from rl.config_fields import Checked, boolean, choice, field, integer, num
+from schema import Checked, boolean, choice, field, integer, num
 
 __all__ = [
     "AGG_MODES",

@@ -30,8 +30,8 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 
-from rl.config_fields import Checked, choice, field, num
 from rl.losses import LOG_RATIO_CLAMP
+from schema import Checked, choice, field, num
 
 MIS_KINDS = ("product", "geometric")
 

@@ -37,7 +37,6 @@ import numpy as np
 from models import hf, hf_checks, kernels, sharding, upcycle
 from models import pretrained as pretrained_models
 from models.config import ModelConfig
-from models.fields import FieldErrors
 from models.tokenizer import ByteTokenizer, HFTokenizer
 from rewards.code_exec import wall_limit_s
 from rewards.code_reward import EXEC_CONFIG
@@ -50,6 +49,7 @@ from rl.memory_plan import MemoryPlan
 from rl.stages import sft_problem_count
 from rl.tasks.base import Problem
 from rl.tasks.render import prompt_text, solution_text
+from schema import FieldErrors
 
 
 # ----------------------------------------------------------------------------------------- the model

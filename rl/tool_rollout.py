@@ -34,7 +34,7 @@ from rewards.code_exec import ExecConfig
 from rewards.parse import extract_answer
 from rewards.python_tool import PythonTool, byte_markers, chat_markers
 from rl import rollout
-from rl.config_fields import Checked, choice, field, integer, num
+from schema import Checked, choice, field, integer, num
 
 KINDS = ("", "python")
 

@@ -32,8 +32,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from rl import grouped_batch, losses, rollout, schedules
-from rl.config_fields import Checked, field, integer, num
 from rl.train_step import OptimConfig
+from schema import Checked, field, integer, num
 
 __all__ = ["LoopConfig", "Trainer", "Carry", "train_on", "optimizer_steps", "bucketed_denominator", "mean_metrics", "step_stats",
            "router_metrics", "NonFiniteError", "STEP_STATS", "check_trained"]

@@ -63,9 +63,9 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from models import lora, shared_prompt, sharding, transformer
 from rl import losses, objectives
-from rl.config_fields import Checked, field, num, optional
 from rl.logprobs import batch_sharding, is_grouped, model_params
 from rl.losses import LossConfig
+from schema import Checked, field, num, optional
 
 __all__ = [
     "LossConfig",
@@ -83,7 +83,7 @@ __all__ = [
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class OptimConfig(Checked):
     """AdamW (decoupled weight decay on matrices) after an optional global-norm clip; each field carries its default,
-    doc and range check (models/fields.py: a bad value raises FieldErrors naming the field).
+    doc and range check (schema/: a bad value raises FieldErrors naming the field).
 
     The learning rate is not part of it: the step takes it from the host each call
     (rl.schedules.lr_at), so a stage's schedule can follow the optimizer steps it really takes.

@@ -1,11 +1,11 @@
-"""The one reader of comma-separated key=value lists (models.fields.key_values) and the four places that read
+"""The one reader of comma-separated key=value lists (schema.key_values) and the four places that read
 such lists through it: a config file's arg, gym generator settings, tasks.source_levels and mesh.rules."""
 import pytest
 
 from experiments.configs.common import parse_arg
-from models.fields import key_values
 from rl.config_validation import ConfigError, parse_rules, parse_source_levels
 from rl.tasks.gym import parse_settings
+from schema import key_values
 
 
 def test_key_values_splits_strips_and_skips_empty_items():

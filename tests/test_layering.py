@@ -1,8 +1,9 @@
 """The layering, checked from the code's own imports (ast, every import statement, function-level ones included):
 the model core imports no CPU-wing module, directly or through other modules; no import circle in any package
-(models/, rewards/, rl/, the PRM wing, experiments/); no package imports one above it (models <- rewards <- rl <-
-prm <- experiments: the PRM wing sits above rl/, which it extends); rewards/ reaches nothing of rl/ or prm/; the
-function-level imports per package stay within a budget that may only shrink. The known exceptions are listed
+(schema/, models/, rewards/, rl/, the PRM wing, experiments/; a package's __init__ counts as a module); no package
+imports one above it (schema <- models <- rewards <- rl <- prm <- experiments: the PRM wing sits above rl/, which it
+extends); rewards/ reaches nothing of rl/ or prm/; the function-level imports per package stay within a budget that
+may only shrink. The known exceptions are listed
 here, in KNOWN_UPWARD and KNOWN_CIRCLES, and a later change may only shrink them (a stale entry fails too)."""
 
 import ast
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("models", "rewards", "rl", "prm", "experiments")
+PACKAGES = ("schema", "models", "rewards", "rl", "prm", "experiments")
 LAYER = {name: i for i, name in enumerate(PACKAGES)}  # a module may import its own layer and the ones before it
 CORE = ("models.layers", "models.moe", "models.moe_ep", "models.transformer", "models.sampling")
 WING = "models.cpu"
@@ -58,7 +59,7 @@ def imports_of(path: Path, modules: dict) -> set[str]:
         for name in names:
             while name and name not in modules:  # import a.b.c of a package: the deepest project module
                 name = name.rpartition(".")[0]
-            if name and name != me and name.split(".")[0] in PACKAGES and name not in PACKAGES:
+            if name and name != me and name.split(".")[0] in PACKAGES:
                 found.add(name)
     return found
 
@@ -101,7 +102,7 @@ def test_no_import_circle_in_any_package(graph):
 def test_no_package_imports_one_above_it_except_the_known_ones(graph):
     upward = {(a, b) for a, deps in graph.items() for b in deps
               if LAYER[b.split(".")[0]] > LAYER[a.split(".")[0]]}
-    assert upward - KNOWN_UPWARD == set(), "new imports up the layers (models <- rewards <- rl <- experiments)"
+    assert upward - KNOWN_UPWARD == set(), "new imports up the layers (schema <- models <- rewards <- rl <- prm <- experiments)"
     assert KNOWN_UPWARD - upward == set(), "a known exception is gone: remove it from KNOWN_UPWARD"
 
 

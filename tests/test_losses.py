@@ -309,7 +309,7 @@ def test_cispo_value_and_gradient_match_reference():
 
 def test_cispo_stage_has_no_floor_unless_asked():
     from rl import stages
-    from rl.config_fields import FieldErrors
+    from schema import FieldErrors
 
     def cfg(**kw):
         return stages.parse_stage({**stages.defaults("grpo"), **kw})
@@ -340,7 +340,7 @@ def test_sequence_and_cispo_losses_share_the_registry_signature():
 
 def test_policy_loss_is_selected_from_the_stage_config():
     from rl import stages
-    from rl.config_fields import FieldErrors
+    from schema import FieldErrors
 
     def cfg(**kw):
         return stages.parse_stage({**stages.defaults("grpo"), **kw})

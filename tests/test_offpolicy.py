@@ -130,7 +130,7 @@ def test_extreme_log_ratios_stay_finite():
 
 def test_stage_fields_switch_the_corrections_and_name_bad_bounds():
     from rl import stages
-    from rl.config_fields import FieldErrors
+    from schema import FieldErrors
 
     def cfg(**kw):
         return stages.parse_stage({**stages.defaults("grpo"), **kw})

@@ -34,7 +34,6 @@ from rewards.parse import step_spans
 from rewards.steps import check_steps
 from rl import config_validation as cv
 from rl import objectives, reward_terms, rollout
-from rl.config_fields import FieldErrors
 from rl.context import cached
 from rl.train_loop import optimizer_steps
 from rl.advantages import step_scores
@@ -42,6 +41,7 @@ from rl.stages import parse_stage
 from rl.stages.grpo import GRPOConfig
 from rl.tasks import load_mix
 from rl.train_step import LossConfig, OptimConfig, init_train_state, make_loss_fn
+from schema import FieldErrors
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOK = ByteTokenizer()

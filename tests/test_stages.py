@@ -12,10 +12,10 @@ from experiments import launch
 from models.tokenizer import ByteTokenizer
 from rl import prefix, stages
 from rl.advantages import step_scores
-from rl.config_fields import FieldErrors
 from rl.metrics import read_jsonl
 from rl.stages.grpo import grpo_token_advantages
 from rl.stages.rejection import keep_verified
+from schema import FieldErrors
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -125,7 +125,7 @@ def test_stage_format_weight_does_not_add_an_instruction_rows_outcome_again():
 
 def test_rl_fields_that_would_be_ignored_are_refused():
     """Nothing silently ignored: each of these names its field at validation."""
-    from rl.config_fields import FieldErrors
+    from schema import FieldErrors
 
     for kind, kw, fld in (("ppo", dict(filter_zero_variance=True), "filter_zero_variance"),
                           ("grpo", dict(advantage="rloo"), "scale_by_std"),

@@ -244,7 +244,7 @@ def test_tool_copy_sign_only_in_tool_stages():
 def test_tools_section_is_off_by_default_and_refuses_routes():
     g = stages.parse_stage(stages.defaults("grpo"))
     assert not g.tools.on and g.to_dict()["tools"]["kind"] == ""
-    from rl.config_fields import FieldErrors
+    from schema import FieldErrors
     with pytest.raises(FieldErrors, match="tools"):
         stages.parse_stage({**stages.defaults("grpo"), "tools": {"kind": "python"}, "routing_replay": True})
     with pytest.raises(FieldErrors, match="kind"):

@@ -8,11 +8,11 @@ import pytest
 
 from models.config import ModelConfig
 from rl import advantages
-from rl.config_fields import FieldErrors
 from rl.logprobs import make_logprob_fn
 from rl.losses import token_logprobs
 from rl.train_step import (LossConfig, OptimConfig, init_train_state, make_loss_fn, make_optimizer,
                            make_train_step)
+from schema import FieldErrors
 
 # One MoE block: router losses and statistics are exercised while compiles stay short on 2 cores
 # (the model's own tests cover deeper and mixed dense/MoE stacks).
@@ -53,7 +53,7 @@ def test_configs_validate_and_name_the_field():
     with pytest.raises(ValueError, match="score function"):
         LossConfig(mode="grpo", kl_kind="k1")  # k1 in the loss has zero expected gradient
     LossConfig(mode="ppo", kl_kind="k1", kl_in_loss=False)  # k1 in the reward is the unbiased choice
-    # OptimConfig's fields carry their checks (models/fields.py): FieldErrors names each bad field
+    # OptimConfig's fields carry their checks (schema/): FieldErrors names each bad field
     for bad, why in ((dict(grad_clip=-1.0), "must be None (off) or > 0.0"), (dict(grad_clip=0.0), "> 0.0"),
                      (dict(weight_decay=float("inf")), "finite"), (dict(weight_decay=-0.1), ">= 0.0"),
                      (dict(b1=1.0), "< 1.0"), (dict(b2=-0.5), ">= 0.0"), (dict(eps=0.0), "> 0.0"),

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import ast
 
-from models.fields import key_values
 from rl.config_validation import ConfigError, default_config, stage  # noqa: F401  (re-exported for config files)
+from schema import key_values
 
 SMALL_MOE = dict(  # the quickstart policy: 2 layers, d_model 64, 4 experts top-2 in every layer, byte vocabulary
     vocab_size=259, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=128,

@@ -21,10 +21,10 @@ from __future__ import annotations
 import functools
 from typing import Callable, NamedTuple
 
-from rl.config_fields import FieldErrors
 from rl.stages import algorithms, common, grpo, iteration, ppo, rejection, sft
 from rl.stages.common import flat_fields, flat_value, from_flat
 from rl.train_loop import check_trained as check_trained_carry
+from schema import FieldErrors
 
 
 class Kind(NamedTuple):

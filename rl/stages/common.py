@@ -36,10 +36,10 @@ import jax.numpy as jnp
 
 from models import lora
 
-from rl.config_fields import Checked, FieldErrors, construct, field, from_dict, name, plain, unknown_field
 from rl.losses import LossConfig
 from rl.train_loop import Carry, LoopConfig, Trainer, train_on
 from rl.train_step import init_train_state, make_train_step, state_shardings
+from schema import Checked, FieldErrors, construct, field, from_dict, name, plain, unknown_field
 
 KINDS = ("sft", "rejection", "grpo", "ppo")
 FAMILIES = ("math", "code", "instructions", "gym")  # rewards; gym problems report as gym/<generator>

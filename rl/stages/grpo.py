@@ -19,7 +19,6 @@ import math
 import numpy as np
 
 from rl import advantages as advm
-from rl.config_fields import boolean, choice, field, integer
 from rl.curriculum import CurriculumConfig
 from rl.kl_control import KLConfig
 from rl.losses import LossConfig
@@ -28,6 +27,7 @@ from rl.stages import algorithms, iteration
 from rl.stages.common import Flat, StageInfo, section
 from rl.tool_rollout import ToolsConfig
 from rl.train_loop import LoopConfig
+from schema import boolean, choice, field, integer
 
 ADVANTAGES = ("grpo", "rloo", "reinforce_pp")  # rl.advantages.ESTIMATORS by config name (grpo: dr_grpo unscaled)
 ZERO_VARIANCE = ("off", "drop", "refill")  # filter_zero_variance

@@ -52,11 +52,11 @@ from rewards.task_score import format_counts
 from rl import advantages as advm
 from rl import curriculum as cur
 from rl import grouped_batch, kl_control, losses, offpolicy, reward_terms, rollout, schedules, tool_rollout
-from rl.config_fields import Checked, boolean, choice, field, integer, num
 from rl.losses import LossConfig
 from rl.stages import algorithms, common
 from rl.stages.common import Base
 from rl.train_loop import router_metrics, step_stats
+from schema import Checked, boolean, choice, field, integer, num
 
 # LossConfig keys every RL stage writes flat; PPO adds value_coef and value_clip (its value head's)
 LOSS_KEYS = ("policy_loss", "clip_low", "clip_high", "dual_clip", "cispo_floor", "agg", "kl_kind", "entropy_coef",

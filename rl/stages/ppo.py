@@ -18,7 +18,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from rl import advantages as advm
-from rl.config_fields import field, num
 from rl.curriculum import CurriculumConfig
 from rl.kl_control import KLConfig
 from rl.losses import LossConfig
@@ -27,6 +26,7 @@ from rl.stages import iteration
 from rl.stages.common import Flat, StageInfo, section
 from rl.tool_rollout import ToolsConfig
 from rl.train_loop import LoopConfig
+from schema import field, num
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

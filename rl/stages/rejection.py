@@ -18,13 +18,13 @@ import time
 
 import numpy as np
 
-from rl.config_fields import field, integer, num
 from rl.losses import LossConfig
 from rl.sft import build_sft_batch
 from rl.stages import common
 from rl.stages.common import Base, Flat, StageInfo, section
 from rl.stages.sft import length_buckets_field, sft_rows
 from rl.train_loop import LoopConfig, router_metrics, step_stats
+from schema import field, integer, num
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

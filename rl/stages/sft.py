@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from rl.config_fields import field, integer, num
 from rl.losses import LossConfig
 from rl.sft import build_sft_batch
 from rl.stages import common
 from rl.stages.common import Base, Flat, StageInfo, section
 from rl.train_loop import LoopConfig, router_metrics, step_stats
+from schema import field, integer, num
 
 
 def length_buckets_field():

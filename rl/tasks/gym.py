@@ -41,10 +41,10 @@ import hashlib
 import re
 from fractions import Fraction
 
-from models.fields import key_values
 from rewards._verify_eval import exact
 from rewards.mathparse import parse_arithmetic
 from rl.tasks.base import GeneratedSource, Problem
+from schema import key_values
 
 __all__ = ["FAMILIES", "SETTINGS", "CHUNK", "PIN", "check_spec", "settings_error", "from_spec", "parse_settings",
            "to_problem", "roots_gold"]

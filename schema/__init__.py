@@ -1,4 +1,5 @@
-"""Typed config fields: the project's one schema mechanism (a default, a one-line doc and a range check per field).
+"""The project's one config schema mechanism, the bottom layer every package builds on: typed config fields, each
+with a default, a one-line doc and a range check.
 
     @dataclasses.dataclass(frozen=True, kw_only=True)
     class MyStage(Checked):
@@ -12,10 +13,10 @@ Every check returns the reason (without the field name) or None. Numbers must be
 numbers; sizes have upper bounds, so a typo such as 1e12 problems fails before any compute, with the field named.
 `FieldErrors` carries every problem at once (the launcher prints them all and exits 2).
 
-It sits in the bottom layer so that every section uses it: models/config.py (ModelConfig), rewards/combine.py
-(the reward section), rl/config_validation.py (run, tasks, sampling, eval, ...) and the stage configs (rl/stages/,
-through rl/config_fields.py). A Checked dataclass is frozen; it also reads like a mapping (`section["lr"]`,
-`section.get("lr")`, `dict(section)`), so code written against the config as plain dicts reads the typed tree too.
+It sits below models/ so that every section imports it by this one name: models/config.py (ModelConfig) and
+models/adaptation.py (model.lora, model.upcycle), rewards/combine.py (the reward section), rl/config_validation.py
+(run, tasks, sampling, eval, ...), the stage configs (rl/stages/) and the PRM wing's sections. A Checked dataclass is
+frozen and read by attribute (`section.lr`); `to_dict()` gives plain containers (what config.json stores).
 """
 from __future__ import annotations
 
@@ -171,8 +172,7 @@ def name(v) -> str | None:
 
 # -- dataclasses with checked fields ----------------------------------------------------------------------
 class Checked:
-    """Mixin for frozen keyword-only dataclasses: `__post_init__` runs every field's check, then `cross_checks`.
-    Read-only mapping access (`s["x"]`, `s.get("x")`, `keys()`, `items()`, `dict(s)`) reads the fields."""
+    """Mixin for frozen keyword-only dataclasses: `__post_init__` runs every field's check, then `cross_checks`."""
 
     def __post_init__(self):
         errors = []
@@ -197,27 +197,6 @@ class Checked:
     def replace(self, **changes):
         """A copy with `changes` (checked like a new instance)."""
         return dataclasses.replace(self, **changes)
-
-    # -- read-only mapping access --------------------------------------------------------------------
-    def keys(self) -> list[str]:
-        return [f.name for f in dataclasses.fields(self)]
-
-    def items(self) -> list[tuple[str, Any]]:
-        return [(k, getattr(self, k)) for k in self.keys()]
-
-    def values(self) -> list:
-        return [getattr(self, k) for k in self.keys()]
-
-    def __getitem__(self, key: str):
-        if key not in self.keys():
-            raise KeyError(key)
-        return getattr(self, key)
-
-    def __contains__(self, key) -> bool:
-        return key in self.keys()
-
-    def get(self, key: str, default=None):
-        return getattr(self, key) if key in self.keys() else default
 
 
 def plain(v):
