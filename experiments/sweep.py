@@ -559,8 +559,8 @@ def estimate(shared_todo: list[dict], todo: list[dict], k: int, n_par: int, fini
     """The compute of the runs still to go (rl.preflight.compute_estimate, the launcher's, summed; a point that
     starts from the shared stages counts only its own) and their time: scaled from the finished runs of this sweep
     (seconds per generated + trained token of their compute estimate), divided over `n_par` launchers."""
-    def work(cfg, skip=0):
-        return compute_estimate({**cfg, "stages": cfg["stages"][skip:]} if skip else cfg)[1]
+    def work(cfg, skip=0):  # a resolved config.json dict, validated where it enters the estimate
+        return compute_estimate(cv.typed({**cfg, "stages": cfg["stages"][skip:]}))[1]
 
     keys = ("gen_tokens", "verifier_calls", "train_tokens")
     tot = dict.fromkeys(keys, 0)

@@ -19,22 +19,9 @@ from typing import Any, Mapping
 
 from models.adaptation import LoraConfig, UpcycleConfig
 from models import flops as _flops
-from schema import Checked, boolean, choice, field, integer, num, optional
+from schema import Checked, FieldErrors, boolean, choice, field, integer, num, optional, section_value
 
 _DTYPES = ("float32", "bfloat16", "float16")
-
-
-def _section(cls):
-    """The check of an optional typed section (None, the typed config, or a dict / ConfigDict that builds one)."""
-    def check(v) -> str | None:
-        if v is None or isinstance(v, cls):
-            return None
-        try:
-            cls.from_value(v)
-        except (TypeError, ValueError) as e:
-            return str(e)
-        return None
-    return check
 
 
 def _block_indices(v) -> str | None:
@@ -97,16 +84,29 @@ class ModelConfig(Checked):
     # Adaptation of a pretrained model (a dict in an experiment config becomes the typed section):
     lora: LoraConfig | None = field(None, "LoRA adapters, dict(rank=, alpha=, targets=) (models/lora.py); None = "
                                           "none; setting one field (model.lora.rank=16) turns it on, the rest at the "
-                                          "defaults below", _section(LoraConfig), section=LoraConfig)
+                                          "defaults below", section=LoraConfig)
     upcycle: UpcycleConfig | None = field(None, "upcycle this dense model into an MoE, dict(n_experts=, top_k=, ...) "
                                                 "(models/upcycle.py); None = none; setting one field "
                                                 "(model.upcycle.n_experts=4) turns it on, the rest at the defaults "
-                                                "below", _section(UpcycleConfig), section=UpcycleConfig)
+                                                "below", section=UpcycleConfig)
 
     def __post_init__(self):
-        super().__post_init__()  # every bad field at once, each named (FieldErrors, a ValueError)
+        # The optional sections first (a dict or ConfigDict becomes the typed section, its errors named
+        # lora.rank, ...), then every field's check: every bad field at once (FieldErrors, a ValueError).
+        errors = []
         for name, cls in (("lora", LoraConfig), ("upcycle", UpcycleConfig)):
-            object.__setattr__(self, name, None if getattr(self, name) is None else cls.from_value(getattr(self, name)))
+            try:
+                object.__setattr__(self, name, None if getattr(self, name) is None
+                                   else section_value(cls, getattr(self, name)))
+            except FieldErrors as e:
+                errors += [(f"{name}.{p}" if p else name, m) for p, m in e.errors]
+                object.__setattr__(self, name, None)  # the other fields' checks and cross-checks still run
+        try:
+            super().__post_init__()
+        except FieldErrors as e:
+            errors += e.errors
+        if errors:
+            raise FieldErrors(errors)
         # Lists (from JSON or a ConfigDict) become a sorted tuple: the config is a static jit argument, so hashable.
         object.__setattr__(self, "dense_layers", tuple(sorted(set(self.dense_layers))))
 

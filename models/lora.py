@@ -52,6 +52,7 @@ from jax.sharding import NamedSharding
 from models import layer_stack, sharding
 from models.layers import LowRank
 from models.adaptation import DEFAULT_TARGETS, TARGETS, LoraConfig  # noqa: F401 (DEFAULT_TARGETS re-exported)
+from schema import section_value
 
 ADAPTER_KEY = "lora"  # the adapters' key in a combined tree {**base, "lora": adapters}
 _STACK = layer_stack.STACK_KEY
@@ -317,7 +318,7 @@ def restore_item(tree, meta: Mapping, base, cfg) -> dict:
     """The trainable tree of a checkpoint written by checkpoint_item, checked against this run's lora section and
     base model (ValueError naming the difference); the run then uses it with the base it loaded itself."""
     lcfg = _config(cfg)
-    saved = LoraConfig.from_value(meta.get("lora") or {})
+    saved = section_value(LoraConfig, meta.get("lora") or {})
     if saved != lcfg:
         raise ValueError(f"checkpoint adapters were made with lora={saved}, this run has lora={lcfg}")
     # Every adapter's shape against the base: merge's checks run while tracing, so nothing is computed.

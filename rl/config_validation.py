@@ -11,7 +11,7 @@ and the stage kinds' configs in rl/stages/. RunConfig composes them.
 
     cfg = validate(config)     # RunConfig (frozen); ConfigError listing every problem, each naming its field path,
                                # e.g. "stages[2].clip_high must be >= 0.0, got -1", with "did you mean" for typos
-    cfg.tasks.n_train, cfg.stages[2].loop.lr, cfg["sampling"]["top_p"]   # attributes, or keys (a mapping view)
+    cfg.tasks.n_train, cfg.stages[2].loop.lr, cfg.sampling.top_p   # read by attribute
     cfg.to_dict()              # plain containers: what workdir/config.json stores
     default_config()           # a ConfigDict with every field at its default (config files start from it)
     stage(kind, name, **kw)    # one `stages` entry of a kind, every field at its default plus kw
@@ -96,10 +96,14 @@ class MeshSection(Checked):
     expert: int = field(1, "expert-parallel axis size (MoE experts split over it)", integer(-1, 4096))
     tensor: int = field(1, "tensor-parallel axis size (heads / mlp / vocab)", integer(-1, 4096))
 
+    def sizes(self) -> dict[str, int]:
+        """Axis name -> size, in the mesh's axis order (models/sharding.py MESH_AXES)."""
+        return self.to_dict()
+
     def cross_checks(self):
-        if sum(1 for v in self.values() if v == -1) > 1:
+        if sum(1 for v in self.sizes().values() if v == -1) > 1:
             yield "", "at most one axis may be -1"
-        if any(v == 0 for v in self.values()):
+        if any(v == 0 for v in self.sizes().values()):
             yield "", "axis sizes must be >= 1 or -1"
 
 
@@ -330,7 +334,7 @@ def default_config() -> ml_collections.ConfigDict:
     for f in dataclasses.fields(RunConfig):
         v = default_of(f)
         if f.name in SECTIONS:
-            v = ml_collections.ConfigDict(dict(v.items()))  # the fields' own values (tuples stay tuples)
+            v = ml_collections.ConfigDict(dataclasses.asdict(v))  # the fields' own values (tuples stay tuples)
         c[f.name] = list(v) if f.name == "stages" else v
     return c
 

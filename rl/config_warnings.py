@@ -21,6 +21,7 @@ import math
 
 from rewards.python_tool import byte_markers
 from rl.stages import KINDS
+from rl.stages import tools as stage_tools
 
 LORA_LR = 2e-4  # the SmolLM2 recipes' learning rate with LoRA adapters (rank 16, every projection)
 FULL_FINETUNE_LR = 1e-5  # theirs for full fine-tuning (20x smaller: every weight moves)
@@ -64,8 +65,8 @@ def lr_warnings(cfg, st) -> list[str]:
 def tools_warnings(cfg, i: int) -> list[str]:
     """Tools on in stage i while the prompt never shows the call markers and no earlier SFT stage teaches them."""
     st = cfg.stages[i]
-    tools = getattr(st, "tools", None)
-    if tools is None or not tools.on:
+    tools = stage_tools(st)
+    if tools is None:
         return []
     marker = byte_markers().call_start
     chat = bool(cfg.model.hf_path or cfg.model.pretrained) and cfg.model.chat_template

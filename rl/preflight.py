@@ -31,7 +31,7 @@ from rl import config_validation as cv
 from rl import calibration, config_warnings, memory_plan, pretrained, setup
 from rl import time_estimate as time_est
 from rl.setup import Prepared
-from rl.stages import KINDS, algorithms, sft_problem_count
+from rl.stages import KINDS, algorithms, run_tools, sft_problem_count
 from rl.stages.common import stage_problems
 from rl.workdir_state import check_resume
 
@@ -163,7 +163,7 @@ def prepare(config, *, environment: bool = True, port: bool = False, workdir: st
     if tok is not None and hf_path and cfg.model.chat_template:
         render = hf_checks.bounded  # every prompt below is rendered under the template's step / time limit
         _collect(errors, lambda: _raise_config(lambda: hf_checks.check_template(tok, f"model.{field}: {hf_path}")))
-        if any(getattr(getattr(st, "tools", None), "on", False) for st in cfg.stages):  # the tool turn renders too
+        if run_tools(cfg.stages) is not None:  # the tool turn renders too
             _collect(errors, lambda: _raise_config(lambda: _tool_markers(tok, f"model.{field}: {hf_path}")))
     if tok is not None and model_cfg is not None and tok.vocab_size > model_cfg.vocab_size:
         errors.append(f"model.vocab_size: the tokenizer has {tok.vocab_size} ids, the model's embedding only "
@@ -267,12 +267,11 @@ def _raise_config(fn):
         raise cv.ConfigError(str(e)) from None
 
 
-def port_to_checkpoint(config, tok=None, splits=None) -> tuple[cv.RunConfig, list[str]]:
+def port_to_checkpoint(cfg: cv.RunConfig, tok=None, splits=None) -> tuple[cv.RunConfig, list[str]]:
     """(cfg, notes) for a recipe written for the byte tokenizer run on model.hf_path: its prompt length measured in
     the checkpoint's tokenizer and chat template (rl.pretrained.port_lengths); `tok` / `splits`: the ones already
     built, else built here. When the folder or the data cannot be read the config comes back unchanged: prepare()
     then reports why."""
-    cfg = cv.typed(config)
     try:
         context_len = setup.hf_checkpoint_cfg(setup.checkpoint_path(cfg.model), cfg.model).max_seq_len
         tok = setup.build_tokenizer(cfg) if tok is None else tok
@@ -283,17 +282,16 @@ def port_to_checkpoint(config, tok=None, splits=None) -> tuple[cv.RunConfig, lis
     return pretrained.port_lengths(cfg, longest, context_len)
 
 
-def time_estimate(config, model_cfg, log=None) -> tuple[str, dict]:
+def time_estimate(cfg: cv.RunConfig, model_cfg, log=None) -> tuple[str, dict]:
     """(text, estimate): rl/time_estimate.py's seconds per phase at this machine's calibration (rl/calibration.py,
     measured once per machine and code, a few seconds; `log` hears when it measures)."""
     cal = calibration.load(log=log)
-    est = time_est.estimate(config, model_cfg, cal)
+    est = time_est.estimate(cfg, model_cfg, cal)
     return time_est.text(est, cal), est
 
 
-def compute_estimate(config) -> tuple[str, dict]:
+def compute_estimate(cfg: cv.RunConfig) -> tuple[str, dict]:
     """Tokens to generate, verifier calls and train tokens per unit and in total, per stage (upper bounds)."""
-    cfg = cv.typed(config)
     N = cfg.sampling.max_new_tokens
     P = cfg.tasks.max_prompt_len
     e = cfg.eval

@@ -56,7 +56,7 @@ from rl import hacking
 from rl import metrics as mlib
 from rl import stages as stage_lib
 from models import kernels, layer_stack, transformer
-from rl import plots, preflight, runs, tool_rollout
+from rl import plots, preflight, runs
 from rl.context import build_context
 from rl.setup import Prepared, backend_kernels
 from rl.train_loop import NonFiniteError  # noqa: F401 - what a run raises when its steps are not finite (launch)
@@ -182,7 +182,7 @@ class Loop:
             key = jax.random.fold_in(ctx.key("eval", si + 2, unit), j)  # si: -2 best policy, -1 initial
             samples = [] if n_show else None
             out[split] = ev.evaluate(ctx, params, probs, key, e.k, e.temperature, samples_out=samples,
-                                     n_show=n_show, tools=tool_rollout.run_tools(self.stage_cfgs))
+                                     n_show=n_show, tools=stage_lib.run_tools(self.stage_cfgs))
             ctx.writer.write_samples(self.gunit, samples or [], stage=stage, split=split)
         kernels.phase_end()
         first = next((h["validation"] for h in self.history if "validation" in h), None)

@@ -150,7 +150,7 @@ def backend_kernels() -> dict:
 def build_mesh(cfg: cv.RunConfig):
     """(mesh, rules, row_multiple): None for a single-device run (no sharding overhead), else
     models.sharding.make_mesh over the first devices."""
-    sizes = dict(cfg.mesh)
+    sizes = cfg.mesh.sizes()
     n = int(np.prod([v for v in sizes.values() if v != -1]))
     if -1 not in sizes.values() and n == 1:
         return None, None, 1
@@ -185,7 +185,7 @@ def load_problems(cfg: cv.RunConfig) -> tuple[list[Problem], list[Problem], list
     keep their own levels and reasoning-gym generators their settings (rl.tasks.takes_difficulty);
     tasks.source_difficulty overrides either per source (0 = every level)."""
     t = cfg.tasks
-    sources = {split: t[f] for split, f, _ in cv.SPLIT_SOURCES}
+    sources = {split: getattr(t, f) for split, f, _ in cv.SPLIT_SOURCES}
     specs = [spec for spec in [t.mix, *sources.values()] if spec and spec.strip()]
     names = list(dict.fromkeys(name for spec in specs for name, _ in tasks.parse_mix(spec)))
     levels = cv.parse_source_levels(t.source_difficulty)

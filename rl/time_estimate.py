@@ -115,12 +115,11 @@ def _stage(s, cfg, m, cal: dict) -> dict:
     return parts
 
 
-def evaluations(config) -> list[tuple[int, int]]:
+def evaluations(cfg: cv.RunConfig) -> list[tuple[int, int]]:
     """(answers, problems) of each evaluation a run makes: the initial policy's (validation + test, with
     eval.initial), each stage's end (validation + test), the mid-stage validations (every eval.every units) and the
     best policy's test evaluation at the end (checkpoint.keep_best); each problem a greedy answer + eval.k samples.
     rl.preflight.compute_estimate counts answers from it too."""
-    cfg = cv.typed(config)
     e = cfg.eval
     full, val, test = e.n_val + e.n_test, e.n_val, e.n_test
     mids = sum((s.units - 1) // e.every if e.every else 0 for s in cfg.stages)
@@ -128,13 +127,12 @@ def evaluations(config) -> list[tuple[int, int]]:
     return [(p * (1 + e.k), p) for p in probs]
 
 
-def estimate(config, model_cfg, cal: dict) -> dict:
+def estimate(cfg: cv.RunConfig, model_cfg, cal: dict) -> dict:
     """Seconds per phase of a validated config on the run's model (rl.setup.build_model_cfg), at `cal`
     (rl.calibration.load()): {"stages": [{"name", "kind", "units", "parts": {part: s per unit}, "unit_s",
     "stage_s"}], "eval_s" (one evaluation of validation + test), "n_evals", "evals_s" (all of them: evaluations),
     "compile_s" (cold), "compile_warm_s", "total_s" (cold),
     "total_warm_s"}."""
-    cfg = cv.typed(config)
     e = cfg.eval
     m = model_cfg
     stages = []

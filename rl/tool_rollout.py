@@ -218,9 +218,3 @@ def metrics(a: dict) -> dict:
             "tools/turns": float((turns + 1).mean()), "tools/tokens": float(n_tok.mean()),
             "tools/token_share": float(n_tok.sum() / max(float(np.sum(a["lengths"])), 1.0)),
             "tools/copied_answer": float(a["tool_copied"].mean())}
-
-
-def run_tools(stage_cfgs) -> ToolsConfig | None:
-    """The run's tool setting for evaluation: the first RL stage's tools section that is on, else None (every
-    eval of such a run, the initial and the cold start's too, then reports pass@1 with and without tools)."""
-    return next((c.tools for c in stage_cfgs if getattr(c, "tools", None) is not None and c.tools.on), None)

@@ -230,6 +230,14 @@ def from_dict(cls, d: dict, nested: dict[str, type] | None = None):
     return construct(cls, kwargs, errors)
 
 
+def section_value(cls, value):
+    """`cls` from itself, a dict or a ConfigDict (anything with to_dict()): how an optional section's value is read
+    (model.lora, model.upcycle, a checkpoint's stored lora); FieldErrors naming the section's own fields."""
+    if isinstance(value, cls):
+        return value
+    return from_dict(cls, value.to_dict() if hasattr(value, "to_dict") else value)
+
+
 def construct(cls, kwargs: dict, errors: list):
     """cls(**kwargs), raising one FieldErrors with `errors` (the caller's, found while reading the fields) plus the
     constructor's own checks: every problem of a section in one pass."""

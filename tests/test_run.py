@@ -19,6 +19,7 @@ import pytest
 
 from experiments import launch
 from rl import preflight
+from rl import config_validation as cv
 from rl.config_validation import to_dict
 from rl.metrics import depends_on_the_machine, read_jsonl
 
@@ -433,7 +434,7 @@ def test_resume_refuses_a_different_config(tmp_path, capsys):
 
 def test_compute_estimate_counts():
     cfg = to_dict(launch.get_config(QUICKSTART + ":variant=tiny"))
-    text, tot = preflight.compute_estimate(cfg)
+    text, tot = preflight.compute_estimate(cv.validate(cfg))
     g, rej, e = cfg["stages"][2], cfg["stages"][1], cfg["eval"]
     N = cfg["sampling"]["max_new_tokens"]
     want_gen = (rej["rounds"] * rej["n_problems"] * rej["samples"] + g["iterations"] * g["n_prompts"] * g["samples"]) * N

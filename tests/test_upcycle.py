@@ -126,7 +126,7 @@ def test_sharded_over_an_expert_mesh_equals_unsharded(dense_params):
 @pytest.mark.parametrize("section, message", [
     (dict(n_experts=1), "upcycle.n_experts"), (dict(top_k=3, n_experts=2), "upcycle.top_k"),
     (dict(capacity_factor=1.5), "upcycle.capacity_factor"), (dict(router_init_std=0.0), "upcycle.router_init_std"),
-    (dict(experts=4), "unknown"),
+    (dict(experts=4), "upcycle.experts is not a known field"),
 ])
 def test_config_section_errors_name_the_field(section, message):
     with pytest.raises(ValueError, match=message):

@@ -47,6 +47,7 @@ class Kind(NamedTuple):
     demonstrations: bool = False  # fine-tunes on the tasks' worked solutions (what teaches a format the prompt lacks)
     step_layout: Callable = common.flat_steps  # (cfg, rows, row_multiple, prompt_len, new_tokens) -> grouped or None
     uses_reference: Callable = common.no_reference  # cfg -> whether it holds a KL reference policy
+    tools: Callable = common.no_tools  # cfg -> its tools section when the tool is on, else None
     trained_units: Callable = common.untracked  # state -> units that updated the policy (None: not counted)
     warnings: Callable = common.no_warnings  # cfg -> warnings on its values (rl/config_warnings.py)
     model_checks: Callable = common.no_checks  # (cfg, model section) -> (field, reason) pairs
@@ -60,7 +61,7 @@ class Kind(NamedTuple):
 _FINE_TUNE = dict(components=sft.components, step_rows=sft.step_rows)  # SFT's train step (SFT, rejection)
 _RL = dict(components=iteration.components, problems=iteration.problems, step_rows=iteration.step_rows,
            answers=iteration.answers, trained_rows=iteration.trained_rows, is_rl=True,
-           step_layout=iteration.step_layout, uses_reference=iteration.uses_reference,
+           step_layout=iteration.step_layout, uses_reference=iteration.uses_reference, tools=iteration.tools,
            trained_units=iteration.trained_units, model_checks=iteration.model_checks,
            reward_checks=iteration.reward_checks, tree=iteration.tree, meta=iteration.meta,
            template=iteration.template, load=iteration.load)
@@ -77,7 +78,7 @@ CONFIGS: dict[str, type] = {k: v.config for k, v in KINDS.items()}
 
 __all__ = ["Kind", "KINDS", "CONFIGS", "parse_stage", "defaults", "with_algorithm", "current_values", "flat_fields",
            "flat_value", "legacy_keys", "sft_problem_count", "FieldErrors", "init", "unit", "tree", "meta",
-           "template", "load", "components", "trained_units", "policy_params", "carried_params", "check_trained"]
+           "template", "load", "components", "tools", "run_tools", "trained_units", "policy_params", "carried_params", "check_trained"]
 
 
 def _kind_error(kind) -> FieldErrors:
@@ -130,6 +131,17 @@ def legacy_keys(kind: str) -> dict:
 def components(cfg, max_new_tokens: int):
     """(LossConfig, OptimConfig, KL controller or None) of the train step a stage config runs (Kind.components)."""
     return KINDS[cfg.kind].components(cfg, max_new_tokens)
+
+
+def tools(cfg):
+    """A stage config's tools section when its tool is on, else None (Kind.tools)."""
+    return KINDS[cfg.kind].tools(cfg)
+
+
+def run_tools(stage_cfgs):
+    """The run's tool setting for evaluation: the first stage's tools section that is on, else None (every eval of
+    such a run, the initial and the cold start's too, then reports pass@1 with and without tools)."""
+    return next((t for t in map(tools, stage_cfgs) if t is not None), None)
 
 
 def sft_problem_count(cfg) -> int:

@@ -215,6 +215,12 @@ def untracked(st) -> None:
     return None
 
 
+def no_tools(cfg) -> None:
+    """The stage's tool setting when its tool is on: never, the kind samples no tool calls."""
+    del cfg
+    return None
+
+
 def no_warnings(cfg) -> list[str]:
     """Warnings on the kind's values (rl/config_warnings.py): none."""
     del cfg

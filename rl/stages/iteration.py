@@ -127,6 +127,11 @@ def components(cfg, max_new_tokens: int):
     return loss_for(cfg, max_new_tokens), cfg.loop.optim(), kl_control.controller(cfg.kl)
 
 
+def tools(cfg):
+    """The stage's tools section (rl/tool_rollout.ToolsConfig) when its tool is on, else None."""
+    return cfg.tools if cfg.tools.on else None
+
+
 def uses_reference(cfg) -> bool:
     """Whether the stage holds a KL reference policy (some KL coefficient can be > 0: rl.kl_control.KLConfig)."""
     return cfg.kl.uses_reference
