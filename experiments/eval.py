@@ -46,7 +46,6 @@ import sys
 import time
 
 import jax
-import ml_collections
 
 import prm
 from models import hf, pretrained
@@ -84,24 +83,17 @@ def open_run(workdir: str, ckpt: str, *, mix: str = "", split: str = "test", n: 
     ctx.train, and the loaded policy."""
     cfg, _, params, _ = runs.load_policy(workdir, ckpt)
     path, step, meta = runs.find_policy(workdir, ckpt)
-    cfg = cfg.to_dict()  # the run's config, changed below for this evaluation and validated again
-    compile_cache.enable(cfg["run"]["compile_cache"])  # the run's programs, or a previous eval's, read back
-    t = cfg["tasks"]
-    if mix:
-        t["mix"] = mix
-        for key in ("train_source", "val_source", "test_source"):  # explicit split sources give way to --mix
-            if key in t:
-                t[key] = ""
+    compile_cache.enable(cfg.run.compile_cache)  # the run's programs, or a previous eval's, read back
+    t = cfg.tasks
+    # --mix replaces the run's mix and its explicit split sources; the evaluation split not asked for gets one
+    # problem (the stages need train)
+    tasks = dict(mix=mix, train_source="", val_source="", test_source="") if mix else {}
     field = {"train": "n_train", "validation": "n_val", "test": "n_test"}[split]
-    if n:
-        t[field] = n
-    for other in ("n_val", "n_test"):  # the evaluation splits not asked for: one problem (the stages need train)
-        if other != field:
-            t[other] = 1
-    cfg["eval"]["n_val"], cfg["eval"]["n_test"] = t["n_val"], t["n_test"]
-    cfg["mesh"] = {k: 1 for k in cfg["mesh"]}
-    cfg["run"]["reward_workers"] = 0
-    cfg = cv.validate(ml_collections.ConfigDict(cfg))
+    counts = {other: 1 for other in ("n_val", "n_test") if other != field}
+    counts[field] = n or getattr(t, field)
+    cfg = cfg.replace(tasks=t.replace(**tasks, **counts), eval=cfg.eval.replace(n_val=counts["n_val"],
+                                                                                n_test=counts["n_test"]),
+                      mesh=cv.MeshSection(), run=cfg.run.replace(reward_workers=0))
     ctx = context.build_context(cfg, workdir, with_services=False)
     ctx.scorer = rollout.Scorer(setup.make_reward_pool(cfg))
     where = f"{path}: {runs.policy_name(meta, step)}"  # one numbering: "grpo unit 40 = checkpoint 82 (...)"
@@ -217,7 +209,7 @@ def main_pretrained(args) -> int:
         return 2
     k = max(args.k, 0)
     temp = args.temperature or 1.0
-    print(f"model {path}\nevaluating {len(ctx.test)} test problems of {ctx.cfg['tasks']['mix']} (difficulty "
+    print(f"model {path}\nevaluating {len(ctx.test)} test problems of {ctx.cfg.tasks.mix} (difficulty "
           f"{args.difficulty}, lang {args.lang}): greedy + {k} samples at T={temp}, up to {args.max_new_tokens} new "
           f"tokens" + (f"; then greedy with the Python tool (up to {tools.max_turns} calls)" if tools else ""),
           flush=True)
@@ -227,14 +219,14 @@ def main_pretrained(args) -> int:
                         n_show=max(args.samples, k, 1 if tools else 0), tools=tools)
     finally:
         ctx.scorer.close()
-    entry = print_metrics(f"{os.path.basename(path.rstrip('/'))} ({ctx.cfg['tasks']['mix']})", m, temp)
+    entry = print_metrics(f"{os.path.basename(path.rstrip('/'))} ({ctx.cfg.tasks.mix})", m, temp)
     wall = time.perf_counter() - t0
     print(f"wall time {wall:.0f} s")
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "summary.json"), "w", encoding="utf-8") as f:
-            json.dump({"model": path, "mix": ctx.cfg["tasks"]["mix"], "difficulty": args.difficulty,
-                       "lang": args.lang, "system": ctx.cfg["model"]["system_prompt"], "k": k, "temperature": temp, "seed": args.seed,
+            json.dump({"model": path, "mix": ctx.cfg.tasks.mix, "difficulty": args.difficulty,
+                       "lang": args.lang, "system": ctx.cfg.model.system_prompt, "k": k, "temperature": temp, "seed": args.seed,
                        "max_new_tokens": args.max_new_tokens, "tools": tools.to_dict() if tools else None,
                        "wall_seconds": wall, "metrics": m, "summary": entry},
                       f, indent=2)
@@ -295,12 +287,12 @@ def main(argv: list[str] | None = None) -> int:
     except (CheckpointError, ConfigError, ValueError) as e:
         print(f"eval error: {e}", file=sys.stderr)
         return 2
-    e = ctx.cfg["eval"]
-    k = e["k"] if args.k < 0 else args.k
-    temp = args.temperature or e["temperature"]
+    e = ctx.cfg.eval
+    k = e.k if args.k < 0 else args.k
+    temp = args.temperature or e.temperature
     probs = problems_of(ctx, args.split)
     print(f"checkpoint {where}" + (f"\nno --ckpt given: {why}" if why else ""))
-    print(f"evaluating {len(probs)} {args.split} problems of {ctx.cfg['tasks']['mix']}: greedy"
+    print(f"evaluating {len(probs)} {args.split} problems of {ctx.cfg.tasks.mix}: greedy"
           + (f" + {k} samples at T={temp}" if k > 0 else " only (--k 0)"), flush=True)
     samples: list = []
     try:
@@ -314,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     name = f"{which}-{args.split}" + (f"-{re.sub(r'[^A-Za-z0-9_.@-]+', '_', args.mix)}" if args.mix else "")
     name += "-tools" if tools else ""
     with open(os.path.join(out_dir, name + ".json"), "w", encoding="utf-8") as f:
-        json.dump({"checkpoint": where, "split": args.split, "mix": ctx.cfg["tasks"]["mix"], "k": k,
+        json.dump({"checkpoint": where, "split": args.split, "mix": ctx.cfg.tasks.mix, "k": k,
                    "temperature": temp, "seed": args.seed, "tools": tools.to_dict() if tools else None, "metrics": m,
                    "summary": entry}, f, indent=2)
     with open(os.path.join(out_dir, name + ".samples.jsonl"), "w", encoding="utf-8") as f:

@@ -24,6 +24,11 @@ from schema import Checked, FieldErrors, boolean, choice, field, integer, num, o
 _DTYPES = ("float32", "bfloat16", "float16")
 
 
+def _section(cls):
+    """The check of an optional section once __post_init__ has read it: None (off) or the typed section."""
+    return lambda v: None if v is None or isinstance(v, cls) else f"must be None or a {cls.__name__}, got {v!r}"
+
+
 def _block_indices(v) -> str | None:
     if not isinstance(v, (tuple, list)):
         return f"must be a tuple of block indices, got {v!r}"
@@ -84,11 +89,11 @@ class ModelConfig(Checked):
     # Adaptation of a pretrained model (a dict in an experiment config becomes the typed section):
     lora: LoraConfig | None = field(None, "LoRA adapters, dict(rank=, alpha=, targets=) (models/lora.py); None = "
                                           "none; setting one field (model.lora.rank=16) turns it on, the rest at the "
-                                          "defaults below", section=LoraConfig)
+                                          "defaults below", _section(LoraConfig), section=LoraConfig)
     upcycle: UpcycleConfig | None = field(None, "upcycle this dense model into an MoE, dict(n_experts=, top_k=, ...) "
                                                 "(models/upcycle.py); None = none; setting one field "
                                                 "(model.upcycle.n_experts=4) turns it on, the rest at the defaults "
-                                                "below", section=UpcycleConfig)
+                                                "below", _section(UpcycleConfig), section=UpcycleConfig)
 
     def __post_init__(self):
         # The optional sections first (a dict or ConfigDict becomes the typed section, its errors named

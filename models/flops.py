@@ -3,6 +3,7 @@ grpo_step.py, profile_w1.py; models.config.flops_per_token is a per-token view o
 
     fwd = forward_flops(cfg, tokens=n, pairs=causal_pairs(prompt_lens, answer_lens, k), head_tokens=m)
     upd = train_flops(cfg, tokens=n, pairs=..., head_tokens=n)      # forward + backward; cfg.lora decides the path
+    grouped_update_flops(cfg, prompt_mask, attn_mask, k), grouped_decode_flops(...), step_floor_flops(upd, dec, kl)
 
 The convention (model FLOPs: the useful work of the model, whatever the program pads or recomputes):
 - Weights: 2 FLOPs per matmul weight per real token (a multiply and an add): attention projections q, k, v, o, the
@@ -114,3 +115,31 @@ def train_flops(cfg, tokens: float, pairs: float, head_tokens: float | None = No
     frozen = 2.0 * (body_weights(cfg) - merged) * tokens + 2.0 * head_weights(cfg) * head_tokens
     return float(fwd + frozen + 2.0 * (2.0 * merged * tokens) + 2.0 * _attention_per_pair(cfg) * pairs
                  + 3.0 * adapter * tokens)
+
+
+# -- a GRPO step on the grouped batch (each prompt once, its K answers after it): the W1 / W2 benches' counts --
+def grouped_update_flops(cfg, prompt_mask, attn_mask, n_samples: int) -> float:
+    """Model FLOPs of one update on the grouped batch (train_flops: forward + backward, 3 x forward for
+    full fine-tuning, LoRA's path with cfg.lora): each prompt's real tokens once, each answer's real tokens once, the
+    LM head on every one of them (the trainer computes logits at every position), causal attention over the keys
+    each real token sees. Padding positions the program also computes are not useful work: not counted."""
+    p = np.asarray(prompt_mask).sum(1)  # [G] real prompt tokens
+    a = np.asarray(attn_mask).sum(1)  # [R] real answer tokens (incl. EOS)
+    return train_flops(cfg, float(p.sum() + a.sum()), causal_pairs(p, a, n_samples))
+
+
+def grouped_decode_flops(cfg, prompt_mask, lengths, n_samples: int) -> float:
+    """Model FLOPs of sampling (forward_flops on the merged weights): each prompt's prefill once, then
+    each generated token, with causal attention over the prompt and the tokens before it; the LM head once per
+    sampled token (the prefill computes only the prompt's last position's logits, so none for the other prompt
+    tokens). The sampler's padded positions, finished rows and its logits over the vocabulary's padding are not
+    counted."""
+    p = np.asarray(prompt_mask).sum(1)  # [G]
+    a = np.asarray(lengths)  # [R] generated tokens per row
+    return forward_flops(cfg, float(p.sum() + a.sum()), causal_pairs(p, a, n_samples), head_tokens=float(a.sum()))
+
+
+def step_floor_flops(update: float, decode: float, kl: float) -> float:
+    """The step's compute floor in FLOPs: the update (3 x forward), the reference pass (one forward, when KL > 0)
+    and sampling. Divided by the same run's matmul peak it is the fastest this machine could take the step."""
+    return update + (update / 3.0 if kl > 0 else 0.0) + decode

@@ -90,14 +90,14 @@ def _sample(ctx, params, problems, k: int, temperature: float, key) -> list[dict
 def _rollout_fn(ctx, params, temperature: float, key):
     """rollout(prefixes, n): n policy continuations of each prompt + partial solution (one compiled shape)."""
     calls = [0]
-    smp = ctx.cfg["sampling"]
+    smp = ctx.cfg.sampling
 
     def fn(prefixes, n):
         calls[0] += 1
         s = rollout.sample(ctx.generate, params, ctx.model_cfg, ctx.tok, prefixes, [n] * len(prefixes),
                            jax.random.fold_in(key, calls[0]), temperature=temperature,
-                           max_new_tokens=smp["max_new_tokens"], max_prompt_len=ctx.seq_len,
-                           rows_per_call=smp["batch_rows"])
+                           max_new_tokens=smp.max_new_tokens, max_prompt_len=ctx.seq_len,
+                           rows_per_call=smp.batch_rows)
         return [s.texts[i * n:(i + 1) * n] for i in range(len(prefixes))]
 
     return fn
@@ -135,7 +135,7 @@ def build_data(ctx, params, cfg, workdir: str) -> dict:
             for x, (lab, n) in zip(tr, res):
                 x["mc"], x["rollouts"] = list(lab), n
         t_mc = time.time() - t0
-        gold = gold_examples(ctx.train[:cfg.n_gold], ctx.lang, int(ctx.cfg["seed"]), corrupt_prob=cfg.corrupt_prob,
+        gold = gold_examples(ctx.train[:cfg.n_gold], ctx.lang, int(ctx.cfg.seed), corrupt_prob=cfg.corrupt_prob,
                              propagate_prob=cfg.propagate_prob)
         data["gold"] = [{"prompt": e.prompt, "solution": e.solution, "labels": list(e.labels), "kind": e.kind}
                         for e in gold]

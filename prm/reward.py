@@ -152,8 +152,8 @@ def for_context(ctx, stage=None, where: str = "stages[i]") -> PRMScorer | None:
     """The run's PRM scorer (cached per file and settings in the process), None when reward.prm_path is "". With an
     RL stage config, its prm_weight adds to reward.w_prm and its prm_calibration (when set) picks the map; `where`
     names the stage in errors."""
-    reward = ctx.cfg["reward"]
-    path = prm_file(reward, ctx.cfg["seed"])
+    reward = ctx.cfg.reward.to_dict()
+    path = prm_file(reward, ctx.cfg.seed)
     if not path:
         return None
     w_extra = float(stage.rl.prm_weight) if stage is not None else 0.0

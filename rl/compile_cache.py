@@ -1,6 +1,6 @@
 """JAX's persistent compilation cache, and the seconds a process spends compiling.
 
-    path = compile_cache.enable(cfg["run"]["compile_cache"])   # "auto" | "off" | a directory; returns the dir or None
+    path = compile_cache.enable(cfg.run.compile_cache)   # "auto" | "off" | a directory; returns the dir or None
     compile_cache.stats()   # {"seconds": 12.3, "compiles": 41, "cache_hits": 38, "cache_misses": 3}
 
 A tiny run spends most of its wall time compiling the same programs every time it starts; with the cache on, a

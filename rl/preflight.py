@@ -36,10 +36,10 @@ from rl.stages.common import stage_problems
 from rl.workdir_state import check_resume
 
 
-def resolved_mesh(cfg: dict, n_dev: int) -> dict:
+def resolved_mesh(cfg: cv.RunConfig, n_dev: int) -> dict:
     """The mesh axis sizes with a -1 axis resolved against n_dev devices (ConfigError naming mesh.* when they do
     not fit this machine)."""
-    sizes = dict(cfg["mesh"])  # key access: a RunConfig or plain dicts (the sweep's memory estimate)
+    sizes = cfg.mesh.sizes()
     fixed = int(np.prod([v for v in sizes.values() if v != -1]))
     if -1 in sizes.values():
         if n_dev % fixed:

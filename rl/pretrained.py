@@ -1,7 +1,7 @@
 """A recipe on a pretrained checkpoint: the checkpoint's architecture wins, the recipe keeps its run-time choices.
 
-    mcfg, notes = on_checkpoint(loaded_cfg, cfg["model"], source="ckpt/Qwen3-1.7B")   # any loaded ModelConfig
-    cfg, notes = port_lengths(cfg, longest_prompt=161, context=32768)               # a byte-tokenizer recipe
+    mcfg, notes = on_checkpoint(loaded_cfg, cfg.model.arch(), source="ckpt/Qwen3-1.7B")  # any loaded ModelConfig
+    cfg, notes = port_lengths(cfg, longest_prompt=161, context=32768)                    # a byte-tokenizer recipe
 
 `on_checkpoint` is the one rule for every loader (models.hf reads config.json today; a named GGUF checkpoint goes
 through the same function): the architecture fields of the loaded ModelConfig are kept, the section's run-time
@@ -31,10 +31,9 @@ RUNTIME_FIELDS = ("dtype", "param_dtype", "remat", "scan_layers", "capacity_fact
                   "logits_chunk", "lora", "upcycle")
 
 
-def on_checkpoint(ckpt: ModelConfig, section, source: str) -> tuple[ModelConfig, list[str]]:
+def on_checkpoint(ckpt: ModelConfig, section: dict, source: str) -> tuple[ModelConfig, list[str]]:
     """(the run's ModelConfig, notes): `ckpt` (a ModelConfig read from a checkpoint) with the model section's
-    run-time fields (`section`: the model section, or its ModelConfig keyword arguments); see the module
-    docstring."""
+    run-time fields (`section`: its ModelConfig keyword arguments, ModelSection.arch()); see the module docstring."""
     defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
     changes, notes = {}, []
     for name, default in defaults.items():

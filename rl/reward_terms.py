@@ -66,7 +66,7 @@ def _term(ctx, name: str) -> _Term | None:
     """The term of slot `name` when the run's reward section asks for it, else None; ValueError when it asks and no
     wing registered one."""
     switch = SWITCHES[name]
-    if not ctx.cfg["reward"].get(switch):
+    if not getattr(ctx.cfg.reward, switch):
         return None
     if name not in _TERMS:
         raise ValueError(f"reward.{switch} is set, but no {name!r} reward term is registered: call prm.install() "

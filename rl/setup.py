@@ -193,7 +193,7 @@ def load_problems(cfg: cv.RunConfig) -> tuple[list[Problem], list[Problem], list
     if levels or not all(tasks.takes_difficulty(n) for n in names):
         difficulty = {n: (levels[n] or None) if n in levels else t.difficulty if tasks.takes_difficulty(n) else None
                       for n in names}
-    counts = {split: t[n] for split, _, n in cv.SPLIT_SOURCES}
+    counts = {split: getattr(t, n) for split, _, n in cv.SPLIT_SOURCES}
     try:
         out = tasks.load_splits(t.mix, counts, cfg.seed, sources, difficulty)
     except tasks.SplitSourceError as e:
@@ -210,9 +210,9 @@ def load_problems(cfg: cv.RunConfig) -> tuple[list[Problem], list[Problem], list
 
 def short_split_message(cfg: cv.RunConfig, split: str, n_field: str, available: int, where: str) -> str:
     """'tasks.n_test = 1319: ... supplies 10 test problems; set tasks.n_test=10 (and eval.n_test=10)'."""
-    asked = cfg.tasks[n_field]
+    asked = getattr(cfg.tasks, n_field)
     msg = f"tasks.{n_field} = {asked}: {where} supplies {available} distinct {split} problems; set tasks.{n_field}={available}"
-    if n_field in cfg.eval and cfg.eval[n_field] > available:
+    if getattr(cfg.eval, n_field, 0) > available:  # eval has n_val / n_test, not n_train
         msg += f" (and eval.{n_field}={available})"
     return msg
 

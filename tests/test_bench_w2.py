@@ -1,4 +1,5 @@
-"""experiments/bench/w2.py: its FLOP count and prompts against references written here (quick), and the bench end to
+"""experiments/bench/w2.py: its prompts against a reference written here (quick; its FLOP counts are models/flops.py's,
+tests/test_flops.py), and the bench end to
 end on a tiny Hugging Face fixture folder without the peer (slow: compiles the sampler, the reference pass and the
 update in a subprocess)."""
 import json
@@ -13,40 +14,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hf_folders import run_ready_folder  # noqa: E402
 
 from models.cpu import allocator  # noqa: E402
-
-
-def test_update_flops_counts_each_prompt_once_and_every_query_key_pair():
-    from experiments.bench import w1
-    from models.config import ModelConfig
-
-    cfg = ModelConfig(vocab_size=40, d_model=16, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=24,
-                      n_experts=0, max_seq_len=64)  # dense, as SmolLM2
-    pmask = np.array([[0, 0, 1, 1, 1], [0, 1, 1, 1, 1]])  # prompts of 3 and 4 real tokens, left-padded
-    attn = np.array([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 0]])  # K = 2 answers per prompt
-    # float64 reference by enumeration: every real token once (prompt tokens once per prompt), and for each real
-    # query token the keys it attends to (itself and every real token before it in its sequence).
-    weights = (cfg.n_layers * (2 * cfg.d_model * cfg.head_dim * (2 * cfg.n_heads + 2 * cfg.n_kv_heads)
-                               + 3 * 2 * cfg.d_model * cfg.d_ff) + 2 * cfg.d_model * cfg.vocab_size) / 2.0
-    tokens = pairs = 0.0
-    for g in range(2):
-        p = int(pmask[g].sum())
-        for q in range(p):
-            tokens += 1
-            pairs += q + 1
-        for k in range(2):
-            for q in range(int(attn[2 * g + k].sum())):
-                tokens += 1
-                pairs += p + q + 1
-    expected = 3 * (2 * weights * tokens + 4 * cfg.n_layers * cfg.n_heads * cfg.head_dim * pairs)
-    assert w1.update_flops(cfg, pmask, attn, 2) == pytest.approx(expected, rel=1e-12)
-    # sampling is one forward over the same tokens (prefill once per prompt, each generated token), but the prefill
-    # computes only the prompt's last logits: no LM head on the prompt tokens (models/flops.py's convention); the
-    # floor adds the reference's forward only with a KL term
-    lengths = attn.sum(1)
-    decode = w1.decode_flops(cfg, pmask, lengths, 2)
-    assert decode == pytest.approx(expected / 3 - 2 * cfg.d_model * cfg.vocab_size * pmask.sum(), rel=1e-12)
-    assert w1.floor_flops(expected, decode, kl=0.04) == pytest.approx(expected * 4 / 3 + decode, rel=1e-12)
-    assert w1.floor_flops(expected, decode, kl=0.0) == pytest.approx(expected + decode, rel=1e-12)
 
 
 def test_problems_are_two_digit_arithmetic_with_the_right_gold():

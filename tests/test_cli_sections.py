@@ -77,9 +77,9 @@ def test_a_path_that_names_no_section_is_refused(path, value, message):
 
 
 @pytest.mark.parametrize("path,value,message", [
-    ("model.upcycle", "dict(n_experts=1)", "upcycle.n_experts must be an int in [2, 4096], got 1"),
-    ("model.upcycle", "dict(experts=4)", "upcycle has unknown field(s) ['experts']"),
-    ("model.lora.rank", "0", "lora.rank must be an int in [1, 65536], got 0"),
+    ("model.upcycle", "dict(n_experts=1)", "upcycle.n_experts must be >= 2, got 1"),
+    ("model.upcycle", "dict(experts=4)", "upcycle.experts is not a known field"),
+    ("model.lora.rank", "0", "lora.rank must be >= 1, got 0"),
     ("stages[1].tools", "dict(kind='bash')", "stages[1].tools.kind must be one of |python, got 'bash'"),
     ("stages[1].tools", "dict(kind=__import__('os'))", "stages[1].tools must be a section"),  # kept as text
 ])

@@ -1,6 +1,8 @@
 """models/flops.py, the one FLOP convention of the benches (issue 52, item 8): LoRA's path against a float64
 enumeration of every matmul (forward, and a backward that forms dX for every weight but dW only for the adapters and
-the merged routed-expert targets), and full fine-tuning as 3 x the forward."""
+the merged routed-expert targets), full fine-tuning as 3 x the forward, and the W1 / W2 benches' grouped-batch
+counts (each prompt once, every query-key pair)."""
+import numpy as np
 import pytest
 
 from models import flops
@@ -79,3 +81,34 @@ def test_head_tokens_and_causal_pairs():
     assert flops.causal_pairs([3, 4], [2, 4, 1, 3], 2) == want
     with pytest.raises(ValueError, match="answer_lens"):
         flops.causal_pairs([3, 4], [2, 4, 1], 2)
+
+
+def test_update_flops_counts_each_prompt_once_and_every_query_key_pair():
+    cfg = ModelConfig(vocab_size=40, d_model=16, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=24,
+                      n_experts=0, max_seq_len=64)  # dense, as SmolLM2
+    pmask = np.array([[0, 0, 1, 1, 1], [0, 1, 1, 1, 1]])  # prompts of 3 and 4 real tokens, left-padded
+    attn = np.array([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 0]])  # K = 2 answers per prompt
+    # float64 reference by enumeration: every real token once (prompt tokens once per prompt), and for each real
+    # query token the keys it attends to (itself and every real token before it in its sequence).
+    weights = (cfg.n_layers * (2 * cfg.d_model * cfg.head_dim * (2 * cfg.n_heads + 2 * cfg.n_kv_heads)
+                               + 3 * 2 * cfg.d_model * cfg.d_ff) + 2 * cfg.d_model * cfg.vocab_size) / 2.0
+    tokens = pairs = 0.0
+    for g in range(2):
+        p = int(pmask[g].sum())
+        for q in range(p):
+            tokens += 1
+            pairs += q + 1
+        for k in range(2):
+            for q in range(int(attn[2 * g + k].sum())):
+                tokens += 1
+                pairs += p + q + 1
+    expected = 3 * (2 * weights * tokens + 4 * cfg.n_layers * cfg.n_heads * cfg.head_dim * pairs)
+    assert flops.grouped_update_flops(cfg, pmask, attn, 2) == pytest.approx(expected, rel=1e-12)
+    # sampling is one forward over the same tokens (prefill once per prompt, each generated token), but the prefill
+    # computes only the prompt's last logits: no LM head on the prompt tokens (models/flops.py's convention); the
+    # floor adds the reference's forward only with a KL term
+    lengths = attn.sum(1)
+    decode = flops.grouped_decode_flops(cfg, pmask, lengths, 2)
+    assert decode == pytest.approx(expected / 3 - 2 * cfg.d_model * cfg.vocab_size * pmask.sum(), rel=1e-12)
+    assert flops.step_floor_flops(expected, decode, kl=0.04) == pytest.approx(expected * 4 / 3 + decode, rel=1e-12)
+    assert flops.step_floor_flops(expected, decode, kl=0.0) == pytest.approx(expected + decode, rel=1e-12)

@@ -35,8 +35,8 @@ it says so and reports our figures alone. --wait_quiet S waits (at most S second
 1-minute load average to drop below --quiet_load; the load at the start and end of every measurement is printed
 and written to --json.
 
-The step, its timing and FLOP counts (measure_step, update_flops), the subprocess per KL setting (run_ours), the peer
-(run_peer), the repetitions with their ratios and report (run_pairs) and the shared options (add_pair_args) take the
+The step, its timing and FLOP counts (measure_step; the counts are models/flops.py's), the subprocess per KL
+setting (run_ours), the peer (run_peer), the repetitions with their ratios and report (run_pairs) and the shared options (add_pair_args) take the
 model, prompts, reward and peer options as arguments: experiments/bench/w2.py runs W2 (the same step on
 SmolLM2-135M-Instruct) through them.
 """
@@ -142,34 +142,6 @@ def run_setting(kl: float, steps: int, quick: bool, microbatches: int = 2, layou
                         microbatches=microbatches, layout=layout)
 
 
-def update_flops(cfg, prompt_mask, attn_mask, n_samples: int) -> float:
-    """Model FLOPs of one update on the grouped batch (models.flops.train_flops: forward + backward, 3 x forward for
-    full fine-tuning, LoRA's path with cfg.lora): each prompt's real tokens once, each answer's real tokens once, the
-    LM head on every one of them (the trainer computes logits at every position), causal attention over the keys
-    each real token sees. Padding positions the program also computes are not useful work: not counted."""
-    p = np.asarray(prompt_mask).sum(1)  # [G] real prompt tokens
-    a = np.asarray(attn_mask).sum(1)  # [R] real answer tokens (incl. EOS)
-    return flops.train_flops(cfg, float(p.sum() + a.sum()), flops.causal_pairs(p, a, n_samples))
-
-
-def decode_flops(cfg, prompt_mask, lengths, n_samples: int) -> float:
-    """Model FLOPs of sampling (models.flops.forward_flops on the merged weights): each prompt's prefill once, then
-    each generated token, with causal attention over the prompt and the tokens before it; the LM head once per
-    sampled token (the prefill computes only the prompt's last position's logits, so none for the other prompt
-    tokens). The sampler's padded positions, finished rows and its logits over the vocabulary's padding are not
-    counted."""
-    p = np.asarray(prompt_mask).sum(1)  # [G]
-    a = np.asarray(lengths)  # [R] generated tokens per row
-    return flops.forward_flops(cfg, float(p.sum() + a.sum()), flops.causal_pairs(p, a, n_samples),
-                               head_tokens=float(a.sum()))
-
-
-def floor_flops(update: float, decode: float, kl: float) -> float:
-    """The step's compute floor in FLOPs: the update (3 x forward), the reference pass (one forward, when KL > 0)
-    and sampling. Divided by the same run's matmul peak it is the fastest this machine could take the step."""
-    return update + (update / 3.0 if kl > 0 else 0.0) + decode
-
-
 def measure_step(cfg, params, prompts, pmask, rewards_fn, *, kl: float, steps: int, new_tokens: int,
                  n_samples: int = N_SAMPLES, microbatches: int = 2, layout: str = "grouped", eos_id=2,
                  pad_id: int = 0) -> dict:
@@ -232,8 +204,9 @@ def measure_step(cfg, params, prompts, pmask, rewards_fn, *, kl: float, steps: i
         t["generated_tokens"] = int(lengths.sum())
         t["train_tokens"] = model_tokens  # token-passes the model computes (grouped: each prompt once)
         # The grouped layout's useful update FLOPs (the flat layout computes the prompts K times: not useful work).
-        t["update_flops"] = update_flops(cfg, pmask, attn, n_samples)
-        t["floor_flops"] = floor_flops(t["update_flops"], decode_flops(cfg, pmask, lengths, n_samples), kl)
+        t["update_flops"] = flops.grouped_update_flops(cfg, pmask, attn, n_samples)
+        decode = flops.grouped_decode_flops(cfg, pmask, lengths, n_samples)
+        t["floor_flops"] = flops.step_floor_flops(t["update_flops"], decode, kl)
         t["mean_reward"] = float(rewards.mean())
         t["loss"] = float(metrics["loss/total"])
         return state, t

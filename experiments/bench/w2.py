@@ -17,10 +17,10 @@ peer run and ratios (w1.measure_step, run_ours, run_peer, run_pairs), with
              once for its 8 answers), --microbatches slices of whole prompts, logprobs --logits_chunk positions at
              a time over the 49,152-entry vocabulary (models/vocab.py: never the [32, T, 49152] float32 logits)
 MFU: the update's model FLOPs (3 x forward: 2 x the 134.5 M matmul weights per real token, each prompt once, plus
-causal attention; w1.update_flops) per second over the same process's float32 matmul peak (experiments/bench/
-common.py, measured before and after the steps, the larger). Target (PEERS.md): >= 50 % of the peak.
-Floor: the step's update + reference + sampling FLOPs (w1.floor_flops: prefill each prompt once, each generated
-token, causal attention; no padding) at that same peak: the fastest this machine could take the step. Each row
+causal attention; models.flops.grouped_update_flops) per second over the same process's float32 matmul peak
+(experiments/bench/common.py, measured before and after the steps, the larger). Target (PEERS.md): >= 50 % of the
+peak. Floor: the step's update + reference + sampling FLOPs (models.flops.step_floor_flops: prefill each prompt
+once, each generated token, causal attention; no padding) at that same peak: the fastest this machine could take the step. Each row
 prints its step time over the floor (TRL's over ours: the same workload and tokens budget). The bench JSON records
 the CPU (experiments/bench/common.cpu_info: model name, family / model, AVX-512 / AMX flags).
 
