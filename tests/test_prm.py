@@ -511,7 +511,8 @@ def test_stage_calibration_choice_matches_hand_computed_maps(tmp_path):
     section = {"path": str(tmp_path / "seed{seed}" / "prm"), "weight": 0.1, "agg": "min", "steps": True}
     seen = {}
     for name, (a, bias) in HAND.items():
-        sc = for_context(_Ctx(section, seed=7), parse_stage({"kind": "grpo", "prm_weight": 0.3, "prm_calibration": name}), "stages[1]")
+        stage = parse_stage({"kind": "grpo", "prm_weight": 0.3, "prm_calibration": name})
+        sc = for_context(_Ctx(section, seed=7), stage, "stages[1]")
         assert sc.w == pytest.approx(0.4) and sc.prm.calib == (CALIBS[name] if name else CALIBS["platt"])
         out = sc.score_rows(b["tokens"], b["attn_mask"], texts, b["resp_start"])
         for r in range(2):
