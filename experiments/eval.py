@@ -238,7 +238,7 @@ def main_pretrained(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    prm.install()  # the PRM wing's reward term and objective (a run may ask for a PRM: reward.prm_path)
+    prm.install()  # the PRM wing's config section, reward term and objective (a run may ask for a PRM: prm.path)
     ap = argparse.ArgumentParser(prog="python -m experiments.eval", description=__doc__.split("\n\n")[0])
     ap.add_argument("--workdir", help="a run directory (or --model)")
     ap.add_argument("--model", default="", help="a pretrained model instead of a run: a name (smollm2-135m-instruct), "

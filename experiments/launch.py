@@ -297,7 +297,7 @@ def checked_config(args, overrides) -> tuple[Prepared, bool]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    prm.install()  # the PRM wing's reward term and objective (a run may ask for a PRM: reward.prm_path)
+    prm.install()  # the PRM wing's config section, reward term and objective (a run may ask for a PRM: prm.path)
     locks: list = []  # the workdir lock, once taken: released on every way out (the OS releases it on a kill)
     try:
         return _main(sys.argv[1:] if argv is None else argv, locks)

@@ -27,7 +27,7 @@ from rl.tasks.base import Problem
 
 
 def main(argv: list[str] | None = None) -> int:
-    prm.install()  # the PRM wing's reward term and objective (a run may ask for a PRM: reward.prm_path)
+    prm.install()  # the PRM wing's config section, reward term and objective (a run may ask for a PRM: prm.path)
     ap = argparse.ArgumentParser(prog="python -m experiments.sample", description=__doc__.split("\n\n")[0])
     ap.add_argument("--workdir", required=True)
     ap.add_argument("--ckpt", default="", help="best | last | a global unit number (default: best when the run "

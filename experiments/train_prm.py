@@ -5,7 +5,7 @@ PRM wing's pipeline (prm/pipeline.py, whose docstring lists the steps and the fi
 
 The config file gives two things: get_config(arg), a launcher config whose stages make the policy (a cold start),
 and get_prm_config(arg), the PRM pipeline's fields (prm.train.PRMConfig). The deployed PRM is the checkpoint
-workdir/prm (reward.prm_path of a GRPO run).
+workdir/prm (prm.path of a GRPO run).
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def load(spec: str, overrides=()):
 
 
 def main(argv=None) -> int:
-    prm.install()  # the PRM wing's objective (mode "prm", what pipeline.run trains) and reward term
+    prm.install()  # the PRM wing's objective (mode "prm", what pipeline.run trains), reward term and config section
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", required=True, help="experiments/configs/FILE.py[:arg]")
     ap.add_argument("--workdir", required=True)

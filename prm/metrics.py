@@ -15,8 +15,9 @@
 Conventions: a label is 1.0 for a good step and 0.0 for a wrong one; `first_error` returns -1 when every step is
 good (ProcessBench's "all correct"). Calibration parameters are fitted on a calibration split and applied to the
 test split. Everything here is deterministic and has no JAX dependency (tests check it against hand-computed
-values and independent references). The names of the aggregates and calibration maps come from rewards.combine
-(PRM_AGGREGATES, PRM_CALIBRATIONS), where the reward and stage configs check them.
+values and independent references). AGGREGATES, the names aggregate() implements, are declared here and checked by
+the PRM section (prm/config.py: prm.agg); the calibration maps' names come from rewards.combine (PRM_CALIBRATIONS),
+below the wing, where a stage's prm_calibration field checks them.
 """
 from __future__ import annotations
 
@@ -24,8 +25,7 @@ import math
 
 import numpy as np
 
-# The names are declared below the wing (rewards/combine.py), where config validation reads them without this package.
-from rewards.combine import PRM_AGGREGATES as AGGREGATES
+# The maps' names are declared below the wing (rewards/combine.py): a stage's prm_calibration (rl/) checks them.
 from rewards.combine import PRM_CALIBRATIONS as CALIBRATIONS
 
 __all__ = ["N_BINS", "sigmoid", "nll", "ece", "brier", "auroc", "fit_temperature", "fit_platt", "calibrate",
@@ -33,6 +33,7 @@ __all__ = ["N_BINS", "sigmoid", "nll", "ece", "brier", "auroc", "fit_temperature
            "AGGREGATES", "CALIBRATIONS", "best_of_n"]
 
 N_BINS = 15
+AGGREGATES = ("min", "mean", "prod", "last")  # a solution's score from its step scores (aggregate; prm.agg)
 
 
 def sigmoid(z):

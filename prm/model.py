@@ -27,7 +27,7 @@ the same rule as rl.advantages.step_scores, so trainer rows and text rows agree.
 
 Calibration. `calib` is the map probs() applies (the file's own: Platt scaling from prm/pipeline.py);
 `calibs` holds every map fitted on the calibration split ({"none", "temperature", "platt"}), so a user picks one
-at use time (reward.prm_calibration, stages[i].prm_calibration) without refitting. Files written before `calibs`
+at use time (an RL stage's stages[i].prm_calibration) without refitting. Files written before `calibs`
 existed load with {"none", their own map}.
 """
 from __future__ import annotations

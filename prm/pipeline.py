@@ -18,7 +18,7 @@ workdir so that a rerun continues where the last one stopped:
               the held-out test samples
   5. report   workdir/results.json, workdir/table.md and the checkpoint workdir/prm (the deploy source, first seed;
               prm/checkpoint.py); each PRM checkpoint stores every fitted map (none, temperature, platt; it applies
-              Platt's unless the user picks another: reward.prm_calibration), and a rerun adds them to checkpoints
+              Platt's unless the user picks another: stages[i].prm_calibration), and a rerun adds them to checkpoints
               written before they were stored. A workdir from before the orbax format (prms/SOURCE.npz) has its
               files converted once on a rerun.
 
@@ -232,7 +232,7 @@ def run_source(ctx, params, data: dict, cfg, source: str, seed: int, prm_dir: st
 
 def store_calibrations(path: str, calibs: dict) -> bool:
     """Give a PRM checkpoint written before PRM.calibs existed every map fitted for it (results.json keeps them), so
-    reward.prm_calibration can choose among them; True when the checkpoint was rewritten."""
+    stages[i].prm_calibration can choose among them; True when the checkpoint was rewritten."""
     prm = load(path)
     if prm.calibs == calibs:
         return False

@@ -3,22 +3,23 @@
 The PRM is a model, so it is scored here, in batched jitted forwards over the RL batch's own token rows beside
 the policy's, not in the plain-Python reward pool. The stages and the evaluation (rl/) cannot import this wing:
 register() (called by prm.install(), which every entry point calls) puts for_context and eval_rerank into
-rl/reward_terms.py (slot "prm"), through which they call them. Config (reward section, rewards.combine):
+rl/reward_terms.py (slot "prm"), through which they call them, and the prm config section into
+rl/config_validation.py. Config (the wing's section, prm/config.py):
 
-    reward.prm_path   a PRM checkpoint written by prm/pipeline.py (python -m experiments.train_prm; "" = off); an
-                      old .npz file is still read until its date in rl/compat.py (prm/checkpoint.py)
-    reward.w_prm      total reward += w_prm * the response's PRM score (0.1-0.3 when on; math rows only)
-    reward.prm_agg    the response's PRM score from its calibrated step probabilities: min | mean | prod | last
-    reward.prm_steps  step_rewards / process_grpo take their step scores from the PRM instead of the checker
+    prm.path     a PRM checkpoint written by prm/pipeline.py (python -m experiments.train_prm; "" = off); an old
+                 .npz file is still read until its date in rl/compat.py (prm/checkpoint.py)
+    prm.weight   total reward += weight * the response's PRM score (0.1-0.3 when on; math rows only)
+    prm.agg      the response's PRM score from its calibrated step probabilities: min | mean | prod | last
+    prm.steps    step_rewards / process_grpo take their step scores from the PRM instead of the checker
 
 An RL stage adds its own terms (rl/stages/iteration.py; stage-level, so a sweep over them shares the cold
-start): stages[i].prm_weight (+ weight x the PRM score, on top of reward.w_prm) and stages[i].prm_calibration (the
+start): stages[i].prm_weight (+ weight x the PRM score, on top of prm.weight) and stages[i].prm_calibration (the
 map its probabilities use: none | temperature | platt, each stored in the file by prm/pipeline.py; ""
-= the file's own). "{seed}" in reward.prm_path is replaced by the run's seed (one PRM per seed in a sweep).
+= the file's own). "{seed}" in prm.path is replaced by the run's seed (one PRM per seed in a sweep).
 
-    scorer = for_context(ctx, stage_cfg, "stages[1]")   # None when reward.prm_path is ""; loaded once per process
+    scorer = for_context(ctx, stage_cfg, "stages[1]")   # None when prm.path is ""; loaded once per process
     out = scorer.score_rows(tokens, attn_mask, texts, resp_start)       # PRM probabilities per step
-    rewards, m = scorer.add_reward(rewards, out, families)              # + w_prm * score; prm/* metrics
+    rewards, m = scorer.add_reward(rewards, out, families)              # + weight * score; prm/* metrics
     sc, pos, msk = scorer.step_scores(out, final)                       # the step_scores layout
     eval_rerank(ctx, prompts, samples, scores, k)                        # {"prm@k", prm/seconds_per_solution}
 
@@ -34,11 +35,12 @@ import time
 import numpy as np
 
 from prm.checkpoint import load
+from prm.config import PRMSection
 from prm.data import step_ends
 from prm.metrics import aggregate
 from prm.model import logits_at, utf8_safe
 from rewards.parse import step_spans
-from rl import reward_terms
+from rl import config_validation, reward_terms
 from rl.rollout import build_batch
 from rl.advantages import step_arrays
 
@@ -46,7 +48,7 @@ __all__ = ["PRMScorer", "for_context", "load_scorer", "prm_file", "eval_rerank",
 
 
 class PRMScorer:
-    """A loaded PRM with the run's tokenizer and reward settings."""
+    """A loaded PRM with the run's tokenizer and PRM settings (w: prm.weight plus the stage's prm_weight)."""
 
     def __init__(self, prm, tok, *, w: float, agg: str, steps: bool, rows: int = 64):
         self.prm, self.tok, self.w, self.agg, self.steps, self.rows = prm, tok, float(w), agg, bool(steps), int(rows)
@@ -79,7 +81,7 @@ class PRMScorer:
                 "seconds": time.time() - t0}
 
     def add_reward(self, rewards: np.ndarray, out: dict, families) -> tuple[np.ndarray, dict]:
-        """rewards + w_prm * PRM score on the math rows (the PRM judges arithmetic steps); prm/* metrics."""
+        """rewards + w * PRM score on the math rows (the PRM judges arithmetic steps); prm/* metrics."""
         math_rows = np.array([f == "math" for f in families], bool)
         new = rewards + self.w * np.where(math_rows, out["score"], 0.0)
         n = max(len(rewards), 1)
@@ -125,44 +127,46 @@ def eval_rerank(ctx, prompts, samples, scores, k: int) -> dict:
     return scorer.rerank(b, samples.texts, [sc["solved"] > 0.5 for sc in scores], k)
 
 
-def load_scorer(path: str, tok, reward: dict, *, w_extra: float = 0.0, calibration: str = "",
+def load_scorer(path: str, tok, section: PRMSection, *, w_extra: float = 0.0, calibration: str = "",
                 calibration_field: str = "prm_calibration") -> PRMScorer:
-    """A PRMScorer for the reward section's settings, plus `w_extra` on w_prm and the stored map `calibration`
-    ("" = the file's own); ValueError naming reward.prm_path for a bad file, `calibration_field` for a map the
-    file does not hold."""
+    """A PRMScorer of the file `path` with the prm section's settings, plus `w_extra` on prm.weight and the stored
+    map `calibration` ("" = the file's own); ValueError naming prm.path for a bad file, `calibration_field` for a map
+    the file does not hold."""
     try:
         prm = load(path)
     except (OSError, ValueError, KeyError) as e:
-        raise ValueError(f"reward.prm_path {path!r}: {e} (train one: python -m experiments.train_prm --config "
+        raise ValueError(f"prm.path {path!r}: {e} (train one: python -m experiments.train_prm --config "
                          "experiments/configs/prm_arith.py --workdir runs/prm)") from None
     try:
         prm = prm.calibrated(calibration)
     except ValueError as e:
-        raise ValueError(f"{calibration_field} {calibration!r} with reward.prm_path {path!r}: {e}") from None
-    return PRMScorer(prm, tok, w=reward.get("w_prm", 0.0) + float(w_extra), agg=reward.get("prm_agg", "min"),
-                     steps=reward.get("prm_steps", False))
+        raise ValueError(f"{calibration_field} {calibration!r} with prm.path {path!r}: {e}") from None
+    return PRMScorer(prm, tok, w=section.weight + float(w_extra), agg=section.agg, steps=section.steps)
 
 
-def prm_file(reward: dict, seed: int) -> str:
-    """reward.prm_path with "{seed}" replaced by the run's seed ("" = no PRM)."""
-    return str(reward.get("prm_path", "")).replace("{seed}", str(int(seed)))
+def prm_file(section: PRMSection, seed: int) -> str:
+    """prm.path with "{seed}" replaced by the run's seed ("" = no PRM)."""
+    return section.path.replace("{seed}", str(int(seed)))
 
 
 def for_context(ctx, stage=None, where: str = "stages[i]") -> PRMScorer | None:
-    """The run's PRM scorer (cached per file and settings in the process), None when reward.prm_path is "". With an
-    RL stage config, its prm_weight adds to reward.w_prm and its prm_calibration (when set) picks the map; `where`
-    names the stage in errors."""
-    reward = ctx.cfg.reward.to_dict()
-    path = prm_file(reward, ctx.cfg.seed)
+    """The run's PRM scorer (cached per file and settings in the process), None when prm.path is "" (or the config
+    has no prm section). With an RL stage config, its prm_weight adds to prm.weight and its prm_calibration (when
+    set) picks the map; `where` names the stage in errors."""
+    section = ctx.cfg.prm
+    path = prm_file(section, ctx.cfg.seed) if section is not None else ""
     if not path:
         return None
     w_extra = float(stage.rl.prm_weight) if stage is not None else 0.0
     calibration = str(stage.rl.prm_calibration) if stage is not None else ""
-    key = ("prm", path, reward.get("w_prm"), reward.get("prm_agg"), reward.get("prm_steps"), w_extra, calibration)
-    return ctx.cached(key, lambda: load_scorer(path, ctx.tok, reward, w_extra=w_extra, calibration=calibration,
+    key = ("prm", path, section.weight, section.agg, section.steps, w_extra, calibration)
+    return ctx.cached(key, lambda: load_scorer(path, ctx.tok, section, w_extra=w_extra, calibration=calibration,
                                                calibration_field=f"{where}.prm_calibration"))
 
 
 def register() -> None:
-    """Fill the "prm" slot of rl/reward_terms.py with for_context and eval_rerank (prm.install() calls it)."""
+    """Fill the "prm" slots the term needs (prm.install() calls it): the config section its settings live in
+    (rl/config_validation.py: prm.*, PRMSection) and the reward term of rl/reward_terms.py (for_context and
+    eval_rerank)."""
+    config_validation.register_section("prm", PRMSection)
     reward_terms.register("prm", scorer=for_context, eval_rerank=eval_rerank)

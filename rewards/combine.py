@@ -21,11 +21,11 @@
           - w_language  * language           1 - share of the expected script in the reasoning, in [0, 1]
                                              (always returned, whatever its weight: RL stages can add their own)
 
-The process reward model (prm_path, w_prm, prm_agg, prm_steps) is a model, not a text function: the trainer scores
-it in a batched forward beside the policy (prm/reward.py, a wing above rl/) and adds w_prm * its score to this
-total; these fields only travel here with the rest of the reward section. The names prm_agg and a stage's
-prm_calibration accept are declared here (PRM_AGGREGATES, PRM_CALIBRATIONS), below the wing, so config validation
-reads them without importing the PRM; prm/metrics.py implements them under these names.
+The process reward model is a model, not a text function: the trainer scores it in a batched forward beside the
+policy (prm/reward.py, a wing above rl/) and adds prm.weight * its score to this total; its settings are the wing's
+own config section (prm/config.py: prm.path, prm.weight, prm.agg, prm.steps). The names a stage's prm_calibration
+accepts are declared here (PRM_CALIBRATIONS), below the wing, so the stage config (rl/) checks them without
+importing the PRM; prm/metrics.py implements them under these names.
 
 Every penalty is stored as a non-negative magnitude and subtracted. score() never raises: any internal
 error gives total 0.0 with error=1 (and error_kind) in the returned dict. The length for the overlong penalty
@@ -55,12 +55,11 @@ from rewards.format import LANGS, MODES, FormatConfig, format_reward
 from rewards.parse import ANSWER_WINDOW, as_text, extract_answer
 from rewards.steps import check_steps, step_score
 from rewards.verify import is_equiv
-from schema import Checked, boolean, choice, field, integer, num, text
+from schema import Checked, boolean, choice, field, integer, num
 
 __all__ = ["RewardConfig", "RewardSection", "RewardWeights", "score", "error_result", "gold_text", "RESULT_KEYS",
-           "PRM_AGGREGATES", "PRM_CALIBRATIONS"]
+           "PRM_CALIBRATIONS"]
 
-PRM_AGGREGATES = ("min", "mean", "prod", "last")  # a response's PRM score from its step scores (prm.metrics.aggregate)
 PRM_CALIBRATIONS = ("none", "temperature", "platt")  # the maps a PRM checkpoint stores (prm.metrics.calibrate)
 
 MAX_ANSWER_LOG_CHARS = 200  # the answer is returned for logging only; hostile answers are cut
@@ -99,20 +98,10 @@ class RewardConfig(Checked):
     verify_timeout: float = field(1.0, "seconds per is_equiv call", num(1e-3, 600.0))
     max_chars: int = field(65_536, "only the last max_chars characters are scored (cost cap); longer -> truncated=1",
                            integer(1000, 10**9))
-    prm_path: str = field("", "process reward model file (experiments/train_prm.py); \"\" = off; scored by the "
-                              "trainer", text)
-    w_prm: float = field(0.0, "weight of the PRM score of each (math) response, added by the trainer; 0.1-0.3 when on",
-                         num(0.0, 100.0))
-    prm_agg: str = field("min", "PRM response score from its calibrated step probabilities: min | mean | prod | last",
-                         choice(*PRM_AGGREGATES))
-    prm_steps: bool = field(False, "step_rewards / process_grpo take their step scores from the PRM, not the checker",
-                            boolean)
 
     def cross_checks(self):
         if self.overlong_buffer > self.overlong_max_len:
             yield "overlong_buffer", f"({self.overlong_buffer}) must be <= overlong_max_len ({self.overlong_max_len})"
-        if (self.w_prm > 0 or self.prm_steps) and not self.prm_path:
-            yield "prm_path", "must name a PRM file when w_prm > 0 or prm_steps is on"
 
 
 def _section_lang(v) -> str | None:

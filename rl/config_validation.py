@@ -2,12 +2,14 @@
 
 An experiment config is an `ml_collections.ConfigDict` with these sections:
 
-    seed, sharding_rules, model, reward, mesh, tasks, sampling, eval, checkpoint, log, run, stages (a list)
+    seed, sharding_rules, model, reward, mesh, tasks, sampling, eval, checkpoint, log, run, stages (a list),
+    and each installed wing's section (prm: prm/config.py, once prm.install() registered it)
 
 Each section is a frozen keyword-only dataclass whose fields carry their default, one-line doc and range check
 (schema/): MeshSection, TasksSection, SamplingSection, EvalSection, CheckpointSection, LogSection, RunSection
 here, ModelSection = models.config.ModelConfig plus where the weights come from, RewardSection in rewards/combine.py,
-and the stage kinds' configs in rl/stages/. RunConfig composes them.
+and the stage kinds' configs in rl/stages/. RunConfig composes them. A wing above rl/ declares its own section
+and registers it (register_section, from its install()): rl/ names the slot, never imports the class.
 
     cfg = validate(config)     # RunConfig (frozen); ConfigError listing every problem, each naming its field path,
                                # e.g. "stages[2].clip_high must be >= 0.0, got -1", with "did you mean" for typos
@@ -286,12 +288,34 @@ class RunConfig(Checked):
     run: RunSection = field(RunSection(), "process settings")
     stages: tuple = field((), "the stages in order, each a stage kind's config (rl/stages/); validate() asks for at "
                               "least one (a context for evaluation only has none)")
+    prm: Any = field(None, "the PRM wing's section (prm/config.py), present once prm.install() registered it")
 
 
 SECTIONS = {"model": ModelSection, "reward": RewardSection, "mesh": MeshSection, "tasks": TasksSection,
             "sampling": SamplingSection, "eval": EvalSection, "checkpoint": CheckpointSection, "log": LogSection,
             "run": RunSection}
 TOP = ("seed", "sharding_rules")  # RunConfig's scalar fields
+# The sections of wings above rl/ (docs/layout.md, Layers), each a RunConfig field: the call that registers its class.
+# rl/ never imports a wing, so the class arrives through register_section; until then the field is None, and a config
+# that has the section fails naming that call (it would otherwise run without what it asks of the wing).
+WING_SECTIONS = {"prm": "prm.install()"}
+_REGISTERED: dict[str, type] = {}
+
+
+def register_section(name: str, cls: type) -> None:
+    """Make the Checked dataclass `cls` the wing section `name` (one of WING_SECTIONS) of every config validated from
+    now on: its defaults in default_config(), its fields in describe() and on the command line. A wing's install()
+    calls it (prm.install(): "prm", prm.config.PRMSection); a later call replaces it."""
+    if name not in WING_SECTIONS:
+        raise ValueError(f"config section {name!r} has no slot (wing sections: {', '.join(WING_SECTIONS)})")
+    _REGISTERED[name] = cls
+
+
+def sections() -> dict[str, type]:
+    """Every section a config has now: the run's own (SECTIONS), then each registered wing's."""
+    return {**SECTIONS, **_REGISTERED}
+
+
 RECORD_KEYS = ("kernels",)  # what a run adds to its config.json besides the config (rl/prefix.py RECORD_KEY)
 
 # Renamed fields: "section.old" -> "section.new" ("stages.old" -> "stages.new" for every stage kind; the new name may
@@ -336,6 +360,10 @@ def default_config() -> ml_collections.ConfigDict:
         if f.name in SECTIONS:
             v = ml_collections.ConfigDict(dataclasses.asdict(v))  # the fields' own values (tuples stay tuples)
         c[f.name] = list(v) if f.name == "stages" else v
+    for name in WING_SECTIONS:  # a wing's section once its wing registered it, else none
+        del c[name]
+        if name in _REGISTERED:
+            c[name] = ml_collections.ConfigDict(dataclasses.asdict(_REGISTERED[name]()))
     return c
 
 
@@ -354,7 +382,7 @@ def section_defaults(config, parts: list) -> dict | None:
         f = next((g for g in dataclasses.fields(cls) if g.name == parts[i]), None)
         if f is None or not f.metadata.get("nested", True):  # a stage's flat-keyed sections are not paths
             return None
-        cls, i = section_type(f), i + 1
+        cls, i = (_REGISTERED.get(f.name) if cls is RunConfig else None) or section_type(f), i + 1
         if cls is None:
             return None
     if f is None:
@@ -368,7 +396,7 @@ def describe() -> str:
     dataclasses' field metadata."""
     lines = [line for k in TOP for line in describe_fields(RunConfig, "") if line.startswith(f".{k} ")]
     lines = [line[1:] for line in lines]
-    for name, cls in SECTIONS.items():
+    for name, cls in sections().items():
         lines += describe_fields(cls, name)
     seen = {}
     for kind, cls in stage_lib.CONFIGS.items():
@@ -415,8 +443,9 @@ def upgrade(c: dict, *, quiet: bool = False) -> dict:
     """`c` (plain dicts) with every renamed field (ALIASES) under its new name and the run's records (RECORD_KEYS)
     dropped; a deprecation note per renamed field goes to stderr unless `quiet`. The new name may be nested in the
     same section ("stages.clip_high" -> "stages.loss.clip_high"). An old value never overwrites a new one that is
-    also set (validate then reports the old name as unknown)."""
-    c = {k: v for k, v in c.items() if k not in RECORD_KEYS}
+    also set (validate then reports the old name as unknown). Fields moved to another section are moved too
+    (PRM_REWARD_FIELDS)."""
+    c = _prm_reward_fields({k: v for k, v in c.items() if k not in RECORD_KEYS}, quiet)
     for old, new in ALIASES.items():
         section, _, old_key = old.partition(".")
         new_path = new.split(".")[1:]
@@ -437,6 +466,29 @@ def upgrade(c: dict, *, quiet: bool = False) -> dict:
                 print(f"config: {shown}{old_key} is deprecated, read as {shown}{'.'.join(new_path)}; rename it (the "
                       "old name is accepted until it leaves ALIASES)", file=sys.stderr, flush=True)
     return c
+
+
+# compat: prm_reward_fields - the PRM's run-wide fields sat in the reward section before the wing had its own
+PRM_REWARD_FIELDS = {"prm_path": "path", "w_prm": "weight", "prm_agg": "agg", "prm_steps": "steps"}  # reward. -> prm.
+
+
+def _prm_reward_fields(c: dict, quiet: bool) -> dict:
+    """`c` with reward.prm_path / w_prm / prm_agg / prm_steps moved to prm.path / weight / agg / steps, a note per
+    field unless `quiet`; an old config or config.json (every one before the move holds all four) reads as today's.
+    A field also set under its new name stays (validate then names the old one as unknown)."""
+    rew, prm = c.get("reward"), c.get("prm")
+    prm = {} if prm is None else prm
+    if not (isinstance(rew, dict) and isinstance(prm, dict)) or not set(rew) & set(PRM_REWARD_FIELDS):
+        return c
+    rew, prm = dict(rew), dict(prm)
+    for old, new in PRM_REWARD_FIELDS.items():
+        if old in rew and new not in prm:
+            prm[new] = rew.pop(old)
+            if not quiet:
+                print(f"config: reward.{old} is deprecated, read as prm.{new} (the PRM wing's section, prm/config.py); "
+                      "move it (the old name is read until rl/compat.py's date for prm_reward_fields)",
+                      file=sys.stderr, flush=True)
+    return {**c, "reward": rew, "prm": prm}
 
 
 def _moved(d: dict, old_key: str, new_path: list[str]) -> dict | None:
@@ -487,14 +539,19 @@ def validate(config, *, complete: bool = True) -> RunConfig:
     errors: list[str] = []
     known_top = {f.name for f in dataclasses.fields(RunConfig)}
     errors += [f"{k} {unknown_field(k, known_top)}" for k in c if k not in known_top]
+    errors += [f"{k} is the section of a wing that is not installed: call {call} first (the launcher, sweep, eval "
+               "and sample do)" for k, call in WING_SECTIONS.items() if c.get(k) is not None and k not in _REGISTERED]
     top = {f.name: f for f in dataclasses.fields(RunConfig)}
     for k in TOP:
         if k in c and (msg := top[k].metadata["check"](c[k])):
             errors.append(f"{k} {msg}")
     parts = {name: _section(cls, c.get(name, default_of(top[name]).to_dict()), name, errors)
              for name, cls in SECTIONS.items()}
+    parts.update({name: _section(cls, {} if c.get(name) is None else c[name], name, errors)  # absent: defaults
+                  for name, cls in _REGISTERED.items()})
     tasks, ev, smp = (c.get(k) if isinstance(c.get(k), dict) else {} for k in ("tasks", "eval", "sampling"))
-    model, rew = (c.get(k) if isinstance(c.get(k), dict) else None for k in ("model", "reward"))
+    model = c.get("model") if isinstance(c.get("model"), dict) else None
+    prm = c.get("prm") if isinstance(c.get("prm"), dict) else {}  # a stage's PRM terms need prm.path
 
     rules = c.get("sharding_rules", "")
     if isinstance(rules, str) and rules:
@@ -531,8 +588,7 @@ def validate(config, *, complete: bool = True) -> RunConfig:
             errors.append(f"{p}.{fld} ({v}) must be <= tasks.n_train ({n_train})")
         if isinstance(model, dict):  # stage rules that need the model section
             errors += [f"{p}.{fld} {msg}" for fld, msg in kind.model_checks(sc, model)]
-        if isinstance(rew, dict):  # stage rules that need the reward section
-            errors += [f"{p}.{fld} {msg}" for fld, msg in kind.reward_checks(sc, rew)]
+        errors += [f"{p}.{fld} {msg}" for fld, msg in kind.reward_checks(sc, prm)]  # rules that need the PRM's
         if kind.is_rl and not rl_stage:  # once, for the first RL stage
             rl_stage = p
             errors += list(rl_sampling_errors(smp, p))

@@ -269,7 +269,7 @@ def evaluate(ctx, params, problems, key, k: int, temperature: float, samples_out
         shown = sample_records(problems, prompts, greedy.texts, g_scores, samples.texts if samples else [],
                                s_scores or [], k, n_show)
         samples_out.extend(shown)
-    prm = reward_terms.eval_metrics(ctx, prompts, samples, s_scores, k)  # reward.prm_path: prm@k and its cost, else {}
+    prm = reward_terms.eval_metrics(ctx, prompts, samples, s_scores, k)  # prm.path: prm@k and its cost, else {}
     out = {**summarize(recs, k), **by_family(recs, k), **prm}
     if with_tools:
         _add_turns(ctx, shown, greedy, samples, k, n_show)

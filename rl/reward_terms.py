@@ -3,13 +3,14 @@
 rl/ sits below the PRM: the PRM's training runs rl's train step, its labels render rl.tasks' problems and its step
 rewards take the stages' layout, so the PRM wing (prm/) imports rl/ and rl/ may import nothing of it (an import
 back would make a circle: tests/test_layering.py). The policy-gradient stages and the evaluation still score with a
-PRM when the config names one (reward.prm_path). They reach it through this registry: the wing registers its term
-when it is installed (prm.install() calls prm/reward.py's register(), which calls register("prm", ...)), and every
-entry point that starts runs installs it first thing (experiments/launch.py, sweep.py, eval.py, sample.py,
-train_prm.py; tests/conftest.py for the tests). rl/ knows only the slot: which reward field asks for it and the
-calls a stage makes (ProcessScorer). The wing's train-step objective goes the same way (rl/objectives.py).
+PRM when the config names one (prm.path, the wing's own section: prm/config.py). They reach it through this
+registry: the wing registers its term when it is installed (prm.install() calls prm/reward.py's register(), which
+calls register("prm", ...)), and every entry point that starts runs installs it first thing (experiments/launch.py,
+sweep.py, eval.py, sample.py, train_prm.py; tests/conftest.py for the tests). rl/ knows only the slot: which config
+field asks for it and the calls a stage makes (ProcessScorer). The wing's train-step objective goes the same way
+(rl/objectives.py), and its config section too (rl/config_validation.py register_section).
 
-    scorer = reward_terms.scorer(ctx, stage_cfg, "stages[1]")    # None when reward.prm_path is ""
+    scorer = reward_terms.scorer(ctx, stage_cfg, "stages[1]")    # None when prm.path is ""
     out = scorer.score_rows(tokens, attn_mask, texts, resp_start)
     rewards, m = scorer.add_reward(rewards, out, families); scorer.step_scores(out, final, lengths, resp_start)
     reward_terms.eval_metrics(ctx, prompts, samples, scores, k)  # {"prm@k", ...}; {} without a PRM or samples
@@ -27,13 +28,13 @@ from typing import Callable, Protocol
 
 __all__ = ["ProcessScorer", "SWITCHES", "register", "registered", "scorer", "eval_metrics"]
 
-SWITCHES = {"prm": "prm_path"}  # slot -> the reward-section field that asks for it ("" = off)
+SWITCHES = {"prm": ("prm", "path")}  # slot -> the (section, field) of the run config that asks for it ("" = off)
 
 
 class ProcessScorer(Protocol):
     """What a stage calls on the scorer of the "prm" slot (prm/reward.py, PRMScorer)."""
 
-    steps: bool  # reward.prm_steps: step rewards take their step scores from the model
+    steps: bool  # prm.steps: step rewards take their step scores from the model
 
     def score_rows(self, tokens, attn_mask, texts, resp_start) -> dict: ...
 
@@ -63,20 +64,20 @@ def registered() -> list[str]:
 
 
 def _term(ctx, name: str) -> _Term | None:
-    """The term of slot `name` when the run's reward section asks for it, else None; ValueError when it asks and no
-    wing registered one."""
-    switch = SWITCHES[name]
-    if not getattr(ctx.cfg.reward, switch):
+    """The term of slot `name` when the run's config asks for it, else None; ValueError when it asks and no wing
+    registered one. A wing's section is None until the wing registered it (rl.config_validation.register_section)."""
+    section, switch = SWITCHES[name]
+    if not getattr(getattr(ctx.cfg, section, None), switch, None):
         return None
     if name not in _TERMS:
-        raise ValueError(f"reward.{switch} is set, but no {name!r} reward term is registered: call prm.install() "
+        raise ValueError(f"{section}.{switch} is set, but no {name!r} reward term is registered: call prm.install() "
                          "first (the launcher, sweep, eval and sample do)")
     return _TERMS[name]
 
 
 def scorer(ctx, stage=None, where: str = "stages[i]") -> ProcessScorer | None:
-    """The run's PRM scorer for an RL stage config (its prm_weight / prm_calibration), None when reward.prm_path
-    is ""; `where` names the stage in errors."""
+    """The run's PRM scorer for an RL stage config (its prm_weight / prm_calibration), None when prm.path is "";
+    `where` names the stage in errors."""
     term = _term(ctx, "prm")
     return None if term is None else term.scorer(ctx, stage, where)
 

@@ -49,6 +49,20 @@ def test_a_field_of_an_off_section_turns_it_on_with_its_defaults():
     assert typed.model.upcycle.n_experts == 8 and typed.stages[1].tools.kind == "python"
 
 
+def test_the_prm_wings_section_from_the_command_line():
+    """--config.prm.* sets the PRM wing's section (prm/config.py, registered by prm.install()), created with its
+    defaults where a config file left it out; a weight without a path fails the dry run naming prm.path."""
+    cfg = launch.get_config(GRPO_TINY)
+    launch.apply_overrides(cfg, [("prm.weight", "0.1"), ("prm.path", "runs/prm/seed{seed}/prm")])
+    typed = cv.validate(cfg)
+    assert typed.prm.weight == 0.1 and typed.prm.path == "runs/prm/seed{seed}/prm" and typed.prm.agg == "min"
+    del cfg["prm"]  # a config file built without the section
+    launch.apply_overrides(cfg, [("prm.steps", "true")])
+    assert cv.to_dict(cfg.prm) == {"path": "", "weight": 0.0, "agg": "min", "steps": True}
+    rc, out = dry_run(GRPO_TINY, "--config.prm.weight=0.1")
+    assert rc == 2 and "prm.path must name a PRM file when prm.weight > 0 or prm.steps is on" in out, out
+
+
 @pytest.mark.parametrize("text", ["dict(kind='python', max_turns=2)", 'dict(kind="python", max_turns=2)',
                                   "{'kind': 'python', 'max_turns': 2}"])
 def test_a_section_as_dict_or_braces(text):
@@ -94,7 +108,7 @@ def test_help_config_lists_every_section_with_its_fields(capsys):
     for line in ["model.lora.rank = 8  #", "model.lora.targets = (", "model.upcycle.n_experts = 4  #",
                  "model.upcycle.capacity_factor = None  #", "stages[i].tools.kind = ''  # (grpo/ppo)",
                  "stages[i].tools.max_turns = 2  # (grpo/ppo)", "stages[i].curriculum.enabled = False  # (grpo/ppo)",
-                 "reward.prm_path = ''  #", "eval.k = 8  #"]:
+                 "prm.path = ''  #", "prm.weight = 0.0  #", "eval.k = 8  #"]:
         assert line in out, line
     assert "turns it on" in next(ln for ln in out.splitlines() if ln.startswith("model.upcycle = None"))
 

@@ -2,6 +2,7 @@
 "prm" mode against a float64 NumPy reference, the optimizer loop, a tiny PRM that learns, checkpoints (orbax, and
 the old .npz files), the trainer-side scorer (prm/reward.py) and its plug-in point (rl/reward_terms.py). Metric
 functions are in tests/test_prm_metrics.py."""
+import dataclasses
 import importlib
 import json
 import os
@@ -25,6 +26,7 @@ from prm import metrics as pm
 from prm import objective as prm_objective
 from prm.calibration import evaluate, fit_calibrations, fit_threshold, scored_steps
 from prm.checkpoint import FORMAT, convert, load, load_npz, save
+from prm.config import PRMSection
 from prm.model import PRM, encode, score_texts, step_logits, train_batch, utf8_safe
 from prm.pipeline import deploy_source, reuse_checkpoint, store_calibrations
 from prm.reward import PRMScorer, for_context, load_scorer
@@ -33,7 +35,8 @@ from rewards.combine import RewardConfig, score
 from rewards.parse import step_spans
 from rewards.steps import check_steps
 from rl import config_validation as cv
-from rl import objectives, reward_terms, rollout
+from rl import compat, objectives, reward_terms, rollout, workdir_state
+from rl.checkpoint import MANIFEST
 from rl.context import cached
 from rl.train_loop import optimizer_steps
 from rl.advantages import step_scores
@@ -369,20 +372,103 @@ def test_scorer_rows_match_the_trainers_step_positions(tiny_prm):
     assert rr["prm@k"] == float([False, True, False][int(np.argmax(out["score"]))])
 
 
-def test_reward_config_prm_fields_are_checked():
-    with pytest.raises(ValueError, match="prm_path"):
-        RewardConfig(w_prm=0.2)
-    with pytest.raises(ValueError, match="prm_agg"):
-        RewardConfig(prm_path="x.npz", prm_agg="max")
-    with pytest.raises(ValueError, match="w_prm"):
-        RewardConfig(prm_path="x.npz", w_prm=-1.0)
-    cfg = RewardConfig(prm_path="x.npz", w_prm=0.2, prm_steps=True)  # the plain-Python score ignores the PRM
-    assert score("Step 1: 1+1=2\nAnswer: 2", "2", cfg) == score("Step 1: 1+1=2\nAnswer: 2", "2")
+def test_prm_section_fields_are_checked():
+    """prm/config.py: agg among prm.metrics' aggregates, a weight in range, and a weight or step scores without a
+    path refused, naming the prm.* fields; the reward section no longer has the PRM's fields (the plain-Python score
+    never had a PRM term)."""
+    with pytest.raises(FieldErrors, match="path must name a PRM file when prm.weight > 0 or prm.steps is on"):
+        PRMSection(weight=0.2)
+    with pytest.raises(FieldErrors, match="path must name a PRM file"):
+        PRMSection(steps=True)
+    with pytest.raises(FieldErrors, match=r"agg must be one of min\|mean\|prod\|last, got 'max'"):
+        PRMSection(path="x", agg="max")
+    with pytest.raises(FieldErrors, match="weight must be >= 0.0"):
+        PRMSection(path="x", weight=-1.0)
+    assert PRMSection(path="x", weight=0.2, agg="last", steps=True).to_dict() == {
+        "path": "x", "weight": 0.2, "agg": "last", "steps": True}
+    assert set(pm.AGGREGATES) == {"min", "mean", "prod", "last"}
+    assert not {"prm_path", "w_prm", "prm_agg", "prm_steps"} & {f.name for f in dataclasses.fields(RewardConfig)}
     c = cv.default_config()
     c.stages = [cv.stage("sft", "cold_start")]
-    c.reward.w_prm = 0.2
-    with pytest.raises(cv.ConfigError, match="reward.prm_path must name a PRM file"):
+    c.prm.weight = 0.2
+    with pytest.raises(cv.ConfigError, match="prm.path must name a PRM file"):
         cv.validate(c)
+    c.prm.path = "runs/prm/prm"
+    assert cv.validate(c).prm == PRMSection(path="runs/prm/prm", weight=0.2)
+    assert score("Step 1: 1+1=2\nAnswer: 2", "2", RewardConfig()) == score("Step 1: 1+1=2\nAnswer: 2", "2")
+
+
+def test_the_prm_section_is_the_wings_registered_one(monkeypatch, capsys):
+    """rl/config_validation.py knows the slot "prm", never the class: prm.install() registers PRMSection; without
+    it a config with a prm section fails naming the field and the call, and default_config() / describe() have no
+    prm; with it a config without one takes the defaults, and the launcher's --help_config lists prm.*."""
+    monkeypatch.setattr(cv, "_REGISTERED", {})
+    assert cv.validate(_runnable()).prm is None and "prm" not in cv.default_config()
+    assert not [ln for ln in cv.describe().splitlines() if ln.startswith("prm.")]
+    with pytest.raises(cv.ConfigError, match=r"prm is the section of a wing that is not installed: call prm\.install"):
+        cv.validate({**_runnable(), "prm": {"path": "x"}})
+    with pytest.raises(ValueError, match="no slot"):
+        cv.register_section("value_model", PRMSection)
+    prm.install()
+    assert cv.sections()["prm"] is PRMSection and cv.default_config().prm.to_dict() == PRMSection().to_dict()
+    cfg = cv.validate(_runnable())
+    assert cfg.prm == PRMSection() and cfg.to_dict()["prm"] == PRMSection().to_dict()  # config.json's "prm"
+    assert cv.validate(cfg.to_dict()) == cfg
+    assert cv.section_defaults(cv.default_config(), ["prm"]) == PRMSection().to_dict()
+    assert launch.main(["--help_config"]) == 0
+    out = capsys.readouterr().out
+    for f in ("path", "weight", "agg", "steps"):
+        assert f"prm.{f} = " in out
+    assert "reward.prm_path" not in out and "reward.w_prm" not in out
+
+
+def test_the_reward_sections_old_prm_fields_are_read_as_the_prm_section(capsys):
+    """An old config (or config.json) with reward.prm_path / w_prm / prm_agg / prm_steps validates with them moved
+    to prm.path / weight / agg / steps and a deprecation note per field (rl/compat.py, prm_reward_fields); a field
+    also set under its new name stays and is refused under its old one."""
+    old = _runnable()
+    old["reward"].update(prm_path="runs/prm/seed{seed}/prm", w_prm=0.2, prm_agg="mean", prm_steps=True)
+    cfg = cv.validate(old)
+    assert cfg.prm == PRMSection(path="runs/prm/seed{seed}/prm", weight=0.2, agg="mean", steps=True)
+    err = capsys.readouterr().err
+    for o, n in (("prm_path", "path"), ("w_prm", "weight"), ("prm_agg", "agg"), ("prm_steps", "steps")):
+        assert f"config: reward.{o} is deprecated, read as prm.{n}" in err
+    assert "prm_reward_fields" in compat.SHIMS and "prm_reward_fields" in err
+    assert cv.upgrade(old, quiet=True)["prm"]["weight"] == 0.2 and old["reward"]["w_prm"] == 0.2  # a copy
+    with pytest.raises(cv.ConfigError, match="reward.w_prm is not a known field"):
+        cv.validate({**old, "prm": {"weight": 0.1}})
+
+
+def test_an_old_run_directory_with_the_reward_sections_prm_fields_resumes(tmp_path):
+    """rl/workdir_state.py reads a stored config.json from before the prm section (reward.prm_path and the rest,
+    at their defaults or set) as validate() does: the run resumes under today's config with the same values, and
+    a different PRM weight is still a conflict naming prm.weight."""
+    for stored in (dict(prm_path="", w_prm=0.0, prm_agg="min", prm_steps=False),
+                   dict(prm_path="runs/prm/prm", w_prm=0.2, prm_agg="min", prm_steps=True)):
+        new = _runnable()
+        new["prm"] = {"path": stored["prm_path"], "weight": stored["w_prm"], "steps": stored["prm_steps"]}
+        cfg = cv.validate(new)
+        old = cfg.to_dict()
+        del old["prm"]
+        old["reward"] = {**old["reward"], **stored}
+        wd = tmp_path / f"run{stored['w_prm']}"
+        (wd / "checkpoints" / "last" / "3").mkdir(parents=True)
+        (wd / "checkpoints" / "last" / "3" / MANIFEST).write_text("{}")  # a written checkpoint pins the config
+        (wd / "config.json").write_text(json.dumps(old))
+        state, why = workdir_state.workdir_state(str(wd), cfg, may_differ=workdir_state.RESUMABLE)
+        assert state == "resume", why
+        workdir_state.check_resume(str(wd), cfg)
+        other = cfg.replace(prm=cfg.prm.replace(weight=0.3, path="x"))
+        state, why = workdir_state.workdir_state(str(wd), other, may_differ=workdir_state.RESUMABLE)
+        assert state == "conflict" and "prm.weight" in why, why
+
+
+def _runnable() -> dict:
+    """A minimal runnable config as plain dicts (one SFT stage; no prm section)."""
+    c = cv.to_dict(cv.default_config())
+    c.pop("prm", None)
+    c["stages"] = [cv.to_dict(cv.stage("sft", "cold_start"))]
+    return c
 
 
 # ---- the calibration chosen at use time (PRM.calibs, stages[i].prm_calibration) -------------------------------------
@@ -392,10 +478,11 @@ HAND = {"": (2.0, -1.0), "none": (1.0, 0.0), "temperature": (0.5, 0.0), "platt":
 
 
 class _Ctx:
-    """What prm.reward.for_context and rl.reward_terms read of a run context."""
+    """What prm.reward.for_context and rl.reward_terms read of a run context: the typed config (its prm section
+    from the fields given), the tokenizer and the process cache."""
 
-    def __init__(self, reward: dict, seed: int):
-        self.cfg, self.tok, self.cached = {"seed": seed, "reward": reward}, TOK, cached
+    def __init__(self, prm_section: dict, seed: int):
+        self.cfg, self.tok, self.cached = cv.typed({"seed": seed, "prm": prm_section}), TOK, cached
 
 
 def _tiny_head_prm(tmp_path, name: str):
@@ -410,7 +497,7 @@ def _tiny_head_prm(tmp_path, name: str):
 def test_stage_calibration_choice_matches_hand_computed_maps(tmp_path):
     """Each choice of stages[i].prm_calibration scores the trainer's rows with sigmoid(a z + b) of the same raw step
     logits z: none (1, 0), temperature T = 2 (0.5, 0), platt (2, -1), "" the file's own (Platt); the stage's
-    prm_weight adds to reward.w_prm; "{seed}" in the path picks the seed's file."""
+    prm_weight adds to prm.weight; "{seed}" in the path picks the seed's file."""
     params, _ = _tiny_head_prm(tmp_path, "seed7")
     texts = ["Step 1: 1+2=3\nStep 2: 3*3=10\nAnswer: 10", "Step 1: 2+2=4\nAnswer: 4"]
     prompts = ["Question: 1+2\nSolution:\n"] * 2
@@ -421,10 +508,11 @@ def test_stage_calibration_choice_matches_hand_computed_maps(tmp_path):
                           logprobs=np.zeros((2, 64), np.float32), lengths=np.array([len(x) for x in ids], np.int32),
                           texts=texts, group_sizes=np.array([2]))
     b = rollout.build_batch([TOK.encode(prompts[0], add_bos=True)], smp, 96, pad_id=TOK.PAD)
-    reward = {"prm_path": str(tmp_path / "seed{seed}" / "prm"), "w_prm": 0.1, "prm_agg": "min", "prm_steps": True}
+    section = {"path": str(tmp_path / "seed{seed}" / "prm"), "weight": 0.1, "agg": "min", "steps": True}
     seen = {}
     for name, (a, bias) in HAND.items():
-        sc = for_context(_Ctx(reward, seed=7), parse_stage({"kind": "grpo", "prm_weight": 0.3, "prm_calibration": name}), "stages[1]")
+        stage = parse_stage({"kind": "grpo", "prm_weight": 0.3, "prm_calibration": name})
+        sc = for_context(_Ctx(section, seed=7), stage, "stages[1]")
         assert sc.w == pytest.approx(0.4) and sc.prm.calib == (CALIBS[name] if name else CALIBS["platt"])
         out = sc.score_rows(b["tokens"], b["attn_mask"], texts, b["resp_start"])
         for r in range(2):
@@ -450,9 +538,9 @@ def test_older_prm_files_load_and_get_their_maps(tmp_path):
     assert old.calibrated("none").calib == {"kind": "none"} and old.calibrated("") is old
     with pytest.raises(ValueError, match="temperature"):
         old.calibrated("temperature")
-    reward = {"prm_path": str(path), "w_prm": 0.0, "prm_agg": "min", "prm_steps": False}
+    section = {"path": str(path), "weight": 0.0, "agg": "min", "steps": False}
     with pytest.warns(FutureWarning), pytest.raises(ValueError, match=r"stages\[1\]\.prm_calibration 'temperature'"):
-        for_context(_Ctx(reward, seed=0), parse_stage({"kind": "grpo", "prm_calibration": "temperature"}), "stages[1]")
+        for_context(_Ctx(section, seed=0), parse_stage({"kind": "grpo", "prm_calibration": "temperature"}), "stages[1]")
     ck = tmp_path / "converted"
     convert(path, ck)
     assert store_calibrations(str(ck), CALIBS) and not store_calibrations(str(ck), CALIBS)
@@ -480,19 +568,19 @@ def test_stage_prm_fields_are_checked():
     spec = os.path.join(ROOT, "experiments/configs/claim_prm_calibration.py") + ":variant=tiny"
     c = launch.get_config(spec)
     cv.validate(c)
-    assert "{seed}" in c.reward.prm_path and c.stages[1].prm_calibration == "platt"
+    assert "{seed}" in c.prm.path and c.stages[1].prm_calibration == "platt"
     c.stages[1].prm_calibration = "hot"
     with pytest.raises(cv.ConfigError, match=r"stages\[1\]\.prm_calibration must be one of"):
         cv.validate(c)
     c = launch.get_config(spec)
-    c.reward.update(dict(prm_path="", prm_steps=False))
-    with pytest.raises(cv.ConfigError, match=r"stages\[1\]\.prm_weight needs reward.prm_path"):
+    c.prm.update(dict(path="", steps=False))
+    with pytest.raises(cv.ConfigError, match=r"stages\[1\]\.prm_weight needs prm.path"):
         cv.validate(c)
     c.stages[1].prm_weight = 0.0
-    with pytest.raises(cv.ConfigError, match=r"stages\[1\]\.prm_calibration needs reward.prm_path"):
+    with pytest.raises(cv.ConfigError, match=r"stages\[1\]\.prm_calibration needs prm.path"):
         cv.validate(c)
     # evaluation without samples never reads the PRM file (a cold start runs before the file exists)
-    missing = {"prm_path": "does/not/exist", "w_prm": 0.0, "prm_agg": "min", "prm_steps": False}
+    missing = {"path": "does/not/exist", "weight": 0.0, "agg": "min", "steps": False}
     assert reward_terms.eval_metrics(_Ctx(missing, seed=0), [], None, None, 0) == {}
 
 
@@ -502,18 +590,18 @@ def test_the_prm_reaches_the_stages_through_its_registered_term(tmp_path, monkey
     without its PRM."""
     assert "prm" in reward_terms.registered()
     params, path = _tiny_head_prm(tmp_path, "slot")
-    reward = {"prm_path": str(path), "w_prm": 0.2, "prm_agg": "min", "prm_steps": True}
-    sc = reward_terms.scorer(_Ctx(reward, seed=0), parse_stage({"kind": "grpo", "prm_weight": 0.1}), "stages[1]")
+    section = {"path": str(path), "weight": 0.2, "agg": "min", "steps": True}
+    sc = reward_terms.scorer(_Ctx(section, seed=0), parse_stage({"kind": "grpo", "prm_weight": 0.1}), "stages[1]")
     assert sc.w == pytest.approx(0.3) and sc.steps and sc.prm.calib == CALIBS["platt"]
     _assert_same_tree(sc.prm.params, params)
-    off = {"prm_path": "", "w_prm": 0.0, "prm_agg": "min", "prm_steps": False}
+    off = {"path": "", "weight": 0.0, "agg": "min", "steps": False}
     assert reward_terms.scorer(_Ctx(off, seed=0), GRPOConfig(), "stages[1]") is None
     monkeypatch.setattr(reward_terms, "_TERMS", {})
     assert reward_terms.scorer(_Ctx(off, seed=0), GRPOConfig(), "stages[1]") is None
-    with pytest.raises(ValueError, match="reward.prm_path is set, but no 'prm' reward term is registered"):
-        reward_terms.scorer(_Ctx(reward, seed=0), GRPOConfig(), "stages[1]")
+    with pytest.raises(ValueError, match="prm.path is set, but no 'prm' reward term is registered"):
+        reward_terms.scorer(_Ctx(section, seed=0), GRPOConfig(), "stages[1]")
     with pytest.raises(ValueError, match=r"prm\.install\(\)"):
-        reward_terms.eval_metrics(_Ctx(reward, seed=0), ["q"], object(), [{}], 2)
+        reward_terms.eval_metrics(_Ctx(section, seed=0), ["q"], object(), [{}], 2)
     with pytest.raises(ValueError, match="no slot"):
         reward_terms.register("value_model", scorer=lambda *a: None, eval_rerank=lambda *a: {})
 
@@ -537,14 +625,16 @@ def test_the_prm_objective_is_the_wings_and_fills_its_slot_on_install(monkeypatc
 @pytest.mark.parametrize("entry", ["launch", "sweep", "eval", "sample", "train_prm"])
 def test_every_entry_point_installs_the_wing_first(entry, monkeypatch, capsys):
     """The launcher, sweeps, evaluation, sampling and the PRM pipeline call prm.install() first thing in main (here
-    with --help, which exits before any work): both slots filled from empty registries."""
+    with --help, which exits before any work): every slot filled from empty registries."""
     module = importlib.import_module(f"experiments.{entry}")
     monkeypatch.setattr(reward_terms, "_TERMS", {})
+    monkeypatch.setattr(cv, "_REGISTERED", {})
     monkeypatch.setattr(objectives, "_OBJECTIVES", {k: v for k, v in objectives._OBJECTIVES.items() if k != "prm"})
     with pytest.raises(SystemExit) as e:
         module.main(["--help"])
     assert e.value.code == 0 and "usage" in capsys.readouterr().out
     assert "prm" in reward_terms.registered() and objectives.get("prm") is prm_objective.OBJECTIVE
+    assert cv.sections()["prm"] is PRMSection
 
 
 def test_optimizer_steps_runs_one_step_per_minibatch_in_order():
@@ -574,7 +664,7 @@ def test_optimizer_steps_runs_one_step_per_minibatch_in_order():
 def test_plain_rewards_and_the_light_prm_modules_do_not_import_jax():
     """... and importing the wing or the experiments package registers nothing (prm.install() is the one call)."""
     code = ("import sys; import rewards.combine, rewards.task_score, rewards.pool, rewards.verify, rewards.format, "
-            "prm, prm.metrics, prm.data, experiments; from rl import reward_terms; "
+            "prm, prm.metrics, prm.data, prm.config, experiments; from rl import reward_terms; "
             "print('jax' in sys.modules, reward_terms.registered())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "False []"
@@ -592,14 +682,14 @@ def test_grpo_with_a_prm_file_end_to_end(tmp_path):
     wd = tmp_path / "run"
     config = os.path.join(ROOT, "experiments/configs/prm_arith.py")
     rc = launch.main(["--config", config + ":variant=tiny_grpo_prm", "--workdir", str(wd),
-                      f"--config.reward.prm_path={path}"])
+                      f"--config.prm.path={path}"])
     assert rc == 0
     text = (wd / "metrics.jsonl").read_text()
     assert text.count("prm/seconds_per_solution") >= 3 and "prm/score" in text and "prm@k" in text
     bad = tmp_path / "bad.npz"
     np.savez(bad, x=np.zeros(1))
-    with pytest.warns(FutureWarning), pytest.raises(ValueError, match="reward.prm_path"):
-        load_scorer(str(bad), TOK, {"w_prm": 0.2})
+    with pytest.warns(FutureWarning), pytest.raises(ValueError, match="prm.path"):
+        load_scorer(str(bad), TOK, PRMSection(path=str(bad), weight=0.2))
 
 
 def test_deploy_source_is_the_best_calibration_auroc_unless_named():

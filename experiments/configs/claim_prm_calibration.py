@@ -5,10 +5,10 @@ changes how useful it is as a reward.
 
 The PRMs come from experiments/configs/prm_arith.py's pipeline, one per seed (its ECE raw / temperature / Platt
 per seed is the first half of the claim); this file is the second half: the same cold start as that pipeline's
-policy, then a short GRPO with the seed's own PRM as the process reward (reward.prm_path holds "{seed}"). The PRM
+policy, then a short GRPO with the seed's own PRM as the process reward (prm.path holds "{seed}"). The PRM
 terms are stage fields, so one cold start per seed serves every arm: stages[1].prm_weight (w, default 0.2: + w x
 the weakest calibrated step probability of each response) with PRM step rewards (stages[1].step_rewards, weight
-0.1, reward.prm_steps), and stages[1].prm_calibration, the map the PRM's probabilities go through (none |
+0.1, prm.steps), and stages[1].prm_calibration, the map the PRM's probabilities go through (none |
 temperature | platt, all three stored in the checkpoint by train_prm). w=0 is the baseline: no PRM reward term, the PRM
 still scores every batch (prm/score logged).
 
@@ -21,7 +21,7 @@ still scores every batch (prm/score logged).
         --init_from runs/claims/prm_calibration/grpo/_shared/seed{seed}
 
 Variants: variant=full (default) | tiny (tests and the notebook's fresh-clone run, with prm_arith.py:variant=tiny's
-PRM: pass --config.reward.prm_path); seed=N; w=... (the PRM weight; 0 = the baseline); calibration=... (a single
+PRM: pass --config.prm.path); seed=N; w=... (the PRM weight; 0 = the baseline); calibration=... (a single
 point).
 """
 from experiments.configs import prm_arith
@@ -39,7 +39,7 @@ def get_config(arg=None):
     tiny = check_variant(args, ("full", "tiny")) == "tiny"
     w = float(args["w"])
     c = prm_arith.get_config(f"variant={'tiny' if tiny else 'full'},seed={int(args['seed'])}")  # its cold start
-    c.reward.update(dict(prm_path=PRM_PATH, w_prm=0.0, prm_steps=True))  # the PRM reward terms are the stage's
+    c.prm.update(dict(path=PRM_PATH, weight=0.0, steps=True))  # the PRM reward terms are the stage's
     c.eval.update(dict(every=2 if tiny else 5, k=0))  # a validation curve; greedy only, so eval never reads the PRM
     c.checkpoint.update(dict(keep=1, every=10))
     c.stages.append(stage("grpo", "grpo", **{**GRPO, **(TINY_GRPO if tiny else {})}, prm_weight=w,

@@ -12,9 +12,9 @@ samples, their mix, and the exact labels on the samples as the reference; one PR
 from the policy; calibration on validation samples; step AUROC / ECE / first-error F1 and best-of-N on test
 samples. The model's max_seq_len (160) leaves room for MC rollouts from a whole prompt + partial solution.
 
-variant=grpo_prm: the same cold start, then GRPO with the PRM checkpoint runs/prm/prm (reward.prm_path) as a process
-reward (reward.w_prm 0.2 x the weakest calibrated step probability of each response, scored on the trainer side)
-and as step rewards at step ends (reward.prm_steps); evaluation adds PRM best-of-k reranking (prm@k).
+variant=grpo_prm: the same cold start, then GRPO with the PRM checkpoint runs/prm/prm (prm.path) as a process
+reward (prm.weight 0.2 x the weakest calibrated step probability of each response, scored on the trainer side)
+and as step rewards at step ends (prm.steps); evaluation adds PRM best-of-k reranking (prm@k).
 variant=tiny / tiny_grpo_prm: the same, seconds-long (tests); seed=N. The PRM pipeline's own fields are in
 get_prm_config (the table they produce: REPRODUCING.md, "Process reward model (issue 15)").
 """
@@ -41,7 +41,7 @@ def get_config(arg=None):
     c.run.update(dict(reward_workers=0))
     c.stages = [stage("sft", "cold_start", epochs=8, batch_size=32, n_problems=3000, lr=3e-3, warmup_steps=10)]
     if variant.endswith("grpo_prm"):
-        c.reward.update(dict(prm_path="runs/prm/prm", w_prm=0.2, prm_steps=True))
+        c.prm.update(dict(path="runs/prm/prm", weight=0.2, steps=True))  # the PRM wing's section (prm/config.py)
         c.eval.update(dict(k=8, temperature=0.7))
         c.run.reward_workers = 1
         c.stages.append(stage("grpo", "grpo_prm", iterations=40, n_prompts=16, samples=8, temperature_start=1.0,

@@ -51,7 +51,7 @@ class Kind(NamedTuple):
     trained_units: Callable = common.untracked  # state -> units that updated the policy (None: not counted)
     warnings: Callable = common.no_warnings  # cfg -> warnings on its values (rl/config_warnings.py)
     model_checks: Callable = common.no_checks  # (cfg, model section) -> (field, reason) pairs
-    reward_checks: Callable = common.no_checks  # (cfg, reward section) -> (field, reason) pairs
+    reward_checks: Callable = common.no_checks  # (cfg, the PRM wing's section: its dict, {} without) -> pairs
     tree: Callable = common.tree  # state -> the checkpoint's array tree
     meta: Callable = common.meta  # state -> the checkpoint's JSON meta
     template: Callable = common.template  # (state, meta) -> the tree structure to restore into

@@ -94,9 +94,9 @@ class IterationConfig(Checked):
     format_weight: float = field(0.0, "this stage's format reward: adds weight x the format score, on top of "
                                       "reward.w_format", num(0.0, 100.0))
     prm_weight: float = field(0.0, "this stage's PRM reward: adds weight x the response's PRM score, on top of "
-                                   "reward.w_prm (needs reward.prm_path; prm/reward.py)", num(0.0, 100.0))
+                                   "prm.weight (needs prm.path; prm/reward.py)", num(0.0, 100.0))
     prm_calibration: str = field("", "the PRM calibration map this stage applies: '' (the file's own) | none | "
-                                     "temperature | platt (needs reward.prm_path)", choice("", *CALIBRATIONS))
+                                     "temperature | platt (needs prm.path)", choice("", *CALIBRATIONS))
     step_rewards: bool = field(False, "add step-level rewards (exactly checked arithmetic steps) at step ends", boolean)
     step_reward_weight: float = field(0.1, "weight of the step-level rewards", num(0.0, 100.0))
     # Sampler / trainer mismatch (docs/training.md): routes, precision, staleness (routing_replay: LossConfig's).
@@ -162,11 +162,11 @@ def cross_checks(cfg):
         yield from getattr(e, "errors", [("kl_kind", str(e))])
 
 
-def reward_checks(cfg, reward: dict):
-    """Rules that need the reward section (rl.config_validation.validate)."""
+def reward_checks(cfg, prm: dict):
+    """Rules that need the PRM wing's section (rl.config_validation.validate: its plain dict, {} without one)."""
     for fld in ("prm_weight", "prm_calibration"):
-        if getattr(cfg.rl, fld) and not reward.get("prm_path"):
-            yield fld, "needs reward.prm_path (a PRM file from experiments/train_prm.py)"
+        if getattr(cfg.rl, fld) and not prm.get("path"):
+            yield fld, "needs prm.path (a PRM file from experiments/train_prm.py)"
 
 
 def model_checks(cfg, model: dict):
@@ -295,7 +295,7 @@ class State:
     kl_ctl: Any  # rl.kl_control controller or None
     max_rows: int  # rows per minibatch (token_budget over the padded length)
     sample_cfg: Any  # the model config the sampler runs (sampler_dtype)
-    prm: Any  # the PRM wing's scorer (rl/reward_terms.py) or None (reward.prm_path)
+    prm: Any  # the PRM wing's scorer (rl/reward_terms.py) or None (prm.path "")
     ref_params: Any = None  # the reference policy (a KL term), else None
     kl_state: Any = None
     cur_state: Any = None  # curriculum state (rl/curriculum.py), else None
@@ -313,7 +313,7 @@ def init(ctx, index: int, cfg, params, *, advantages: Callable, value_head: bool
     st = State(base=base, advantages=advantages, value_head=value_head, kl_ctl=kl_ctl,
                max_rows=rollout.rows_for_budget(cfg.rl.token_budget, ctx.seq_len, ctx.row_multiple),
                sample_cfg=ctx.model_cfg.replace(dtype=cfg.rl.sampler_dtype) if cfg.rl.sampler_dtype else ctx.sampler_cfg,
-               prm=reward_terms.scorer(ctx, cfg, f"stages[{index}]"),  # reward.prm_path: the PRM wing's, else None
+               prm=reward_terms.scorer(ctx, cfg, f"stages[{index}]"),  # prm.path: the PRM wing's, else None
                refill_rounds=refill_rounds)
     return dataclasses.replace(
         st, ref_params=common.reference_params(st) if cfg.kl.uses_reference else None,
@@ -599,8 +599,8 @@ def sampled_kl(a: dict, kl_kind: str):
 
 
 def batch_step_scores(st: State, a: dict, texts: list[str], final=None):
-    """The batch's step scores: the PRM's with reward.prm_steps, else the exact checker's (rl.advantages)."""
-    if st.prm is not None and st.prm.steps:  # reward.prm_steps: the PRM's step probabilities
+    """The batch's step scores: the PRM's with prm.steps, else the exact checker's (rl.advantages)."""
+    if st.prm is not None and st.prm.steps:  # prm.steps: the PRM's step probabilities
         return st.prm.step_scores(st.prm_out, final, a["lengths"], a["resp_start"])
     return advm.step_scores(st.base.ctx.tok, texts, a["resp_start"], a["lengths"], final)
 
