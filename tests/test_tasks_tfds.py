@@ -12,6 +12,7 @@ from tensorflow_datasets.core import registered
 
 from rl.tasks import get_source, load_mix
 from rl.tasks import tfds_builder as tb
+from rl.tasks import tfds_reader as tr
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPEC = "arith:0.5,linear:0.3,word_zh:0.2"
@@ -29,7 +30,7 @@ def test_round_trip_matches_load_mix(built):
     assert path.startswith(os.path.join(data_dir, "mathrl_tasks"))
     assert any(f.startswith("mathrl_tasks-train.array_record") for f in os.listdir(path))
     for split, n in (("train", 40), ("validation", 8), ("test", 8)):
-        assert tb.read_split(path, split) == load_mix(SPEC, n, 3, split)
+        assert tr.read_split(path, split) == load_mix(SPEC, n, 3, split)
 
 
 def test_tfds_data_source_by_name_offline(built):
@@ -90,9 +91,10 @@ import importlib.util
 assert importlib.util.find_spec("tensorflow") is None
 import tensorflow_datasets as tfds
 from rl.tasks import tfds_builder as tb
+from rl.tasks import tfds_reader as tr
 path = tb.build_dataset("arith:1", sys.argv[1], n_train=12, n_validation=0, n_test=3, seed=0)
 ds = tfds.data_source("mathrl_tasks/" + path.split("/")[-2], split="train", data_dir=sys.argv[1])
-assert len(ds) == 12 and len(tb.read_split(path, "test")) == 3
+assert len(ds) == 12 and len(tr.read_split(path, "test")) == 3
 print("ok", "tensorflow" in sys.modules)
 """
 
@@ -108,24 +110,24 @@ def test_build_and_read_without_tensorflow(tmp_path):
                                   "huggingface:competition_math"])
 def test_catalog_not_prepared_fails_fast_and_clearly(tmp_path, name):
     start = time.process_time()  # CPU seconds: a busy machine does not change the verdict
-    with pytest.raises(tb.CatalogNotPrepared) as info:
-        tb.load_catalog(name, "train", data_dir=str(tmp_path))
+    with pytest.raises(tr.CatalogNotPrepared) as info:
+        tr.load_catalog(name, "train", data_dir=str(tmp_path))
     assert time.process_time() - start < 2
     message = str(info.value)
     assert name in message and str(tmp_path) in message
     assert f"python -m rl.tasks.tfds_builder prepare {name}" in message and "array_record" in message
-    with pytest.raises(tb.CatalogNotPrepared):
+    with pytest.raises(tr.CatalogNotPrepared):
         get_source(f"tfds@{name}@{tmp_path}")
 
 
 def test_gsm8k_fields():
-    q, a, steps = tb.gsm8k_to_fields(
+    q, a, steps = tr.gsm8k_to_fields(
         " Tom has 3 bags of 4 apples and buys 1,000 more. How many? ",
         "Tom has 3*4=<<3*4=12>>12 apples.\nThen 12+1000=<<12+1000=1012>>1012.\n#### 1,012")
     assert q.startswith("Tom") and a == "1012"
     assert steps == ("Tom has 3*4=12 apples.", "Then 12+1000=1012.")
     with pytest.raises(ValueError, match="####"):
-        tb.gsm8k_to_fields("q", "no final answer")
+        tr.gsm8k_to_fields("q", "no final answer")
 
 
 def test_competition_math_fields():
@@ -184,15 +186,15 @@ def test_catalog_adapters_on_local_datasets(tmp_path):
     _write_catalog_shaped(data_dir, "math_dataset", "numbers__gcd", {"question": text, "answer": text}, {
         "train": [{"question": "What is the gcd of 4 and 6?", "answer": "2"}]})
 
-    (gsm,) = tb.load_catalog("huggingface:gsm8k/main", "test", data_dir=data_dir)
+    (gsm,) = tr.load_catalog("huggingface:gsm8k/main", "test", data_dir=data_dir)
     assert (gsm.question, gsm.answer, gsm.steps) == ("What is 5+5?", "10", ("5+5=10",))
     assert gsm.source == "tfds:huggingface:gsm8k/main"
-    (cm,) = tb.load_catalog("huggingface:competition_math", "test", data_dir=data_dir)
+    (cm,) = tr.load_catalog("huggingface:competition_math", "test", data_dir=data_dir)
     assert (cm.answer, cm.difficulty, cm.steps) == ("1", 2, None)
-    (md,) = tb.load_catalog("math_dataset/numbers__gcd", "train", data_dir=data_dir)
+    (md,) = tr.load_catalog("math_dataset/numbers__gcd", "train", data_dir=data_dir)
     assert (md.question, md.answer) == ("What is the gcd of 4 and 6?", "2")
     with pytest.raises(ValueError, match="splits"):
-        tb.load_catalog("huggingface:competition_math", "train", data_dir=data_dir)
+        tr.load_catalog("huggingface:competition_math", "train", data_dir=data_dir)
     # As a mix source the official splits are pooled and re-split by question hash.
     assert len(get_source(f"tfds@huggingface:gsm8k/main@{data_dir}").problems) == 2
 

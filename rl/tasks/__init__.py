@@ -16,7 +16,7 @@ Source names (`list_sources()` prints them with descriptions):
     mathdataset@m1+m2            the named mathematics_dataset modules
     jsonl@PATH                   a user's JSONL file (rl/tasks/jsonl_io.py)
     gsm8k@PATH  math@PATH        a GSM8K-style / MATH-style JSONL file (rl/tasks/gsm8k_math.py)
-    tfds@NAME[@DATA_DIR]         a locally prepared TFDS dataset: a project one (rl/tasks/tfds_builder.py) or
+    tfds@NAME[@DATA_DIR]         a locally prepared TFDS dataset: a project one (rl/tasks/tfds_builder.py; read by tfds_reader.py) or
                                  a catalog one (math_dataset/..., huggingface:gsm8k/main, ...)
     gym@NAME[@key=value,...]     a reasoning-gym generator with its settings (reward "gym", graded by
                                  rewards/gym_check.py; optional extra: pip install -e '.[gym]'; rl/tasks/gym.py)
@@ -95,9 +95,9 @@ def get_source(name: str):
     if base == "tfds":
         if not arg:
             raise ValueError("source 'tfds' needs a dataset name: tfds@name or tfds@name@data_dir")
-        from rl.tasks import tfds_builder  # deliberate lazy import: tensorflow_datasets loads only for a tfds source
+        from rl.tasks import tfds_reader  # deliberate lazy import: tensorflow_datasets loads only for a tfds source
         ds_name, _, data_dir = arg.partition("@")
-        return FixedSource.build(name, tfds_builder.load_problems(ds_name, data_dir=data_dir or None),
+        return FixedSource.build(name, tfds_reader.load_problems(ds_name, data_dir=data_dir or None),
                                  description=f"TFDS dataset {ds_name}")
     if base == "gym":
         return gym.from_spec(arg)
