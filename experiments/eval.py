@@ -91,9 +91,9 @@ def open_run(workdir: str, ckpt: str, *, mix: str = "", split: str = "test", n: 
     field = {"train": "n_train", "validation": "n_val", "test": "n_test"}[split]
     counts = {other: 1 for other in ("n_val", "n_test") if other != field}
     counts[field] = n or getattr(t, field)
-    cfg = cfg.replace(tasks=t.replace(**tasks, **counts), eval=cfg.eval.replace(n_val=counts["n_val"],
-                                                                                n_test=counts["n_test"]),
-                      mesh=cv.MeshSection(), run=cfg.run.replace(reward_workers=0))
+    ev = cfg.eval.replace(n_val=counts["n_val"], n_test=counts["n_test"])
+    cfg = cfg.replace(tasks=t.replace(**tasks, **counts), eval=ev, mesh=cv.MeshSection(),
+                      run=cfg.run.replace(reward_workers=0))
     ctx = context.build_context(cfg, workdir, with_services=False)
     ctx.scorer = rollout.Scorer(setup.make_reward_pool(cfg))
     where = f"{path}: {runs.policy_name(meta, step)}"  # one numbering: "grpo unit 40 = checkpoint 82 (...)"
@@ -225,8 +225,8 @@ def main_pretrained(args) -> int:
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "summary.json"), "w", encoding="utf-8") as f:
-            json.dump({"model": path, "mix": ctx.cfg.tasks.mix, "difficulty": args.difficulty,
-                       "lang": args.lang, "system": ctx.cfg.model.system_prompt, "k": k, "temperature": temp, "seed": args.seed,
+            json.dump({"model": path, "mix": ctx.cfg.tasks.mix, "difficulty": args.difficulty, "lang": args.lang,
+                       "system": ctx.cfg.model.system_prompt, "k": k, "temperature": temp, "seed": args.seed,
                        "max_new_tokens": args.max_new_tokens, "tools": tools.to_dict() if tools else None,
                        "wall_seconds": wall, "metrics": m, "summary": entry},
                       f, indent=2)

@@ -559,14 +559,15 @@ def estimate(shared_todo: list[dict], todo: list[dict], k: int, n_par: int, fini
     """The compute of the runs still to go (rl.preflight.compute_estimate, the launcher's, summed; a point that
     starts from the shared stages counts only its own) and their time: scaled from the finished runs of this sweep
     (seconds per generated + trained token of their compute estimate), divided over `n_par` launchers."""
-    def work(cfg, skip=0):  # a resolved config.json dict, validated where it enters the estimate
-        return compute_estimate(cv.typed({**cfg, "stages": cfg["stages"][skip:]}))[1]
+    def typed(cfg, skip=0):  # a resolved config.json dict (its stages after `skip`), validated where it enters
+        return cv.typed({**cfg, "stages": cfg["stages"][skip:]})
 
     keys = ("gen_tokens", "verifier_calls", "train_tokens")
     tot = dict.fromkeys(keys, 0)
-    jobs = [(j["cfg"], 0) for j in shared_todo] + [(r["cfg"], k if r.get("init_from") and k else 0) for r in todo]
-    for cfg, skip in jobs:
-        for key, v in work(cfg, skip).items():
+    jobs = [typed(j["cfg"]) for j in shared_todo] + [typed(r["cfg"], k if r.get("init_from") and k else 0)
+                                                      for r in todo]
+    for cfg in jobs:
+        for key, v in compute_estimate(cfg)[1].items():
             tot[key] += v
     lines = [f"compute estimate for the {len(jobs)} run(s) to go (upper bounds, the launcher's estimate summed; "
              f"points count only their stages after the shared ones): {tot['gen_tokens']:,} generated tokens, "
@@ -578,7 +579,7 @@ def estimate(shared_todo: list[dict], todo: list[dict], k: int, n_par: int, fini
                 wall = float(json.load(f)["wall_seconds"])
         except (OSError, ValueError, KeyError):
             continue
-        w = work(r["cfg"])
+        w = compute_estimate(typed(r["cfg"]))[1]
         rates.append(wall / max(w["gen_tokens"] + w["train_tokens"], 1))
     if not jobs:
         lines.append("time estimate: nothing to run")
@@ -587,15 +588,13 @@ def estimate(shared_todo: list[dict], todo: list[dict], k: int, n_par: int, fini
         lines.append(f"time estimate: about {secs / 60:.0f} min with {n_par} at once (scaled from the wall time of "
                      f"{len(rates)} finished run(s) here; compiles and a busy machine shift it)")
     if jobs:
-        lines.append(calibrated_estimate([({**cfg, "stages": cfg["stages"][skip:]} if skip else cfg) for cfg, skip in jobs],
-                                         n_par))
+        lines.append(calibrated_estimate(jobs, n_par))
     return "\n".join(lines)
 
 
-def calibrated_estimate(cfgs: list[dict], n_par: int) -> str:
+def calibrated_estimate(cfgs: list[cv.RunConfig], n_par: int) -> str:
     """rl/time_estimate.py per run to go (at this machine's calibration) and for all of them, n_par at a time."""
     cal = calibration.load(log=print)
-    cfgs = [cv.typed(c) for c in cfgs]  # the resolved config.json dicts, validated where they enter the builders
     ests = [time_est.estimate(c, setup.build_model_cfg(c), cal) for c in cfgs]
     per = sorted({time_est.fmt_s(e["total_s"]) for e in ests})
     one = time_est.parallel_wall(ests, 1, os.cpu_count() or 1)

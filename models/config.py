@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 from models.adaptation import LoraConfig, UpcycleConfig
 from models import flops as _flops
-from schema import Checked, FieldErrors, boolean, choice, field, integer, num, optional, section_value
+from schema import Checked, boolean, choice, field, integer, num, optional
 
 _DTYPES = ("float32", "bfloat16", "float16")
 
@@ -96,22 +96,7 @@ class ModelConfig(Checked):
                                                 "below", _section(UpcycleConfig), section=UpcycleConfig)
 
     def __post_init__(self):
-        # The optional sections first (a dict or ConfigDict becomes the typed section, its errors named
-        # lora.rank, ...), then every field's check: every bad field at once (FieldErrors, a ValueError).
-        errors = []
-        for name, cls in (("lora", LoraConfig), ("upcycle", UpcycleConfig)):
-            try:
-                object.__setattr__(self, name, None if getattr(self, name) is None
-                                   else section_value(cls, getattr(self, name)))
-            except FieldErrors as e:
-                errors += [(f"{name}.{p}" if p else name, m) for p, m in e.errors]
-                object.__setattr__(self, name, None)  # the other fields' checks and cross-checks still run
-        try:
-            super().__post_init__()
-        except FieldErrors as e:
-            errors += e.errors
-        if errors:
-            raise FieldErrors(errors)
+        super().__post_init__()  # every bad field at once, each named; lora / upcycle dicts become their sections
         # Lists (from JSON or a ConfigDict) become a sorted tuple: the config is a static jit argument, so hashable.
         object.__setattr__(self, "dense_layers", tuple(sorted(set(self.dense_layers))))
 

@@ -39,9 +39,9 @@ from models.config import ModelConfig
 from models.pretrained import SOURCES as PRETRAINED_SOURCES
 from rewards.combine import RewardSection
 from rl import stages as stage_lib
+from rl.tasks import mix_error, split_source_errors
 from schema import (Checked, FieldErrors, boolean, choice, default_of, field, from_dict, integer, key_values, num,
                     plain, section_type, suggest, text, unknown_field)
-from rl.tasks import mix_error, split_source_errors
 from schema import describe as describe_fields
 
 
@@ -588,7 +588,7 @@ def validate(config, *, complete: bool = True) -> RunConfig:
             errors.append(f"{p}.{fld} ({v}) must be <= tasks.n_train ({n_train})")
         if isinstance(model, dict):  # stage rules that need the model section
             errors += [f"{p}.{fld} {msg}" for fld, msg in kind.model_checks(sc, model)]
-        errors += [f"{p}.{fld} {msg}" for fld, msg in kind.reward_checks(sc, prm)]  # rules that need the PRM's
+        errors += [f"{p}.{fld} {msg}" for fld, msg in kind.prm_checks(sc, prm)]  # rules that need the PRM's
         if kind.is_rl and not rl_stage:  # once, for the first RL stage
             rl_stage = p
             errors += list(rl_sampling_errors(smp, p))

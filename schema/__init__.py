@@ -6,7 +6,7 @@ with a default, a one-line doc and a range check.
         lr: float = field(1e-3, "peak learning rate", num(0.0, 10.0, lo_open=True))
 
     MyStage(lr=-1)   # FieldErrors: "lr must be > 0.0, got -1"
-    from_dict(MyStage, {"lr": 1e-3, "lrr": 2}, path="stages[0]")   # FieldErrors naming "stages[0].lrr"
+    from_dict(MyStage, {"lr": 1e-3, "lrr": 2})   # FieldErrors naming "lrr" ("did you mean 'lr'?")
     describe(MyStage, "stages[i]")   # ["stages[i].lr = 0.001  # peak learning rate"] (the launcher's --help_config)
 
 Every check returns the reason (without the field name) or None. Numbers must be finite and booleans are not
@@ -172,11 +172,20 @@ def name(v) -> str | None:
 
 # -- dataclasses with checked fields ----------------------------------------------------------------------
 class Checked:
-    """Mixin for frozen keyword-only dataclasses: `__post_init__` runs every field's check, then `cross_checks`."""
+    """Mixin for frozen keyword-only dataclasses: `__post_init__` reads each optional section's value (a field made
+    with `section=`: a dict or ConfigDict becomes the section, its errors named `lora.rank`, ...), runs every field's
+    check, then `cross_checks`."""
 
     def __post_init__(self):
         errors = []
         for f in dataclasses.fields(self):
+            sec, v = f.metadata.get("section"), getattr(self, f.name)
+            if sec is not None and v is not None and not isinstance(v, sec):
+                try:
+                    object.__setattr__(self, f.name, section_value(sec, v))
+                except FieldErrors as e:
+                    errors += [(f"{f.name}.{p}" if p else f.name, m) for p, m in e.errors]
+                    continue
             check = f.metadata.get("check")
             if check is not None:
                 msg = check(getattr(self, f.name))
@@ -207,9 +216,9 @@ def plain(v):
     return v
 
 
-def from_dict(cls, d: dict, nested: dict[str, type] | None = None):
+def from_dict(cls, d: dict):
     """Build `cls` from a plain dict: unknown keys are errors, missing keys take their defaults, lists become
-    tuples where the default is a tuple, and `nested` maps a field to the Checked class of its sub-dict."""
+    tuples where the default is a tuple (an optional section's sub-dict is read by Checked.__post_init__)."""
     if not isinstance(d, dict):
         raise FieldErrors([("", f"must be a section (a dict of fields), got {d!r}")])
     fields = {f.name: f for f in dataclasses.fields(cls)}
@@ -218,13 +227,7 @@ def from_dict(cls, d: dict, nested: dict[str, type] | None = None):
     for k, v in d.items():
         if k not in fields:
             continue
-        if nested and k in nested:
-            try:
-                v = from_dict(nested[k], v)
-            except FieldErrors as e:
-                errors += [(f"{k}.{p}" if p else k, m) for p, m in e.errors]
-                continue
-        elif isinstance(v, list) and isinstance(fields[k].default, tuple):
+        if isinstance(v, list) and isinstance(fields[k].default, tuple):
             v = tuple(v)
         kwargs[k] = v
     return construct(cls, kwargs, errors)

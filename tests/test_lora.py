@@ -204,7 +204,8 @@ def test_param_axes_mirror_the_adapters(base):
 @pytest.mark.parametrize("section, message", [
     (dict(rank=0), "lora.rank"), (dict(alpha=0.0), "lora.alpha"), (dict(alpha=float("nan")), "lora.alpha"),
     (dict(alpha=1e300), r"lora.alpha must be a finite number in \(0, 65536\]"),  # accepted once: every step skipped
-    (dict(targets=("attn/wz",)), "lora.targets"), (dict(targets=()), "lora.targets"), (dict(ranks=2), "lora.ranks is not a known field"),
+    (dict(targets=("attn/wz",)), "lora.targets"), (dict(targets=()), "lora.targets"),
+    (dict(ranks=2), "lora.ranks is not a known field"),
 ])
 def test_config_section_errors_name_the_field(section, message):
     with pytest.raises(ValueError, match=message):

@@ -36,9 +36,9 @@ it says so and reports our figures alone. --wait_quiet S waits (at most S second
 and written to --json.
 
 The step, its timing and FLOP counts (measure_step; the counts are models/flops.py's), the subprocess per KL
-setting (run_ours), the peer (run_peer), the repetitions with their ratios and report (run_pairs) and the shared options (add_pair_args) take the
-model, prompts, reward and peer options as arguments: experiments/bench/w2.py runs W2 (the same step on
-SmolLM2-135M-Instruct) through them.
+setting (run_ours), the peer (run_peer), the repetitions with their ratios and report (run_pairs) and the shared
+options (add_pair_args) take the model, prompts, reward and peer options as arguments: experiments/bench/w2.py runs
+W2 (the same step on SmolLM2-135M-Instruct) through them.
 """
 from __future__ import annotations
 

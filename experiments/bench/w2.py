@@ -20,9 +20,9 @@ MFU: the update's model FLOPs (3 x forward: 2 x the 134.5 M matmul weights per r
 causal attention; models.flops.grouped_update_flops) per second over the same process's float32 matmul peak
 (experiments/bench/common.py, measured before and after the steps, the larger). Target (PEERS.md): >= 50 % of the
 peak. Floor: the step's update + reference + sampling FLOPs (models.flops.step_floor_flops: prefill each prompt
-once, each generated token, causal attention; no padding) at that same peak: the fastest this machine could take the step. Each row
-prints its step time over the floor (TRL's over ours: the same workload and tokens budget). The bench JSON records
-the CPU (experiments/bench/common.cpu_info: model name, family / model, AVX-512 / AMX flags).
+once, each generated token, causal attention; no padding) at that same peak: the fastest this machine could take the
+step. Each row prints its step time over the floor (TRL's over ours: the same workload and tokens budget). The bench
+JSON records the CPU (experiments/bench/common.cpu_info: model name, family / model, AVX-512 / AMX flags).
 
 The peer: right after ours, TRL's GRPOTrainer through ../shared/peers/trl/trl_w1.py --gguf FILE --prompts-per-step 4
 --num-generations 8 --max-completion 96 (the harness loads the same GGUF through transformers; its python is

@@ -14,7 +14,7 @@ loop, rl.train_loop.train_on. A new kind is a new module registered in KINDS.
 A Kind also answers what the run's planners and checks ask of a stage (whether it is RL, the training problems it
 asks for, its rows per optimizer step and their layout, the answers it samples and the rows it trains on per unit,
 its seconds per unit, whether it holds a KL reference, how many units trained, its warnings and its rules against
-the model and reward sections): no module outside rl/stages/ branches on a kind's name (tests/test_stage_kinds.py).
+the model and PRM sections): no module outside rl/stages/ branches on a kind's name (tests/test_stage_kinds.py).
 """
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ class Kind(NamedTuple):
     trained_units: Callable = common.untracked  # state -> units that updated the policy (None: not counted)
     warnings: Callable = common.no_warnings  # cfg -> warnings on its values (rl/config_warnings.py)
     model_checks: Callable = common.no_checks  # (cfg, model section) -> (field, reason) pairs
-    reward_checks: Callable = common.no_checks  # (cfg, the PRM wing's section: its dict, {} without) -> pairs
+    prm_checks: Callable = common.no_checks  # (cfg, the PRM wing's section: its dict, {} without) -> pairs
     tree: Callable = common.tree  # state -> the checkpoint's array tree
     meta: Callable = common.meta  # state -> the checkpoint's JSON meta
     template: Callable = common.template  # (state, meta) -> the tree structure to restore into
@@ -63,7 +63,7 @@ _RL = dict(components=iteration.components, problems=iteration.problems, step_ro
            answers=iteration.answers, trained_rows=iteration.trained_rows, is_rl=True,
            step_layout=iteration.step_layout, uses_reference=iteration.uses_reference, tools=iteration.tools,
            trained_units=iteration.trained_units, model_checks=iteration.model_checks,
-           reward_checks=iteration.reward_checks, tree=iteration.tree, meta=iteration.meta,
+           prm_checks=iteration.prm_checks, tree=iteration.tree, meta=iteration.meta,
            template=iteration.template, load=iteration.load)
 KINDS: dict[str, Kind] = {
     "sft": Kind(sft.SFTConfig, sft.init, sft.unit, problems=sft.problems, answers=sft.answers,
@@ -78,7 +78,8 @@ CONFIGS: dict[str, type] = {k: v.config for k, v in KINDS.items()}
 
 __all__ = ["Kind", "KINDS", "CONFIGS", "parse_stage", "defaults", "with_algorithm", "current_values", "flat_fields",
            "flat_value", "legacy_keys", "sft_problem_count", "FieldErrors", "init", "unit", "tree", "meta",
-           "template", "load", "components", "tools", "run_tools", "trained_units", "policy_params", "carried_params", "check_trained"]
+           "template", "load", "components", "tools", "run_tools", "trained_units", "policy_params", "carried_params",
+           "check_trained"]
 
 
 def _kind_error(kind) -> FieldErrors:

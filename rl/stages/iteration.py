@@ -162,7 +162,7 @@ def cross_checks(cfg):
         yield from getattr(e, "errors", [("kl_kind", str(e))])
 
 
-def reward_checks(cfg, prm: dict):
+def prm_checks(cfg, prm: dict):
     """Rules that need the PRM wing's section (rl.config_validation.validate: its plain dict, {} without one)."""
     for fld in ("prm_weight", "prm_calibration"):
         if getattr(cfg.rl, fld) and not prm.get("path"):

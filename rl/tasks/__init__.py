@@ -16,8 +16,9 @@ Source names (`list_sources()` prints them with descriptions):
     mathdataset@m1+m2            the named mathematics_dataset modules
     jsonl@PATH                   a user's JSONL file (rl/tasks/jsonl_io.py)
     gsm8k@PATH  math@PATH        a GSM8K-style / MATH-style JSONL file (rl/tasks/gsm8k_math.py)
-    tfds@NAME[@DATA_DIR]         a locally prepared TFDS dataset: a project one (rl/tasks/tfds_builder.py; read by tfds_reader.py) or
-                                 a catalog one (math_dataset/..., huggingface:gsm8k/main, ...)
+    tfds@NAME[@DATA_DIR]         a locally prepared TFDS dataset (read by rl/tasks/tfds_reader.py): a project one
+                                 (written by rl/tasks/tfds_builder.py) or a catalog one (math_dataset/...,
+                                 huggingface:gsm8k/main, ...)
     gym@NAME[@key=value,...]     a reasoning-gym generator with its settings (reward "gym", graded by
                                  rewards/gym_check.py; optional extra: pip install -e '.[gym]'; rl/tasks/gym.py)
 
