@@ -122,3 +122,12 @@ print(before - rss(), allocator.trim_stats()["trims"])
 def test_trim_opt_out(monkeypatch):
     monkeypatch.setenv(allocator.TRIM_OPT_OUT, "0")
     assert allocator.trim_after_compiles() is False
+
+
+def test_phase_end_trims_off_when_the_heap_is_reused(glibc):
+    """A phase's end hands the freed heap back, except under heap reuse (the pages the next phase reuses) or the
+    MATHRL_TRIM=0 opt-out."""
+    assert allocator.trims_at_phase_ends({})
+    assert not allocator.trims_at_phase_ends({allocator.HEAP_REUSE: "1"})
+    assert not allocator.trims_at_phase_ends({allocator.TRIM_OPT_OUT: "0"})
+    assert allocator.trims_at_phase_ends({allocator.HEAP_REUSE: "0"})

@@ -314,3 +314,36 @@ def test_bf16_base_keeps_its_dtype_and_float32_adapters(base):
     a, b = (np.asarray(_pl(adapters)["block_0"]["attn"]["wq"][k], np.float64) for k in ("a", "b"))
     want = np.asarray(w, np.float64) + 2.0 * (a @ b.reshape(3, -1)).reshape(w.shape)
     np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=2 ** -8, atol=1e-6)  # one bf16 rounding
+
+
+@pytest.mark.parametrize("spec, x_shape, w_shape", [
+    ("BTD,DF->BTF", (2, 3, 5), (5, 7)),  # w_gate / w_up / w_down
+    ("BTD,DNH->BTNH", (2, 3, 5), (5, 2, 4)),  # wq / wk / wv: two out dims
+    ("BTE,ED->BTD", (2, 3, 6), (6, 5)),  # wo after flatten_in
+])
+def test_low_rank_projection_gradients_match_float64_reference(spec, x_shape, w_shape):
+    """layers.project over a LowRank (its backward written out in layers.low_rank_update): value and gradients
+    with respect to x, A and B against NumPy float64 of y = x W + s (x A) B under the loss sum(y * G)."""
+    from models import layers
+
+    rng = np.random.default_rng(3)
+    r, s = 3, 1.7
+    n_in = x_shape[-1]
+    x, w = rng.normal(size=x_shape), rng.normal(size=w_shape)
+    a, b = rng.normal(size=(n_in, r)), rng.normal(size=(r, *w_shape[1:]))
+    out_shape = (*x_shape[:-1], *w_shape[1:])
+    g = rng.normal(size=out_shape)
+    f32 = lambda v: jnp.asarray(v, jnp.float32)  # noqa: E731
+
+    def loss(x, a, b):
+        y = layers.project(spec, x, layers.LowRank(w=f32(w), a=a, b=b, scale=s))
+        return jnp.sum(y * f32(g)), y
+
+    (_, y), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(f32(x), f32(a), f32(b))
+    X, W, B = x.reshape(-1, n_in), w.reshape(n_in, -1), b.reshape(r, -1)  # the reference in 2-D
+    G = g.reshape(X.shape[0], -1)
+    np.testing.assert_allclose(np.asarray(y).reshape(G.shape), X @ W + s * (X @ a) @ B, rtol=1e-5, atol=1e-5)
+    dU = s * G
+    want = (G @ W.T + dU @ B.T @ a.T, X.T @ (dU @ B.T), (X @ a).T @ dU)
+    for got, ref in zip(grads, want):
+        np.testing.assert_allclose(np.asarray(got).reshape(ref.shape), ref, rtol=1e-5, atol=1e-4)

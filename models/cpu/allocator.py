@@ -112,9 +112,11 @@ def release_free_heap() -> bool:
 
 
 def trims_at_phase_ends(env=None) -> bool:
-    """Whether models.kernels.phase_end() should hand the freed heap back (supported, not opted out: MATHRL_TRIM)."""
+    """Whether models.kernels.phase_end() should hand the freed heap back (supported, not opted out: MATHRL_TRIM,
+    and not reusing the heap: a trim there hands back the very pages the next phase would reuse, so with reuse on
+    every update faulted its buffers in again, at more system CPU than without reuse: docs/training.md)."""
     env = os.environ if env is None else env
-    return supported() and env.get(TRIM_OPT_OUT, "1") != "0"
+    return supported() and env.get(TRIM_OPT_OUT, "1") != "0" and env.get(HEAP_REUSE, "0") != "1"
 
 
 def trim_after_compiles(min_seconds: float = 0.5) -> bool:
