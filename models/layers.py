@@ -46,38 +46,18 @@ def project(spec: str, x, w):
     kept = "".join(d for d in ins if d not in contracted)
     f32 = jnp.float32
     outs = w_dims[len(contracted):]
-    if ins.endswith(contracted) and out == kept + outs:  # every LoRA target: one [M, in] x [in, r] x [r, out] chain
-        lead, out_shape = x.shape[:len(kept)], w.b.shape[1:]
-        update = low_rank_update(x.reshape(math.prod(lead), -1).astype(f32), w.a.reshape(-1, w.a.shape[-1]).astype(f32),
-                                 w.b.reshape(w.b.shape[0], -1).astype(f32)).reshape(*lead, *out_shape)
+    if ins.endswith(contracted) and out == kept + outs:
+        # Every LoRA target: 2-D products [M, in] x [in, r] x [r, out]. Written as einsums over the original dims, the
+        # backward's dB made XLA's CPU backend copy the [tokens, out] gradient transposed, a strided copy as slow as
+        # the projection (the recipe's LoRA step 0.85x without it: experiments/bench/lora_backward.py).
+        lead, r = x.shape[:len(kept)], w.a.shape[-1]
+        xa = x.reshape(math.prod(lead), -1).astype(f32) @ w.a.reshape(-1, r).astype(f32)
+        update = (xa @ w.b.reshape(r, -1).astype(f32)).reshape(*lead, *w.b.shape[1:])
     else:
         xa = jnp.einsum(f"{ins},{contracted}R->{kept}R", x.astype(f32), w.a.astype(f32))
         update = jnp.einsum(f"{kept}R,R{outs}->{out}", xa, w.b.astype(f32))
     base = jnp.einsum(spec, x, w.w.astype(dtype), preferred_element_type=f32)
     return (base + update * jnp.asarray(w.scale, f32)).astype(dtype)
-
-
-@jax.custom_vjp
-def low_rank_update(x_MI, a_IR, b_RO):
-    """(x @ a) @ b for 2-D operands: the low-rank term of a LowRank projection. Its backward pass is written out
-    (custom_vjp) so that each gradient is one plain product whose big operand keeps its row-major layout: from
-    JAX's own transpose rule, XLA's CPU backend computed dB as a product with the [M, out] output gradient
-    transposed, a strided copy as costly as the projection itself in SmolLM2's LoRA step (docs/model.md)."""
-    return (x_MI @ a_IR) @ b_RO
-
-
-def _low_rank_fwd(x_MI, a_IR, b_RO):
-    xa_MR = x_MI @ a_IR
-    return xa_MR @ b_RO, (x_MI, a_IR, b_RO, xa_MR)
-
-
-def _low_rank_bwd(res, g_MO):
-    x_MI, a_IR, b_RO, xa_MR = res
-    dxa_MR = g_MO @ b_RO.T
-    return dxa_MR @ a_IR.T, x_MI.T @ dxa_MR, xa_MR.T @ g_MO
-
-
-low_rank_update.defvjp(_low_rank_fwd, _low_rank_bwd)
 
 
 def flatten_in(w, n_in: int):

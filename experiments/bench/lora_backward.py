@@ -1,17 +1,17 @@
-"""The LoRA train step of smollm2_grpo.py with the low-rank backward written out against JAX's own rule, one run.
+"""The LoRA train step of smollm2_grpo.py: the low-rank term as 2-D products against einsums over the weights' dims.
 
     python -m experiments.bench.lora_backward --json /tmp/bench/lora_backward.json    # ~3 min on 2 cores; make pretrained
     python -m experiments.bench.lora_backward --model FOLDER --reps 1                  # smoke run on a tiny checkpoint
 
-models/layers.py computes a LoRA target's low-rank term s (x A) B through `low_rank_update`, a custom_vjp whose
-backward is three plain products (dxA = dY B^T, dA = x^T dxA, dB = (xA)^T dY). The peer is the same chain with
-JAX's own transpose rule (`(x @ a) @ b` differentiated by JAX), from which XLA's CPU backend formed dB from the
-[tokens, out] output gradient transposed: a strided copy per target and layer. Both steps are the recipe's GRPO step
+models/layers.project computes a LoRA target's low-rank term s (x A) B as 2-D products ([tokens, in] x [in, r] x
+[r, out], x and the adapters reshaped). The peer is the formulation before it (until 0eac9bc): einsums over the
+weights' own dims ("BTD,DNH->BTNH" and so on), whose backward made XLA's CPU backend form dB from the [tokens, out]
+output gradient transposed, a strided copy per target and layer (jax.profiler: ~1 s of a 7 s step). Both steps are the recipe's GRPO step
 (recipe_compile.train_step_program's settings: LoRA rank 16 on the 7 attention and MLP projections, clip 0.2 / 0.28,
 k3 KL, chunked logits) on one group of 8 answers (a 96-token prompt, 128 answer tokens) of SmolLM2-135M-Instruct in
 float32, compiled in this process, then timed alternately (ours, the peer, --reps times), so both see the same load.
 Reported: the median seconds per step of each, their ratio, and the largest difference between the two steps' new
-adapters after the first step (float rounding: the products are the same, their order differs).
+adapters after the first step (float rounding: the same products, summed in another order).
 """
 from __future__ import annotations
 
@@ -29,16 +29,26 @@ from models import hf, layers, lora
 from rl.train_step import LossConfig, OptimConfig, init_train_state, make_train_step
 
 
-def jax_rule(x_MI, a_IR, b_RO):
-    """The low-rank chain without a custom backward: JAX's transpose rule decides the products."""
-    return (x_MI @ a_IR) @ b_RO
+def einsum_project(spec: str, x, w):
+    """layers.project as it was before the 2-D products: the low-rank term as einsums over the weights' dims."""
+    if not isinstance(w, layers.LowRank):
+        return jnp.einsum(spec, x, w.astype(x.dtype))
+    ins, rest = spec.split(",")
+    w_dims, out = rest.split("->")
+    contracted = "".join(d for d in w_dims if d in ins)
+    kept = "".join(d for d in ins if d not in contracted)
+    f32 = jnp.float32
+    xa = jnp.einsum(f"{ins},{contracted}R->{kept}R", x.astype(f32), w.a.astype(f32))
+    update = jnp.einsum(f"{kept}R,R{w_dims[len(contracted):]}->{out}", xa, w.b.astype(f32))
+    base = jnp.einsum(spec, x, w.w.astype(x.dtype), preferred_element_type=f32)
+    return (base + update * jnp.asarray(w.scale, f32)).astype(x.dtype)
 
 
-def build(cfg, base, chain):
-    """(step function, its first state) with `chain` as the low-rank term; the step is traced (and compiled) here,
-    while layers.low_rank_update is `chain`."""
-    written_out = layers.low_rank_update
-    layers.low_rank_update = chain
+def build(cfg, base, project):
+    """(step function, its first state) with `project` as layers.project; the step is traced (and compiled) here,
+    while layers.project is `project`."""
+    current = layers.project
+    layers.project = project
     try:
         loss = LossConfig(mode="grpo", kl_kind="k3", clip_low=0.2, clip_high=0.28)
         optim = OptimConfig(grad_clip=1.0)
@@ -50,7 +60,7 @@ def build(cfg, base, chain):
         state, _ = step(state, batch, hp, base)  # compiles; the state is donated, so each side keeps its own
         common.block(state)
     finally:
-        layers.low_rank_update = written_out
+        layers.project = current
     return (lambda s: step(s, batch, hp, base)[0]), state
 
 
@@ -62,7 +72,7 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     cfg, base = hf.load(resolve_model(args.model), dtype="float32")
     cfg = cfg.replace(logits_chunk=32, remat=False, scan_layers=True, lora=dict(LORA))
-    sides = {"written out": build(cfg, base, layers.low_rank_update), "JAX's rule": build(cfg, base, jax_rule)}
+    sides = {"2-D products": build(cfg, base, layers.project), "einsums": build(cfg, base, einsum_project)}
     first = {k: jax.tree.leaves(s[1]["params"]) for k, s in sides.items()}
     diff = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(*first.values()))
     states = {k: s[1] for k, s in sides.items()}
@@ -74,10 +84,10 @@ def main(argv=None) -> dict:
             common.block(states[k])
             times[k].append(time.perf_counter() - t0)
     med = {k: statistics.median(v) for k, v in times.items()}
-    ratio = med["written out"] / med["JAX's rule"]
-    common.print_table(["low-rank backward", "step s (median)", "every step s"],
+    ratio = med["2-D products"] / med["einsums"]
+    common.print_table(["low-rank term", "step s (median)", "every step s"],
                        [[k, round(med[k], 2), ", ".join(f"{t:.2f}" for t in times[k])] for k in sides])
-    print(f"written out / JAX's rule: {ratio:.3f}; largest adapter difference after one step {diff:.2e}")
+    print(f"2-D products / einsums: {ratio:.3f}; largest adapter difference after one step {diff:.2e}")
     res = {"seconds": times, "median_s": med, "ratio": ratio, "adapter_max_abs_diff": diff,
            "machine": common.machine_info(), "jax": jax.__version__}
     common.write_json(args.json, res)
