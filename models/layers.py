@@ -45,17 +45,8 @@ def project(spec: str, x, w):
     contracted = "".join(d for d in w_dims if d in ins)
     kept = "".join(d for d in ins if d not in contracted)
     f32 = jnp.float32
-    outs = w_dims[len(contracted):]
-    if ins.endswith(contracted) and out == kept + outs:
-        # Every LoRA target: 2-D products [M, in] x [in, r] x [r, out]. Written as einsums over the original dims, the
-        # backward's dB made XLA's CPU backend copy the [tokens, out] gradient transposed, a strided copy as slow as
-        # the projection (the recipe's LoRA step 0.85x without it: experiments/bench/lora_backward.py).
-        lead, r = x.shape[:len(kept)], w.a.shape[-1]
-        xa = x.reshape(math.prod(lead), -1).astype(f32) @ w.a.reshape(-1, r).astype(f32)
-        update = (xa @ w.b.reshape(r, -1).astype(f32)).reshape(*lead, *w.b.shape[1:])
-    else:
-        xa = jnp.einsum(f"{ins},{contracted}R->{kept}R", x.astype(f32), w.a.astype(f32))
-        update = jnp.einsum(f"{kept}R,R{outs}->{out}", xa, w.b.astype(f32))
+    xa = jnp.einsum(f"{ins},{contracted}R->{kept}R", x.astype(f32), w.a.astype(f32))
+    update = jnp.einsum(f"{kept}R,R{w_dims[len(contracted):]}->{out}", xa, w.b.astype(f32))
     base = jnp.einsum(spec, x, w.w.astype(dtype), preferred_element_type=f32)
     return (base + update * jnp.asarray(w.scale, f32)).astype(dtype)
 

@@ -322,7 +322,7 @@ def test_bf16_base_keeps_its_dtype_and_float32_adapters(base):
     ("BTE,ED->BTD", (2, 3, 6), (6, 5)),  # wo after flatten_in
 ])
 def test_low_rank_projection_gradients_match_float64_reference(spec, x_shape, w_shape):
-    """layers.project over a LowRank (the low-rank term as 2-D products of the reshaped operands): value and gradients
+    """layers.project over a LowRank (the low-rank term x A, then @ B): value and gradients
     with respect to x, A and B against NumPy float64 of y = x W + s (x A) B under the loss sum(y * G)."""
     from models import layers
 
