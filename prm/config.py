@@ -40,4 +40,3 @@ class PRMSection(Checked):
     def cross_checks(self):
         if (self.weight > 0 or self.steps) and not self.path:
             yield "path", "must name a PRM file when prm.weight > 0 or prm.steps is on"
-

@@ -1,13 +1,11 @@
-"""experiments/bench/w2.py: its prompts against a reference written here (quick; its FLOP counts are models/flops.py's,
-tests/test_flops.py), and the bench end to
-end on a tiny Hugging Face fixture folder without the peer (slow: compiles the sampler, the reference pass and the
-update in a subprocess)."""
+"""experiments/bench/w2.py: its prompts against a reference written here (quick; its FLOP counts are
+models/flops.py's, tests/test_flops.py), and the bench end to end on a tiny Hugging Face fixture folder without the
+peer (slow: compiles the sampler, the reference pass and the update in a subprocess)."""
 import json
 import re
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -3,8 +3,8 @@ the model core imports no CPU-wing module, directly or through other modules; no
 (schema/, models/, rewards/, rl/, the PRM wing, experiments/; a package's __init__ counts as a module); no package
 imports one above it (schema <- models <- rewards <- rl <- prm <- experiments: the PRM wing sits above rl/, which it
 extends); rewards/ reaches nothing of rl/ or prm/; the function-level imports per package stay within a budget that
-may only shrink. The known exceptions are listed
-here, in KNOWN_UPWARD and KNOWN_CIRCLES, and a later change may only shrink them (a stale entry fails too)."""
+may only shrink. The known exceptions are listed here, in KNOWN_UPWARD and KNOWN_CIRCLES, and a later change may
+only shrink them (a stale entry fails too)."""
 
 import ast
 from pathlib import Path

@@ -14,7 +14,7 @@ import numpy as np
 import optax
 import pytest
 
-from models import hf, layer_stack, lora, sampling, sharding, transformer
+from models import hf, layer_stack, layers, lora, sampling, sharding, transformer
 from models.config import ModelConfig
 
 jax.config.update("jax_default_matmul_precision", "highest")
@@ -322,10 +322,8 @@ def test_bf16_base_keeps_its_dtype_and_float32_adapters(base):
     ("BTE,ED->BTD", (2, 3, 6), (6, 5)),  # wo after flatten_in
 ])
 def test_low_rank_projection_gradients_match_float64_reference(spec, x_shape, w_shape):
-    """layers.project over a LowRank (the low-rank term x A, then @ B): value and gradients
-    with respect to x, A and B against NumPy float64 of y = x W + s (x A) B under the loss sum(y * G)."""
-    from models import layers
-
+    """layers.project over a LowRank (the low-rank term x A, then @ B): value and gradients with respect to x, A
+    and B against NumPy float64 of y = x W + s (x A) B under the loss sum(y * G)."""
     rng = np.random.default_rng(3)
     r, s = 3, 1.7
     n_in = x_shape[-1]

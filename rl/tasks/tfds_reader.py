@@ -77,7 +77,8 @@ def find_prepared(name: str, data_dir: str | None = None) -> str | None:
         if not os.path.isdir(base):
             continue
         for version in os.listdir(base):
-            if os.path.isfile(os.path.join(base, version, "dataset_info.json")) and re.fullmatch(r"\d+\.\d+\.\d+", version):
+            if (os.path.isfile(os.path.join(base, version, "dataset_info.json"))
+                    and re.fullmatch(r"\d+\.\d+\.\d+", version)):
                 found.append((tuple(int(x) for x in version.split(".")), os.path.join(base, version)))
     return max(found)[1] if found else None
 
