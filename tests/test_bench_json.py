@@ -1,8 +1,8 @@
 """Every bench script writes its figures with --json PATH (the same numbers it prints); smoke-sized runs of the
-cheap ones (the reward pool and profile_w1's decode-MoE parts in the default run; the model benchmarks compile a
-W1-sized model, moe_ep.py three 8-device programs, verify.py starts a sympy pool: slow). gpu.py, w1.py and
-sft_buckets.py have their own tests; stage_layout.py runs the launcher twice (slow). grad_variance.py needs a
-trained run's checkpoint and has no smoke mode."""
+cheap ones (the reward pool, page_reuse.py at 10 MiB and profile_w1's decode-MoE parts in the default run; the model
+benchmarks compile a W1-sized model, moe_ep.py three 8-device programs, verify.py starts a sympy pool: slow). gpu.py,
+w1.py and sft_buckets.py have their own tests; stage_layout.py runs the launcher twice (slow). grad_variance.py needs
+a trained run's checkpoint and has no smoke mode."""
 import json
 
 import pytest
@@ -110,3 +110,14 @@ def test_verify_bench_json(tmp_path):
     report = verify.main(["--quick", "--workers", "1", "--json", str(tmp_path / "v.json")])
     saved = json.loads((tmp_path / "v.json").read_text())
     assert saved.keys() == report.keys() and saved
+
+
+def test_page_reuse_json(tmp_path):
+    """The page-reuse bench times one allocate-and-touch per delay and records the VM's memory settings."""
+    from experiments.bench import page_reuse
+
+    res = page_reuse.main(["--gib", "0.01", "--delays", "0", "0.01", "--json", str(tmp_path / "p.json")])
+    saved = json.loads((tmp_path / "p.json").read_text())
+    assert [r["delay_s"] for r in saved["rounds"]] == [0.0, 0.01] == [r["delay_s"] for r in res["rounds"]]
+    assert all(r["wall_s"] > 0 and r["sys_s"] >= 0 for r in saved["rounds"])
+    assert set(saved["machine"]) >= {"cpu", "thp", "balloon_free_page_reporting", "page_reporting_order"}

@@ -15,7 +15,9 @@ slower and larger, so the W1 benchmark runs the peer with its default allocator.
 Reuse (opt-in: MATHRL_HEAP_REUSE=1). Huge pages make the faults fewer, not the memory reused: glibc still mmaps
 every buffer above its mmap threshold (at most 32 MiB) fresh and unmaps it when freed. On SmolLM2's update (W2, 3.7
 GB of fresh buffers per step) the kernel's work of backing those pages again grew from 0.2-2 s to 8-14 s of system
-CPU time per update whenever sampling and the reference pass had run in between (the RL loop's order).
+CPU time per update whenever sampling and the reference pass had run in between (the RL loop's order). The cause is
+the VM: its balloon reports free pages to the host, which discards them, so memory that lay free for more than about
+a second costs 1-4 s of system CPU per GiB to touch again instead of ~0.1 s (experiments/bench/page_reuse.py).
 HEAP_REUSE_TUNABLES (`mmap_max=0`: no mmap'd chunks; `arena_max=1`: one arena, whose brk heap has no size cap; a
 16 GiB `trim_threshold`: freed memory is kept) make every step's buffers come from memory the process already
 touched: in the same W2 run the update took 10.96 s instead of 18.83 s, with 0.16 s of system time (BENCHMARKS.md).
