@@ -200,7 +200,9 @@ def _run_blocks(params, x_BTD, args, cache, cache_index, routes, cfg: ModelConfi
     new_v = None if cache is None else list(cache["v"])
     moe_index = {layer: j for j, layer in enumerate(cfg.moe_layers)}
     stats, used = {}, {}  # layer -> its router statistics / experts [B, T, k]
-    remat = cfg.remat and cache is None
+    # Also with a cache: the grouped layout's answers run against the prompts' KV cache in the train step (a forward
+    # that is not differentiated, the sampler's, runs a checkpointed block as it is).
+    remat = cfg.remat
     per_layer_view = "block_0" in params  # layer_stack.per_layer's view: unrolled over its per-layer blocks
 
     def run_block(p, x, one_cache, routes_BTK):

@@ -109,6 +109,23 @@ def test_loss_and_gradients_match_flat_layout(mode):
     assert max(float(jnp.abs(x).max()) for x in jax.tree.leaves(g_grouped)) > 1e-4  # a real gradient
 
 
+def test_remat_applies_in_the_grouped_layout():
+    """model.remat also rematerialises the answers' pass, which runs against the prompts' KV cache: the gradient is
+    the same and XLA's compiled temporaries fall (the answers' activations are no longer all kept)."""
+    cfg = cfg_of(n_experts=0, n_layers=4, d_ff=128)
+    loss_cfg = LossConfig(mode="grpo", kl_kind="k3")
+    params = init_train_state(cfg, loss_cfg, OptimConfig(), jax.random.PRNGKey(3))["params"]
+    b = {k: jnp.asarray(v) for k, v in grouped_batch(3).items()}
+    grads, temps = [], []
+    for remat in (False, True):
+        grad = jax.jit(jax.grad(make_loss_fn(cfg.replace(remat=remat), loss_cfg, None, None), has_aux=True))
+        compiled = grad.lower(params, b, jnp.float32(0.04)).compile()
+        grads.append(compiled(params, b, jnp.float32(0.04))[0])
+        temps.append(compiled.memory_analysis().temp_size_in_bytes)
+    jax.tree.map(lambda a, r: np.testing.assert_allclose(np.asarray(r), np.asarray(a), rtol=1e-5, atol=1e-7), *grads)
+    assert temps[1] < 0.8 * temps[0], temps
+
+
 @pytest.mark.slow  # ~24 s cold; microbatching itself: tests/test_train_step.py::test_microbatched_step_equals_whole_batch
 def test_microbatches_take_whole_prompts():
     cfg = cfg_of(router_aux_coef=0.0)  # the load-balancing term is the only one microbatching approximates
