@@ -156,12 +156,6 @@ def _compact(s: _State, keep) -> _State:
                       logprobs=take(s.logprobs))
 
 
-@partial(jax.jit, static_argnums=1)
-def _views(params, cfg):
-    """The per-layer view decoding runs on (transformer.decode_params), made once per generate_slots call."""
-    return transformer.decode_params(params, cfg)
-
-
 def _bucket(n: int, cap: int) -> int:
     """The smallest power of two >= n (at most cap): one compiled prefill per size used."""
     b = 1
@@ -194,7 +188,7 @@ def generate_slots(params, cfg, prompts, key, *, row_prompt, prompt_mask=None, s
     sp = _Sampling(key=key, top_p=jnp.asarray(top_p, jnp.float32),
                    top_k=jnp.asarray(top_k, jnp.int32), eos_ids=eos_ids, pad_id=jnp.asarray(pad_id, jnp.int32))
     static = dict(cfg=cfg, mesh=mesh, rules=rules)
-    view = _views(params, cfg)
+    view = transformer.decode_view(params, cfg)  # the per-layer view decoding runs on, once per call
     prompts_np, mask_np = np.asarray(prompts), np.asarray(prompt_mask)
     R = len(row_prompt)
     out_tok = np.full((R, N), int(pad_id), np.int32)

@@ -274,7 +274,7 @@ def generate_with_tools(params, cfg, prompts, key, *, tool_fn: Callable[[list[in
                    max_turns=jnp.asarray(max_turns, jnp.int32))
     static = dict(cfg=cfg, max_new_tokens=N, mesh=mesh, rules=rules)
     # The per-layer view once for the whole call (models/sampling.py says why decoding runs unrolled over it).
-    params = jax.jit(transformer.decode_params, static_argnums=1)(params, cfg)
+    params = transformer.decode_view(params, cfg)
     s, row_keys = _start(params, prompts, prompt_mask, key, sp, jnp.asarray(pad_id, jnp.int32), num_samples=K,
                          scratch=min(SCRATCH_SLOTS, N), **static)
     sp = sp._replace(row_keys=row_keys)

@@ -387,8 +387,28 @@ def decode_params(params, cfg: ModelConfig) -> dict:
     if cfg.lora is not None:
         view = lora.merge_blocks(view, cfg)
     dtype = jnp.dtype(cfg.dtype)
-    return jax.tree.map(lambda w: w.astype(dtype) if w.ndim >= 2 and jnp.issubdtype(w.dtype, jnp.floating) else w,
-                        view)
+    return jax.tree.map(lambda w: w.astype(dtype) if _cast_for_decoding(w, dtype) else w, view)
+
+
+def _cast_for_decoding(w, dtype) -> bool:
+    """Whether decode_params casts this array: a floating matrix (norm scales and biases keep their dtype)."""
+    return w.ndim >= 2 and jnp.issubdtype(w.dtype, jnp.floating) and w.dtype != dtype
+
+
+@partial(jax.jit, static_argnums=1)
+def _decode_params_program(params, cfg: ModelConfig) -> dict:
+    return decode_params(params, cfg)
+
+
+def decode_view(params, cfg: ModelConfig) -> dict:
+    """decode_params as one jitted program over only what it changes (the stacked blocks, and arrays it casts);
+    the entries it would return unchanged (the embedding table in the compute dtype, the final norm) are the
+    caller's own arrays. A jit returns even an unchanged input as a new buffer: SmolLM2's 108 MiB table was copied
+    on every sampler call. The sampler's entry point when the view is built outside its decode program."""
+    dtype = jnp.dtype(cfg.dtype)
+    kept = {k: v for k, v in params.items() if not layer_stack.STACK_KEY.fullmatch(k)
+            and not any(_cast_for_decoding(w, dtype) for w in jax.tree.leaves(v))}
+    return {**kept, **_decode_params_program({k: v for k, v in params.items() if k not in kept}, cfg)}
 
 
 def logits_from_hidden(params, h_BTD, cfg: ModelConfig, *, mesh=None, rules=None):

@@ -27,9 +27,12 @@ Parts, per device (the mesh shards them; `mesh_sizes` are the resolved axis size
                                     model.logits_chunk = C > 0, CHUNK_COPIES x float32 [rows, C, vocab] instead
                                     (models/vocab.py's backward; the same bench: 0.93 GiB at C = 32)
   sampling       kv cache           layers x [batch_rows, kv_heads, prompt + new tokens, head_dim] for k and v in the
-                                    compute dtype, rows over data x fsdp and kv heads over tensor
+                                    compute dtype, rows over data x fsdp and kv heads over tensor; with continuous
+                                    batching 1.5x: the tail's compaction copies the running slots into a ring half
+                                    the size while the full one is still held (models/slot_sampling.py)
                  sampler temps      prefill attention scores (float32 + probabilities) and a few float32
-                                    [rows, vocab] decode-step logits
+                                    [rows, vocab] decode-step logits; with continuous batching also a refill's
+                                    prompt cache and the ring rows it places (its prompts x (prompt + ring) slots)
 peak = resident + max(train step, sampling).
 
 With model.lora (models/lora.py; docs/lora_upcycling.md "In the trainer") the parts are the adapters' where the
@@ -294,18 +297,21 @@ def plan(m, mesh_sizes: dict, rules, *, leaves, train_rows: int, seq_len: int, s
     length = prompt_len + new_tokens
     sd = sample_dtype or m.dtype
     prefill_dev = sample_dev if prefill_rows is None else -(-int(prefill_rows) // batch)
+    slots = prefill_rows is not None  # continuous batching (models/slot_sampling.py): refills and a compacted tail
     # the train step's logits-sized float32 temporaries: full [rows, T, V] ones, or one chunk's [rows, C, V] ones
     logit_copies, logit_len = ((CHUNK_COPIES, min(m.logits_chunk, step.logit_len)) if m.logits_chunk
                                else (LOGITS_COPIES, step.logit_len))
     c, pd = m.dtype, m.param_dtype
+    ring = kv_cache_bytes(m.replace(dtype=sd), sample_rows, length, mesh_sizes)
+    refill = kv_cache_bytes(m.replace(dtype=sd), prefill_rows, prompt_len + length, mesh_sizes) if slots else 0
     parts = {"runtime": int(runtime), "params": p, "optimizer": 2 * p, "reference": p if reference else 0,
              "gradients": p, "update": p,
              "activations": sum(-(-q // batch) * activation_bytes_per_token(m, keys, tensor) for q, keys in step.passes),
              "logits": logit_copies * rows_dev * logit_len * vocab_dev * 4,
-             "kv cache": kv_cache_bytes(m.replace(dtype=sd), sample_rows, length, mesh_sizes),
+             "kv cache": ring + (ring // 2 if slots else 0),
              "decode view": decode_view_bytes(m, mesh_sizes, rules, sd),
              "sampler temps": (prefill_dev * heads_dev * prompt_len * length * (4 + DTYPE_BYTES[sd])
-                               + SAMPLER_LOGITS_COPIES * sample_dev * vocab_dev * 4)}
+                               + SAMPLER_LOGITS_COPIES * sample_dev * vocab_dev * 4 + refill)}
     notes = {"runtime": "Python, JAX / XLA, the libraries and the compiled programs (measured)",
              "params": f"{pd}", "optimizer": f"Adam mu + nu, {pd}",
              "update": "the step's new parameters, held until the finite check selects them", "reference": "KL reference copy" if reference else
@@ -313,10 +319,10 @@ def plan(m, mesh_sizes: dict, rules, *, leaves, train_rows: int, seq_len: int, s
              "activations": f"{step.note}, {c}{', remat' if m.remat else ''} (estimate)",
              "logits": f"{logit_copies} x float32 [{rows_dev}, {logit_len}, {vocab_dev}]"
                        + (" (logits_chunk)" if m.logits_chunk else ""),
-             "kv cache": f"{sample_dev} rows x {length} slots, {sd}",
+             "kv cache": f"{sample_dev} rows x {length} slots, {sd}" + (", and the tail's half copy" if slots else ""),
              "decode view": f"the blocks' weights sliced per layer for decoding, {sd} (transformer.decode_params)",
              "sampler temps": f"prefill scores of {prefill_dev} prompts + {SAMPLER_LOGITS_COPIES} x float32 "
-                              f"[{sample_dev}, {vocab_dev}]"}
+                              f"[{sample_dev}, {vocab_dev}]" + (" + a refill's cache rows" if slots else "")}
     if m.lora is not None:
         parts, notes = _with_lora(parts, notes, m, lora_sizes, mesh_sizes, rules, reference, adapters_reference)
     return MemoryPlan(parts=parts, notes=notes, budget=int(budget), budget_note=budget_note,
