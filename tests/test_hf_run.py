@@ -137,7 +137,9 @@ def test_tiny_variant_trains_end_to_end(tmp_path):
     recs = [json.loads(line) for line in (wd / "metrics.jsonl").read_text().splitlines()]
     grpo = [r for r in recs if r.get("phase") == "train" and r.get("stage") == "grpo"]
     assert len(grpo) == 2 and all(r["optimizer_steps"] >= 1 and r["grad_norm"] > 0 for r in grpo), grpo
-    assert all(r["mismatch/logp_max_abs"] < 0.05 for r in grpo)  # bf16 sampler vs bf16 trainer logprobs
+    # bf16 sampler vs bf16 trainer logprobs: rounding only (measured max 0.05-0.07, mean 0.0015-0.0019 with the slot
+    # sampler's ring cache; a wrong position or cache entry moves them by O(1))
+    assert all(r["mismatch/logp_max_abs"] < 0.15 and r["mismatch/logp_mean_abs"] < 0.01 for r in grpo), grpo
     summary = json.loads((wd / "summary.json").read_text())
     assert set(summary["eval"]) >= {"cold_start", "grpo"}
     conf = json.loads((wd / "config.json").read_text())
