@@ -312,7 +312,7 @@ def plan(m, mesh_sizes: dict, rules, *, leaves, train_rows: int, seq_len: int, s
              "decode view": decode_view_bytes(m, mesh_sizes, rules, sd),
              "sampler temps": (prefill_dev * heads_dev * prompt_len * length * (4 + DTYPE_BYTES[sd])
                                + SAMPLER_LOGITS_COPIES * sample_dev * vocab_dev * 4 + refill)}
-    notes = {"runtime": "Python, JAX / XLA, the libraries and the compiled programs (measured)",
+    notes = {"runtime": "Python, JAX / XLA, the libraries and the compiled programs (RUNTIME_BYTES)",
              "params": f"{pd}", "optimizer": f"Adam mu + nu, {pd}",
              "update": "the step's new parameters, held until the finite check selects them", "reference": "KL reference copy" if reference else
              "no stage keeps a reference", "gradients": f"{pd}",
