@@ -302,8 +302,9 @@ def plan(m, mesh_sizes: dict, rules, *, leaves, train_rows: int, seq_len: int, s
     logit_copies, logit_len = ((CHUNK_COPIES, min(m.logits_chunk, step.logit_len)) if m.logits_chunk
                                else (LOGITS_COPIES, step.logit_len))
     c, pd = m.dtype, m.param_dtype
-    ring = kv_cache_bytes(m.replace(dtype=sd), sample_rows, length, mesh_sizes)
-    refill = kv_cache_bytes(m.replace(dtype=sd), prefill_rows, prompt_len + length, mesh_sizes) if slots else 0
+    sampler_m = m.replace(dtype=sd)
+    ring = kv_cache_bytes(sampler_m, sample_rows, length, mesh_sizes)
+    refill = kv_cache_bytes(sampler_m, prefill_rows, prompt_len + length, mesh_sizes) if slots else 0
     parts = {"runtime": int(runtime), "params": p, "optimizer": 2 * p, "reference": p if reference else 0,
              "gradients": p, "update": p,
              "activations": sum(-(-q // batch) * activation_bytes_per_token(m, keys, tensor) for q, keys in step.passes),
