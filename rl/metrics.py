@@ -7,7 +7,7 @@
     print(format_table(summary["eval"], ["pass@1", "pass@k", "format_rate"]))
     print(results_table(summary["eval"], k=4, temperature=0.6))   # the held-out table a run ends with
     clock = Clock(); clock.say("evaluating the initial policy")          # "[   3.1 s] evaluating ..."
-    memory_metrics()   # {"mem/rss_gib", "mem/peak_rss_gib"}: every unit's record carries them (summary: "memory")
+    memory_metrics()   # {"mem/rss_gib", "mem/peak_rss_gib", "mem/arrays_gib"}: every unit's record carries them (summary: "memory")
 
 The held-out table (`results_table`) gives each row's greedy pass@1 with its standard error and 95 % Wilson
 interval (`wilson_interval`), its lift over the initial policy with the paired standard error (`paired_lift`: the
@@ -37,6 +37,7 @@ import sys
 import time
 from typing import Any
 
+import jax
 import numpy as np
 import psutil
 from tensorboardX import FileWriter
@@ -195,9 +196,18 @@ def peak_rss_gib() -> float:
     return kib / 2**20
 
 
+def live_array_gib() -> float:
+    """GiB of this process's live JAX arrays (their bytes on every device they span). Call it from the thread that
+    runs the computation: the arrays it lists are held until it returns."""
+    return sum(a.nbytes for a in jax.live_arrays() if not a.is_deleted()) / 2**30
+
+
 def memory_metrics() -> dict:
-    """{"mem/rss_gib": now, "mem/peak_rss_gib": the peak so far} of this process, for every unit's record."""
-    return {"mem/rss_gib": psutil.Process().memory_info().rss / 2**30, "mem/peak_rss_gib": peak_rss_gib()}
+    """{"mem/rss_gib": now, "mem/peak_rss_gib": the peak so far, "mem/arrays_gib": live JAX arrays now} of this
+    process, for every unit's record: rss - arrays is what the process holds besides its arrays (the memory plan's
+    runtime part)."""
+    return {"mem/rss_gib": psutil.Process().memory_info().rss / 2**30, "mem/peak_rss_gib": peak_rss_gib(),
+            "mem/arrays_gib": live_array_gib()}
 
 
 def read_jsonl(path: str) -> list[dict]:

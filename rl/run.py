@@ -22,7 +22,9 @@ summary.json next to the last stage:
  "numbering": rl.runs.UNIT_NUMBERING (units from 1 within a stage; global_unit = the checkpoint number),
  "wall_seconds", "compile": {"seconds", "compiles", "cache_hits", "cache_misses", "cache_dir"}, "config",
  "memory": {"peak_rss_gib": the run's peak resident memory over its processes, "plan_peak_gib": the memory plan's
-            peak per device (rl/memory_plan.py), "peak_over_plan"},
+            peak per device (rl/memory_plan.py), "peak_over_plan", "besides_arrays_gib": the most this process held
+            besides its live JAX arrays at a unit's end (RSS - mem/arrays_gib), "plan_runtime_gib": the plan's
+            runtime part, which counts it},
  "kernels": rl.setup.backend_kernels() - the expert / attention kernels traced and whether the native CPU kernels
  ran (their library name and SHA-256), as config.json's "kernels" planned them, and with model.upcycle / model.lora
  "model": rl.context.RunContext.adaptation_record() - the checkpoint upcycled and its section, the adapter count}.
@@ -135,6 +137,8 @@ class Loop:
         self.compile_before, self.compile_start = {}, compile_cache.stats()  # train() resets both before building
         self.cache_dir: str | None = None
         self.plan_peak_gib = 0.0  # the memory plan's peak per device (rl/memory_plan.py), when it was made
+        self.plan_runtime_gib = 0.0  # its runtime part: what the process holds besides its arrays
+        self.besides_arrays_gib = 0.0  # measured: the largest RSS - live arrays at a unit's end
         self.clock = mlib.Clock()
         self.best_ck = ckpt_lib.Checkpointer(os.path.join(ctx.workdir, "checkpoints", "best_policy"), keep=1,
                                              keep_best=False, layers=layer_stack.layer_groups(ctx.model_cfg)) \
@@ -165,7 +169,10 @@ class Loop:
         mem = {"peak_rss_gib": round(max(before, mlib.peak_rss_gib()), 2)}
         if self.plan_peak_gib:
             mem.update(plan_peak_gib=round(self.plan_peak_gib, 2),
-                       peak_over_plan=round(mem["peak_rss_gib"] / self.plan_peak_gib, 2))
+                       peak_over_plan=round(mem["peak_rss_gib"] / self.plan_peak_gib, 2),
+                       plan_runtime_gib=round(self.plan_runtime_gib, 2))
+        if self.besides_arrays_gib:
+            mem["besides_arrays_gib"] = round(self.besides_arrays_gib, 2)
         self.summary["memory"] = mem
 
     def wall(self) -> float:
@@ -304,6 +311,7 @@ def train(config, workdir: str, config_path: str = "") -> dict:
     loop.summary["time_estimate"] = {k: round(est[k], 1) for k in ("total_s", "total_warm_s", "compile_s", "eval_s")}
     loop.clock, loop.compile_start, loop.cache_dir = clock, compile_start, cache_dir
     loop.plan_peak_gib = prep.plan.peak / 2**30 if prep.plan is not None else 0.0
+    loop.plan_runtime_gib = prep.plan.parts["runtime"] / 2**30 if prep.plan is not None else 0.0
     try:
         return _run(loop, meta, latest)
     finally:
@@ -357,6 +365,7 @@ def _run(loop: Loop, meta, latest) -> dict:
             run, m = stage_lib.unit(run, u)
             m["time/unit"] = time.time() - t0
             m.update(mlib.memory_metrics())
+            loop.besides_arrays_gib = max(loop.besides_arrays_gib, m["mem/rss_gib"] - m["mem/arrays_gib"])
             loop.gunit += 1
             last = u == sc.units - 1
             stop = bool(stop_after) and ran + 1 >= stop_after

@@ -66,7 +66,7 @@ def get_config(arg=None):
     args = parse_arg(arg, {"variant": "full", "seed": 0, "lora": 1, "cold": 0})
     variant = check_variant(args, ("full", "tiny"))
     c = base_config(args)
-    lr = smollm2_policy(c, args["lora"], TOOL_SYSTEM_PROMPT)
+    lr = smollm2_policy(c, args["lora"], TOOL_SYSTEM_PROMPT, remat=False)  # its seeds were measured without remat
     c.tasks.update(dict(mix="tool_mul", lang="en", difficulty=3, n_train=2000, n_val=64, n_test=128,
                         max_prompt_len=128))
     c.sampling.update(dict(max_new_tokens=128, batch_rows=64))

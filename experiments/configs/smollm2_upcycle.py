@@ -45,8 +45,8 @@ def get_config(arg=None):
     args = parse_arg(arg, {"variant": "full", "seed": 0, "r3": 1})
     variant = check_variant(args, ("full", "tiny"))
     c = base_config(args)
-    lr = smollm2_policy(c, lora=False, system_prompt=ANSWER_LINE_SYSTEM_PROMPT)
-    c.model.update(dict(n_experts=0, upcycle=dict(UPCYCLE), remat=True))  # n_experts 0: the checkpoint is dense
+    lr = smollm2_policy(c, lora=False, system_prompt=ANSWER_LINE_SYSTEM_PROMPT, remat=True)
+    c.model.update(dict(n_experts=0, upcycle=dict(UPCYCLE)))  # n_experts 0: the checkpoint is dense
     c.tasks.update(dict(mix="word", lang="en", difficulty=1, n_train=2000, n_val=32, n_test=128, max_prompt_len=96))
     c.sampling.update(dict(max_new_tokens=128, batch_rows=64))
     c.eval.update(dict(every=4, k=0, temperature=0.7, n_val=32, n_test=128, samples=1))
