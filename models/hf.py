@@ -345,8 +345,11 @@ def load(path, *, dtype: str = "float32", mesh=None, rules=None, param_dtype: st
         hf_cfg, handle = gguf_file.open_checkpoint(path)
         cfg = _gguf_config(path, hf_cfg, dtype, param_dtype)
         weight_map = {name: path.name for name in handle.keys()}
-        return cfg, _assemble(cfg, hf_cfg["model_type"], weight_map, {path.name: handle}, mesh, rules,
-                              where=f"{path} (its metadata)", root=path.parent)
+        try:
+            return cfg, _assemble(cfg, hf_cfg["model_type"], weight_map, {path.name: handle}, mesh, rules,
+                                  where=f"{path} (its metadata)", root=path.parent)
+        finally:
+            handle.release()
     hf_cfg = _read_config_json(path)
     cfg = config_from_hf(hf_cfg, dtype=dtype, param_dtype=param_dtype)
     weight_map = _weight_map(path)

