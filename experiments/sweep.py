@@ -31,7 +31,7 @@ shares all its stages but the last), those stages run once per seed in workdir/_
 and every point starts from their end (launch --init_from, rl/prefix.py): the same numbers as running them in every
 point, in a fraction of the time. `none` runs every point from scratch; a PATH (may hold `{seed}`) is a run every
 point starts from. --parallel N runs N launchers at once (default: what this machine holds: one per CPU core, as many
-as its free memory fits by the memory plan of rl/preflight.py plus a process's own overhead).
+as its free memory fits by the run's memory plan, rl/memory_plan.py: its runtime part is the process's own).
 
 Outputs in workdir: results.csv (one row per run: axis values, seed, each stage's summary metrics, the hacking
 signs flagged per RL stage, wall time, status), results.md (the table printed at the end: per point and stage the
@@ -75,7 +75,6 @@ from rl.workdir_state import has_checkpoint, workdir_state
 
 METRICS = ("pass@1", "pass@k", "maj@k", "format_rate", "mean_length")
 SHARED = "_shared"
-PROCESS_BYTES = 1 << 30  # a launcher process's own memory besides the model's (JAX runtime, compiles, reward pool)
 
 
 # ------------------------------------------------------------------------------------------- the grid
@@ -203,11 +202,11 @@ def default_parallel(cfg: dict, n_runs: int) -> tuple[int, str]:
     cfg = cv.typed(cfg)  # the resolved config.json dict, validated where it enters the builders
     sizes = preflight.resolved_mesh(cfg, len(jax.devices()))
     plan = memory_plan.plan_for_config(cfg, setup.build_model_cfg(cfg), sizes, setup.run_rules(cfg))
-    per_run = plan.peak * plan.devices + PROCESS_BYTES
+    runtime = plan.parts["runtime"]  # the process's own part, held once whatever the devices
+    per_run = (plan.peak - runtime) * plan.devices + runtime
     free = psutil.virtual_memory().available
     n = max(1, min(cores, free // per_run, n_runs))
-    return int(n), (f"{cores} cores, {free / 2**30:.1f} GiB free / {per_run / 2**30:.2f} GiB per run "
-                    f"(memory plan + {PROCESS_BYTES / 2**30:.0f} GiB process)")
+    return int(n), f"{cores} cores, {free / 2**30:.1f} GiB free / {per_run / 2**30:.2f} GiB per run (its memory plan)"
 
 
 # ------------------------------------------------------------------------------------------- running

@@ -105,9 +105,11 @@ PHASES = {"runtime": "resident", "params": "resident", "adapters": "resident", "
           "logits": "train step",
           "merged weights": "train step", "kv cache": "sampling", "decode view": "sampling",
           "sampler temps": "sampling"}
-# What the process holds besides its arrays: Python, JAX / XLA, the libraries, the compiled programs and the heap
-# they leave (measured: RSS of a SmolLM2 run at its first unit less its arrays; BENCHMARKS.md "memory plan").
-RUNTIME_BYTES = int(0.75 * GIB)
+# What the process holds besides its arrays: Python, JAX / XLA, the libraries, the tokenizer and problems, the
+# compiled programs and the heap they leave. Measured (every unit's mem/rss_gib - mem/arrays_gib; summary.json
+# memory.besides_arrays_gib): smollm2_grpo.py 0.85-0.87 GiB at the unit ends of a shortened run, 1.12-1.20 GiB over
+# a whole one before a GGUF load released its file and parsed reader (0.27 GiB), so ~0.93 GiB at its last unit.
+RUNTIME_BYTES = int(0.95 * GIB)
 
 
 # ---- pieces (pure functions of shapes and sizes) -----------------------------------------------------------------
@@ -313,7 +315,7 @@ def plan(m, mesh_sizes: dict, rules, *, leaves, train_rows: int, seq_len: int, s
              "decode view": decode_view_bytes(m, mesh_sizes, rules, sd),
              "sampler temps": (prefill_dev * heads_dev * prompt_len * length * (4 + DTYPE_BYTES[sd])
                                + SAMPLER_LOGITS_COPIES * sample_dev * vocab_dev * 4 + refill)}
-    notes = {"runtime": "Python, JAX / XLA, the libraries and the compiled programs (RUNTIME_BYTES)",
+    notes = {"runtime": "Python, JAX / XLA, the libraries, the compiled programs (RUNTIME_BYTES, measured)",
              "params": f"{pd}", "optimizer": f"Adam mu + nu, {pd}",
              "update": "the step's new parameters, held until the finite check selects them", "reference": "KL reference copy" if reference else
              "no stage keeps a reference", "gradients": f"{pd}",

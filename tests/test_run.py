@@ -120,7 +120,7 @@ def test_tiny_run_writes_everything(full_run, capsys):
     assert "kept_share" in rej[0]
     # the process's own bytes besides its arrays, measured at each unit's end (the memory plan's runtime part)
     assert 0 < rej[0]["mem/arrays_gib"] < rej[0]["mem/rss_gib"]
-    assert 0 < summary["memory"]["besides_arrays_gib"] < summary["memory"]["peak_rss_gib"]
+    assert 0 < summary["memory"]["besides_arrays_gib"] <= summary["memory"]["peak_rss_gib"]
     evals = [r for r in recs if r["phase"] == "eval" and r.get("stage") == "cold_start"]
     assert len(evals) >= 3  # validation every 2 SFT epochs, plus the stage end: a curve for the cold start
     assert (full_run / "curves.png").stat().st_size > 10_000
