@@ -136,8 +136,7 @@ class Loop:
         self.t_start = time.time()
         self.compile_before, self.compile_start = {}, compile_cache.stats()  # train() resets both before building
         self.cache_dir: str | None = None
-        self.plan_peak_gib = 0.0  # the memory plan's peak per device (rl/memory_plan.py), when it was made
-        self.plan_runtime_gib = 0.0  # its runtime part: what the process holds besides its arrays
+        self.plan = None  # the memory plan (rl/memory_plan.py), when one was made
         self.besides_arrays_gib = 0.0  # measured: the largest RSS - live arrays at a unit's end
         self.clock = mlib.Clock()
         self.best_ck = ckpt_lib.Checkpointer(os.path.join(ctx.workdir, "checkpoints", "best_policy"), keep=1,
@@ -167,10 +166,10 @@ class Loop:
         self.summary["compile"] = {**c, "seconds": round(c["seconds"], 1), "cache_dir": self.cache_dir or "off"}
         before = self.summary.get("memory", {}).get("peak_rss_gib", 0.0)
         mem = {"peak_rss_gib": round(max(before, mlib.peak_rss_gib()), 2)}
-        if self.plan_peak_gib:
-            mem.update(plan_peak_gib=round(self.plan_peak_gib, 2),
-                       peak_over_plan=round(mem["peak_rss_gib"] / self.plan_peak_gib, 2),
-                       plan_runtime_gib=round(self.plan_runtime_gib, 2))
+        if self.plan is not None:
+            peak_gib = self.plan.peak / 2**30
+            mem.update(plan_peak_gib=round(peak_gib, 2), peak_over_plan=round(mem["peak_rss_gib"] / peak_gib, 2),
+                       plan_runtime_gib=round(self.plan.parts["runtime"] / 2**30, 2))
         if self.besides_arrays_gib:
             mem["besides_arrays_gib"] = round(self.besides_arrays_gib, 2)
         self.summary["memory"] = mem
@@ -310,8 +309,7 @@ def train(config, workdir: str, config_path: str = "") -> dict:
     loop = Loop(ctx, list(cfg.stages), config_path)
     loop.summary["time_estimate"] = {k: round(est[k], 1) for k in ("total_s", "total_warm_s", "compile_s", "eval_s")}
     loop.clock, loop.compile_start, loop.cache_dir = clock, compile_start, cache_dir
-    loop.plan_peak_gib = prep.plan.peak / 2**30 if prep.plan is not None else 0.0
-    loop.plan_runtime_gib = prep.plan.parts["runtime"] / 2**30 if prep.plan is not None else 0.0
+    loop.plan = prep.plan
     try:
         return _run(loop, meta, latest)
     finally:
